@@ -1,0 +1,37 @@
+# Two commands for a fresh clone:  `make book`  builds the site,  `make test`  runs every test.
+# Both create the virtual environment .venv/ when it is missing (or older than the files that define it).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Torch is installed first and pinned here, so an open `torch` requirement never pulls a multi-GB CUDA build on a
+# CPU machine (the course's machines keep this exact CPU wheel on disk). On your own machine you may pick another:
+#   make book TORCH=torch            (whatever PyPI serves your platform)
+TORCH  ?= torch==2.13.0
+JB_FLAGS := -W -n --keep-going
+SITE   := _build/html
+
+.PHONY: book test venv clean help
+help:
+	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
+	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
+	@echo "make clean  remove _build/ (keeps .venv/)"
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --disable-pip-version-check -q "$(TORCH)"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+book: venv
+	$(BIN)/jupyter-book build . $(JB_FLAGS)
+	@echo
+	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
+
+test: book
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf _build

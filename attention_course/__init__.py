@@ -1,0 +1,1 @@
+"""Attention by hand: the reference library of attention-course."""
