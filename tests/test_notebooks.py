@@ -59,8 +59,9 @@ def test_setup_cell(path):
     setup = "".join(code[0]["source"])
     repo = CONFIG["repository"]["url"]
     assert "google.colab" in setup
-    urls = re.findall(r"git\+(\S+?)[\"']", setup)
+    urls = re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", setup)
     assert urls == [repo], f"{path.name}: the Colab install must use {repo} (from _config.yml), found {urls}"
+    assert re.search(r"%pip install .*git\+", setup), f"{path.name}: the Colab branch must %pip install the package"
     assert "pick_device(" in setup, f"{path.name}: the setup cell must choose the device with pick_device()"
     later = "".join("".join(c["source"]) for c in code[1:])
     assert "pick_device(" not in later, f"{path.name}: choose the device once, in the setup cell"
