@@ -1,0 +1,117 @@
+// HeadReshapeWidget's picture, computed here from the traits alone (the static site has no kernel).
+// head_reshape.py computes the same tensors with torch; keep the two in step.
+
+function computeState({ batch_size: B, seq_len: L, embed_dim: D, num_heads: h }) {
+  const d = D / h;
+  const x = range(B).map((b) => range(L).map((l) => range(D).map((f) => 1 + (b * L + l) * D + f))); // (B, L, D)
+  const split = x.map((s) => s.map((tok) => range(h).map((k) => tok.slice(k * d, (k + 1) * d)))); // (B, L, h, d)
+  const transposed = split.map((s) => range(h).map((k) => s.map((tok) => tok[k]))); // (B, h, L, d)
+  const flat = transposed.flat(); // (B*h, L, d), row b*h + head
+  const wrong = range(B * h).map((n) => range(L).map((l) => range(d).map((e) => 1 + (n * L + l) * d + e))); // memory order
+  const mixed = [];
+  flat.forEach((block, n) => block.forEach((row, l) => {
+    if (row.some((v, e) => v !== wrong[n][l][e])) mixed.push([n, l]);
+  }));
+  return { shape: { B, L, D, h, d }, x, split, transposed, flat, wrong, mixed_rows: mixed };
+}
+
+const divisors = (D) => range(D).map((i) => i + 1).filter((k) => D % k === 0);
+
+// Where the number v of arange(1, B*L*D + 1) came from: sentence, token, head.
+function origin(v, { L, D, d }) {
+  const t = Math.floor((v - 1) / D), f = (v - 1) % D;
+  return { t, b: Math.floor(t / L), l: t % L, k: Math.floor(f / d) };
+}
+
+function draw(st) {
+  const { B, L, D, h, d } = st.shape;
+  const colour = (v) => {
+    const o = origin(v, st.shape);
+    const light = h === 1 ? 78 : 88 - (30 * o.k) / (h - 1);
+    return { cls: "ac-el", style: `fill: hsl(${(o.t * 137.5 + 15) % 360}, 62%, ${light}%)`, text: v,
+             title: `${v}: sentence ${o.b}, token ${o.l}, head ${o.k}` };
+  };
+  const tokens = range(L).map((l) => `t${l}`);
+  const cell = 22;
+  const block = (rows, opt = {}) => grid(L, rows[0].length, (i, j) => colour(rows[i][j]),
+                                         { size: cell, font: 9, rowLabels: tokens, ...opt });
+  const headLabels = range(D).map((f) => (f % d === 0 ? `h${f / d}` : ""));
+  const out = [];
+  out.push(`<div class="ac-panel"><h4>1. x = arange(1, B·L·D + 1).reshape(B, L, D) = (${B}, ${L}, ${D})</h4>`,
+    `<div class="ac-multiples">`, ...st.x.map((s, b) => fig(block(s, { colLabels: range(D).map(String) }), `s${b}`)),
+    `</div></div>`);
+  out.push(`<div class="ac-panel"><h4>2. .reshape(B, L, h, d) = (${B}, ${L}, ${h}, ${d}): each token's ${D} features cut into ${h} head${h > 1 ? "s" : ""} of ${d}</h4>`,
+    `<div class="ac-multiples">`, ...st.x.map((s, b) => fig(block(s, { group: d, colLabels: headLabels }), `s${b}`)),
+    `</div></div>`);
+  out.push(`<div class="ac-panel"><h4>3. .transpose(1, 2) → (B, h, L, d) = (${B}, ${h}, ${L}, ${d}): heads before tokens</h4>`,
+    `<div class="ac-multiples">`,
+    ...st.transposed.flatMap((s, b) => s.map((rows, k) => fig(block(rows), `[${b}, ${k}]: s${b} head ${k}`))),
+    `</div></div>`);
+  const mixed = new Set(st.mixed_rows.map(([n, l]) => `${n},${l}`));
+  const source = (v) => { const o = origin(v, st.shape); return `s${o.b} t${o.l} h${o.k}`; };
+  out.push(`<div class="ac-compare">`,
+    `<div class="ac-panel ac-col"><h4>4. Right: .reshape(B·h, L, d) = (${B * h}, ${L}, ${d}) after the transpose; row n = b·h + head</h4>`,
+    `<div class="ac-multiples">`,
+    ...st.flat.map((rows, n) => fig(block(rows), `[${n}] = s${Math.floor(n / h)} head ${n % h}`)),
+    `</div></div>`,
+    `<div class="ac-panel ac-col ac-wrong"><h4>Wrong: x.reshape(B·h, L, d) directly, no transpose</h4>`,
+    `<div class="ac-multiples">`,
+    ...st.wrong.map((rows, n) => fig(block(rows, {
+      outline: (l) => mixed.has(`${n},${l}`), right: (l) => source(rows[l][0]), rightWidth: 58,
+      rightCls: (l) => (mixed.has(`${n},${l}`) ? "ac-lab ac-bad" : "ac-lab") }),
+      `[${n}] should be s${Math.floor(n / h)} head ${n % h}`)),
+    `</div></div></div>`);
+  const total = B * h * L;
+  out.push(`<div class="ac-legend ${st.mixed_rows.length ? "ac-bad" : ""}">`,
+    st.mixed_rows.length
+      ? `${st.mixed_rows.length} of ${total} rows of the direct reshape (red boxes) hold another token's or another head's features: the label says whose.`
+      : `All ${total} rows agree: ${h === 1 ? "with one head there is nothing to mix" : "nothing is mixed"}.`,
+    `<div>Colour = token (hue) and head (shade, darker = later head); hover a number for its origin.</div></div>`);
+  return out.join("");
+}
+
+function render({ model, el }) {
+  el.classList.add("ac-widget");
+  el.dataset.acWidget = "head-reshape";
+  const names = ["batch_size", "seq_len", "embed_dim", "num_heads"];
+  const get = () => Object.fromEntries(names.map((k) => [k, model.get(k)]));
+  const setD = (D) => {
+    const h = Math.max(...divisors(D).filter((k) => k <= get().num_heads));
+    commit(model, { embed_dim: D, num_heads: h });
+  };
+  const controls = {
+    batch_size: slider("batch size B", "batch_size", (v) => commit(model, { batch_size: v })),
+    seq_len: slider("length L", "seq_len", (v) => commit(model, { seq_len: v })),
+    embed_dim: slider("embedding D", "embed_dim", setD),
+  };
+  const heads = make("span", { class: "ac-choices", role: "group" });
+  const picture = make("div", { class: "ac-picture" });
+  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls),
+                           make("span", { class: "ac-control" }, make("span", {}, "heads h (divides D)"), heads)), picture);
+
+  const redraw = () => {
+    const p = get();
+    controls.batch_size.update(p.batch_size, 1, 3);
+    controls.seq_len.update(p.seq_len, 1, 6);
+    controls.embed_dim.update(p.embed_dim, 2, 12);
+    heads.replaceChildren(...divisors(p.embed_dim).map((k) => {
+      const button = make("button", { type: "button", name: "num_heads", value: String(k),
+                                   "aria-pressed": String(k === p.num_heads) }, String(k));
+      button.addEventListener("click", () => commit(model, { num_heads: k }));
+      return button;
+    }));
+    if (p.embed_dim % p.num_heads !== 0) {  // only reachable by setting the traits from outside
+      picture.innerHTML = `<div class="ac-legend ac-bad">D = ${p.embed_dim} is not divisible by h = ${p.num_heads}: ` +
+                          `choose h among ${divisors(p.embed_dim).join(", ")}.</div>`;
+      return;
+    }
+    const st = computeState(p);
+    picture.innerHTML = draw(st);
+    el.dataset.state = JSON.stringify(st);
+  };
+  const schedule = batched(redraw);
+  for (const k of names) model.on(`change:${k}`, schedule);
+  redraw();
+}
+
+export default { render };

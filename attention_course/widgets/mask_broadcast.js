@@ -1,0 +1,144 @@
+// MaskBroadcastWidget's picture, computed here from the traits alone (the static site has no kernel).
+// mask_broadcast.py computes the same state with torch; keep the two in step.
+// Polarity: true = may NOT attend (nn.MultiheadAttention's key_padding_mask / attn_mask).
+
+const DEFAULT_LENGTHS = [5, 3, 2, 4];
+
+function fitLengths(lengths, B, L) {
+  return range(B).map((b) => Math.min(Math.max(lengths[b] ?? DEFAULT_LENGTHS[b], 1), L));
+}
+
+function softmaxRow(scores, blocked) {
+  const top = Math.max(...scores.filter((_, j) => !blocked[j]));
+  const e = scores.map((s, j) => (blocked[j] ? 0 : Math.exp(s - top)));
+  const total = e.reduce((a, b) => a + b, 0);
+  return e.map((v) => (total > 0 ? v / total : 0));
+}
+
+function computeState({ batch_size: B, max_len: L, lengths, causal, num_heads: h }) {
+  const keyPadding = range(B).map((b) => range(L).map((j) => j >= lengths[b])); // (B, L)
+  const broadcast = keyPadding.map((row) => range(L).map(() => row.slice())); // (B, L, L)
+  const future = range(L).map((i) => range(L).map((j) => causal && j > i)); // (L, L)
+  const combined = broadcast.map((m) => m.map((row, i) => row.map((pad, j) => pad || future[i][j]))); // (B, L, L)
+  const perHead = combined.flatMap((m) => range(h).map(() => m)); // (B*h, L, L), row b*h + head
+  const scores = range(B).map((b) => range(L).map((i) => range(L).map((j) => (((3 * i + 5 * j + 2 * b) % 7) - 3) / 2)));
+  const weights = scores.map((m, b) => m.map((row, i) => softmaxRow(row, combined[b][i])));
+  return { lengths, key_padding_mask: keyPadding, broadcast_mask: broadcast, causal_mask: future,
+           combined_mask: combined, per_head_mask: perHead, scores, weights, query_is_pad: keyPadding };
+}
+
+const maskCell = (padded, future) => ({
+  cls: padded ? "ac-pad" : future ? "ac-fut" : "ac-ok", cross: padded || future,
+});
+
+function draw(p, st) {
+  const { batch_size: B, max_len: L, num_heads: h, example: ex } = p;
+  const out = [];
+  const pos = range(L).map(String);
+  // 1. the key padding mask, one row per sentence
+  out.push(`<div class="ac-panel"><h4>1. Key padding mask (B, L) = (${B}, ${L}), viewed as (B, 1, L)</h4>`,
+    grid(B, L, (b, j) => ({ cls: st.key_padding_mask[b][j] ? "ac-pad" : "ac-ok", text: st.key_padding_mask[b][j] ? "T" : "F",
+                            title: `sentence ${b}, key ${j}: ${st.key_padding_mask[b][j] ? "pad" : "token"}` }),
+         { size: 22, rowLabels: range(B).map((b) => `s${b}`), colLabels: pos, right: (b) => `len ${p.lengths[b]}`,
+           rightWidth: 40 }),
+    `</div>`);
+  // 2. broadcast over the query rows
+  out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, L) → (B, L, L) = (${B}, ${L}, ${L})</h4>`,
+    `<div class="ac-multiples">`,
+    ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false), { size: 13 }),
+                               `s${b}: every query row the same`)),
+    `</div></div>`);
+  // 3. causal and combined
+  if (p.causal) {
+    out.push(`<div class="ac-panel"><h4>3. Combined = padding OR causal, (B, L, L)</h4><div class="ac-multiples">`,
+      fig(grid(L, L, (i, j) => maskCell(false, st.causal_mask[i][j]), { size: 13 }), "causal (L, L)"),
+      `<span class="ac-op">OR</span>`,
+      ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], st.causal_mask[i][j]),
+                                      { size: 13 }), `s${b} combined`)),
+      `</div></div>`);
+  } else {
+    out.push(`<div class="ac-panel ac-note"><h4>3. Combined mask</h4>Causal is off: the combined mask is the broadcast padding mask.</div>`);
+  }
+  // 4. one copy per head
+  out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, L) = (${B}, ${h}, ${L}, ${L}) → ` +
+           `(B·h, L, L) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
+    ...range(B * h).map((n) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[Math.floor(n / h)][i][j],
+                                                                 st.causal_mask[i][j]), { size: 9 }),
+                                   `[${n}] s${Math.floor(n / h)} head ${n % h}`)),
+    `</div></div>`);
+  // 5. scores and weights of one sentence
+  const blocked = st.combined_mask[ex], padQuery = (i) => st.query_is_pad[ex][i];
+  const qLabels = range(L).map((i) => (padQuery(i) ? `pad ${i}` : `q${i}`));
+  out.push(`<div class="ac-panel"><h4>5. Sentence ${ex} (length ${p.lengths[ex]}): scores, then softmax over the keys it may attend</h4>`,
+    `<div class="ac-multiples">`,
+    fig(grid(L, L, (i, j) => blocked[i][j]
+               ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞" }
+               : { cls: "ac-ok", text: st.scores[ex][i][j].toFixed(1) },
+             { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery }),
+        "scores, masked_fill(mask, −∞)"),
+    fig(grid(L, L, (i, j) => {
+          const w = st.weights[ex][i][j];
+          return blocked[i][j] ? maskCell(st.key_padding_mask[ex][j], true)
+            : { cls: "ac-w", style: `fill: rgba(33, 102, 172, ${(0.08 + 0.92 * w).toFixed(3)})`, text: w.toFixed(2),
+                textCls: w > 0.5 ? "ac-num ac-light" : "ac-num" };
+        }, { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery,
+             right: (i) => `Σ ${st.weights[ex][i].reduce((a, b) => a + b, 0).toFixed(2)}`, rightWidth: 40 }),
+        "weights: masked cells get 0"),
+    `</div></div>`);
+  out.push(`<div class="ac-legend">`,
+    `<span><i class="ac-sw ac-ok"></i>F: may attend</span>`,
+    `<span><i class="ac-sw ac-pad">×</i>T: padding, may NOT attend</span>`,
+    `<span><i class="ac-sw ac-fut">×</i>T: future key (causal)</span>`,
+    `<span><i class="ac-sw ac-shade-sw"></i>pad query row: computed, ignored downstream</span>`,
+    `<div>Polarity: <b>True = may NOT attend</b>, as in nn.MultiheadAttention's key_padding_mask and attn_mask.</div>`,
+    `</div>`);
+  return out.join("");
+}
+
+function render({ model, el }) {
+  el.classList.add("ac-widget");
+  el.dataset.acWidget = "mask-broadcast";
+  const get = () => Object.fromEntries(["batch_size", "max_len", "lengths", "causal", "num_heads", "example"]
+    .map((k) => [k, model.get(k)]));
+  const setBatch = (B) => {
+    const p = get();
+    commit(model, { batch_size: B, lengths: fitLengths(p.lengths, B, p.max_len), example: Math.min(p.example, B - 1) });
+  };
+  const setMaxLen = (L) => commit(model, { max_len: L, lengths: fitLengths(get().lengths, get().batch_size, L) });
+  const setLength = (b, n) => {
+    const lengths = get().lengths.slice();
+    lengths[b] = n;
+    commit(model, { lengths });
+  };
+  const controls = {
+    batch_size: slider("batch size B", "batch_size", setBatch),
+    max_len: slider("max length L", "max_len", setMaxLen),
+    num_heads: slider("heads h", "num_heads", (v) => commit(model, { num_heads: v })),
+    causal: checkbox("causal", "causal", (v) => commit(model, { causal: v })),
+    example: slider("show sentence", "example", (v) => commit(model, { example: v })),
+  };
+  const lengthRow = make("div", { class: "ac-controls ac-lengths" });
+  const picture = make("div", { class: "ac-picture" });
+  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls)), lengthRow, picture);
+
+  const redraw = () => {
+    const p = get();
+    controls.batch_size.update(p.batch_size, 1, 4);
+    controls.max_len.update(p.max_len, 2, 8);
+    controls.num_heads.update(p.num_heads, 1, 4);
+    controls.causal.update(p.causal);
+    controls.example.update(p.example, 0, p.batch_size - 1);
+    if (lengthRow.children.length !== p.batch_size) {
+      lengthRow.replaceChildren(...range(p.batch_size).map((b) => slider(`length s${b}`, `length${b}`, (n) => setLength(b, n))));
+    }
+    [...lengthRow.children].forEach((node, b) => node.update(p.lengths[b], 1, p.max_len));
+    const st = computeState(p);
+    picture.innerHTML = draw(p, st);
+    el.dataset.state = JSON.stringify(st);
+  };
+  const schedule = batched(redraw);
+  for (const k of ["batch_size", "max_len", "lengths", "causal", "num_heads", "example"]) model.on(`change:${k}`, schedule);
+  redraw();
+}
+
+export default { render };

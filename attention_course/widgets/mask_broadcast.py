@@ -1,0 +1,143 @@
+"""MaskBroadcastWidget: a key padding mask (B, S), broadcast over queries and heads, combined with a causal mask.
+
+Polarity everywhere: True = may NOT attend (the "ignore mask" of nn.MultiheadAttention). The picture is drawn by
+``mask_broadcast.js`` from the traits; :attr:`MaskBroadcastWidget.state` computes the same numbers with torch.
+"""
+import anywidget
+import torch
+import traitlets
+
+from ..functional import masked_softmax
+from ..masks import causal_mask, padding_mask
+from ._base import CSS, check_range, esm
+
+DEFAULT_LENGTHS = (5, 3, 2, 4)  # lengths of the sentences a new batch size adds
+
+
+def demo_scores(batch_size: int, seq_len: int) -> torch.Tensor:
+    """A fixed pattern of scores (B, L, L) in [-1.5, 1.5]; the ES module computes the very same numbers."""
+    b = torch.arange(batch_size)[:, None, None]
+    i = torch.arange(seq_len)[None, :, None]  # query
+    j = torch.arange(seq_len)[None, None, :]  # key
+    return ((3 * i + 5 * j + 2 * b) % 7 - 3).double() / 2  # (B, L, L)
+
+
+def fit_lengths(lengths, batch_size: int, max_len: int) -> list[int]:
+    """``lengths`` cut or extended to ``batch_size`` sentences, each clamped to 1..max_len."""
+    lengths = list(lengths)[:batch_size] + list(DEFAULT_LENGTHS[len(lengths):batch_size])
+    return [min(max(int(n), 1), max_len) for n in lengths]
+
+
+class MaskBroadcastWidget(anywidget.AnyWidget):
+    """Pick a batch of sentence lengths, causal on/off and a head count; see every mask the attention layer builds.
+
+    Traits (each a control in the picture): ``batch_size`` 1-4, ``max_len`` (L) 2-8, ``lengths`` one per sentence in
+    1..max_len, ``causal``, ``num_heads`` 1-4, ``example`` the sentence whose scores and weights are shown.
+
+    Setting ``lengths`` to a wrong count or a length outside 1..max_len raises; changing ``batch_size`` or
+    ``max_len`` alone keeps ``lengths`` valid (cut, extended or clamped). To change several at once:
+    ``w.set_state({"batch_size": 2, "lengths": [4, 1]})``.
+    """
+
+    _esm = esm("mask_broadcast.js")
+    _css = CSS
+
+    batch_size = traitlets.Int(3).tag(sync=True)
+    max_len = traitlets.Int(5).tag(sync=True)
+    lengths = traitlets.List(traitlets.Int(), default_value=[5, 3, 2]).tag(sync=True)
+    causal = traitlets.Bool(False).tag(sync=True)
+    num_heads = traitlets.Int(1).tag(sync=True)
+    example = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, batch_size=3, max_len=5, lengths=None, causal=False, num_heads=1, example=0, **kwargs):
+        lengths = fit_lengths(DEFAULT_LENGTHS, batch_size, max_len) if lengths is None else list(lengths)
+        super().__init__(
+            batch_size=batch_size, max_len=max_len, lengths=lengths, causal=causal, num_heads=num_heads,
+            example=example, **kwargs,
+        )
+
+    @traitlets.validate("batch_size")
+    def _valid_batch_size(self, proposal):
+        return check_range(proposal.value, "batch_size", 1, 4)
+
+    @traitlets.validate("max_len")
+    def _valid_max_len(self, proposal):
+        return check_range(proposal.value, "max_len", 2, 8)
+
+    @traitlets.validate("num_heads")
+    def _valid_num_heads(self, proposal):
+        return check_range(proposal.value, "num_heads", 1, 4)
+
+    @traitlets.validate("example")
+    def _valid_example(self, proposal):
+        return check_range(proposal.value, "example", 0, self.batch_size - 1, "It indexes a sentence of the batch.")
+
+    @traitlets.validate("lengths")
+    def _valid_lengths(self, proposal):
+        lengths = list(proposal.value)
+        if len(lengths) != self.batch_size:
+            raise traitlets.TraitError(
+                f"lengths must hold one length per sentence (batch_size={self.batch_size}), got {len(lengths)}: "
+                f"{lengths}. To change both: w.set_state({{'batch_size': {len(lengths)}, 'lengths': {lengths}}})."
+            )
+        for b, n in enumerate(lengths):
+            check_range(n, f"lengths[{b}]", 1, self.max_len,
+                        "A sentence has at least one real token and at most max_len (raise max_len first).")
+        return lengths
+
+    @traitlets.observe("batch_size", "max_len")
+    def _keep_lengths_valid(self, change):
+        self.lengths = fit_lengths(self.lengths, self.batch_size, self.max_len)
+        self.example = min(self.example, self.batch_size - 1)
+
+    @property
+    def state(self) -> dict:
+        """Every mask and matrix of the picture, as nested lists (True = may NOT attend)."""
+        B, L, h = self.batch_size, self.max_len, self.num_heads
+        key_padding = padding_mask(self.lengths, L)  # (B, L): True at the pads
+        broadcast = key_padding[:, None, :].expand(B, L, L)  # (B, 1, L) -> (B, L, L): one copy per query row
+        future = causal_mask(L) if self.causal else torch.zeros(L, L, dtype=torch.bool)  # (L, L)
+        combined = broadcast | future  # (B, L, L)
+        per_head = combined.repeat_interleave(h, dim=0)  # (B*h, L, L), row b*h + head
+        scores = demo_scores(B, L)  # (B, L, L)
+        weights = masked_softmax(scores, combined)  # (B, L, L); masked cells 0
+        return {
+            "lengths": list(self.lengths),
+            "key_padding_mask": key_padding.tolist(),
+            "broadcast_mask": broadcast.tolist(),
+            "causal_mask": future.tolist(),
+            "combined_mask": combined.tolist(),
+            "per_head_mask": per_head.tolist(),
+            "scores": scores.tolist(),
+            "weights": weights.tolist(),
+            "query_is_pad": key_padding.tolist(),  # their outputs exist but are ignored downstream
+        }
+
+    def figure(self):
+        """A static matplotlib picture: the key padding mask, the combined mask and the example's weights."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        state, b, L = self.state, self.example, self.max_len
+        fig, axes = plt.subplots(1, 3, figsize=(11, 4))
+        panels = [
+            (state["key_padding_mask"], f"key_padding_mask ({self.batch_size}, {L})", "sentence"),
+            (state["combined_mask"][b], f"combined mask, sentence {b}", "query"),
+            (state["combined_mask"][b], f"weights, sentence {b}\n(grey rows: pad queries)", "query"),
+        ]
+        for panel, (ax, (mask, title, rows)) in enumerate(zip(axes, panels)):
+            if panel < 2:
+                ax.imshow(np.array(mask, dtype=float), cmap="Greys", vmin=0, vmax=1.6)
+            else:
+                ax.imshow(np.array(state["weights"][b]), cmap="Blues", vmin=0, vmax=1)
+            for i, row in enumerate(mask):
+                for j, blocked in enumerate(row):
+                    text = "×" if blocked else ("" if panel < 2 else f"{state['weights'][b][i][j]:.2f}")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=8 if panel == 2 else 12,
+                            color="0.35" if blocked else "black")
+                if panel == 2 and state["query_is_pad"][b][i]:
+                    ax.axhspan(i - 0.5, i + 0.5, color="0.85", alpha=0.8)
+            ax.set(title=title, xlabel="key", ylabel=rows, xticks=range(L), yticks=range(len(mask)))
+        fig.suptitle("True (×) = may NOT attend, the nn.MultiheadAttention convention", fontsize=10)
+        fig.tight_layout()
+        return fig
