@@ -1,1 +1,43 @@
 """Attention by hand: the reference library of attention-course."""
+from .device import pick_device, seed_everything
+from .functional import fused_attention, masked_softmax, scaled_dot_product_attention
+from .heads import head_dim, merge_heads, merge_heads_flat, split_heads, split_heads_flat
+from .masks import (
+    additive_to_ignore,
+    allow_to_ignore,
+    causal_mask,
+    fully_masked_rows,
+    ignore_to_additive,
+    ignore_to_allow,
+    ignore_to_keep,
+    keep_to_ignore,
+    merge_masks,
+    padding_mask,
+)
+from .scores import AdditiveScore, DotProductScore, SelfAttentionScore
+
+__all__ = [
+    "AdditiveScore",
+    "DotProductScore",
+    "SelfAttentionScore",
+    "additive_to_ignore",
+    "allow_to_ignore",
+    "causal_mask",
+    "fully_masked_rows",
+    "fused_attention",
+    "head_dim",
+    "ignore_to_additive",
+    "ignore_to_allow",
+    "ignore_to_keep",
+    "keep_to_ignore",
+    "masked_softmax",
+    "merge_heads",
+    "merge_heads_flat",
+    "merge_masks",
+    "padding_mask",
+    "pick_device",
+    "scaled_dot_product_attention",
+    "seed_everything",
+    "split_heads",
+    "split_heads_flat",
+]

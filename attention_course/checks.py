@@ -53,3 +53,56 @@ def check_same_device(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: s
         raise ValueError(
             f"{name} is on {x.device} but {ref_name} is on {ref.device}. Move it with {name}.to({ref_name}.device)."
         )
+
+
+def check_device(x: torch.Tensor, name: str, device: torch.device, ref_name: str) -> None:
+    """Like :func:`check_same_device`, against a device rather than a tensor."""
+    if x.device != torch.device(device):
+        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {device}. Move it with {name}.to({device!r}).")
+
+
+def check_same_dtype(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} is {x.dtype} but {ref_name} is {ref.dtype}. Convert it with {name}.to({ref_name}.dtype).")
+
+
+def check_positive_int(n, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"{name} must be a positive int, got {n!r}.")
+    return n
+
+
+def check_dropout(p, name: str = "dropout") -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} is a probability of zeroing a weight: it must be in [0, 1), got {p!r}.")
+    return float(p)
+
+
+def check_mask(
+    mask,
+    name: str,
+    *,
+    float_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+    ref_name: str = "query",
+) -> torch.Tensor:
+    """Check that ``mask`` is a bool (True = ignore) or floating (additive) tensor.
+
+    A floating mask must have ``float_dtype`` (the query's dtype) when given; the mask must be on ``device`` when
+    given. ``ref_name`` names what those two come from, for the message.
+    """
+    check_tensor(mask, name)
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name} has dtype {mask.dtype}; a mask must be bool (True = ignore this key) or floating "
+            f"(additive: 0 = attend, -inf = blocked). If it is a keep-mask (1 = keep, 0 = pad), convert it with "
+            f"keep_to_ignore({name})."
+        )
+    if float_dtype is not None and mask.is_floating_point() and mask.dtype != float_dtype:
+        raise TypeError(
+            f"{name} is a float mask of dtype {mask.dtype} but {ref_name} is {float_dtype}. "
+            f"Convert it with {name}.to({ref_name}.dtype)."
+        )
+    if device is not None:
+        check_device(mask, name, device, ref_name)
+    return mask
