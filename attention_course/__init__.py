@@ -14,11 +14,13 @@ from .masks import (
     merge_masks,
     padding_mask,
 )
+from .multihead import MultiheadAttention
 from .scores import AdditiveScore, DotProductScore, SelfAttentionScore
 
 __all__ = [
     "AdditiveScore",
     "DotProductScore",
+    "MultiheadAttention",
     "SelfAttentionScore",
     "additive_to_ignore",
     "allow_to_ignore",

@@ -1,0 +1,29 @@
+"""Shared fixtures: a torch MultiheadAttention and ours holding the same (random, non-zero-bias) weights."""
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")  # plots draw off-screen in tests
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from attention_course import MultiheadAttention  # noqa: E402
+
+
+def make_pair(embed_dim=8, num_heads=2, dtype=torch.float64, seed=0, **kwargs):
+    """(torch's layer with batch_first=True, ours) with the same weights; every bias random and non-zero,
+    since torch starts biases at zero and a missing bias would go unnoticed."""
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True, dtype=dtype, **kwargs)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "bias" in name:
+                p.uniform_(-1.0, 1.0)
+    ours = MultiheadAttention.from_torch(ref)
+    return ref, ours
+
+
+@pytest.fixture(scope="session")
+def pair():
+    """A factory: ``pair(embed_dim, num_heads, dtype=..., seed=..., **kwargs) -> (torch_layer, our_layer)``."""
+    return make_pair
