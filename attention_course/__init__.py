@@ -15,16 +15,22 @@ from .masks import (
     padding_mask,
 )
 from .multihead import MultiheadAttention
+from .parity import ParityReport, assert_close_report, compare, copy_weights
+from .plots import plot_attention, plot_mask
 from .scores import AdditiveScore, DotProductScore, SelfAttentionScore
 
 __all__ = [
     "AdditiveScore",
     "DotProductScore",
     "MultiheadAttention",
+    "ParityReport",
     "SelfAttentionScore",
     "additive_to_ignore",
     "allow_to_ignore",
+    "assert_close_report",
     "causal_mask",
+    "compare",
+    "copy_weights",
     "fully_masked_rows",
     "fused_attention",
     "head_dim",
@@ -38,6 +44,8 @@ __all__ = [
     "merge_masks",
     "padding_mask",
     "pick_device",
+    "plot_attention",
+    "plot_mask",
     "scaled_dot_product_attention",
     "seed_everything",
     "split_heads",

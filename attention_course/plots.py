@@ -1,0 +1,88 @@
+"""Pictures of attention weights and masks. Each function draws on ``ax`` (or a new figure) and returns the Axes."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch, Rectangle
+
+from .checks import check_tensor
+from .masks import additive_to_ignore, allow_to_ignore, ignore_to_allow, keep_to_ignore
+
+MAY_ATTEND_COLOR = "#7fb3d5"
+BLOCKED_COLOR = "#d9d9d9"
+_TO_ALLOW = {
+    "ignore": ignore_to_allow,
+    "allow": lambda m: ~allow_to_ignore(m),
+    "keep": lambda m: ~keep_to_ignore(m),
+    "additive": lambda m: ~additive_to_ignore(m),
+}
+
+
+def _as_matrix(x, name: str, hint: str) -> torch.Tensor:
+    check_tensor(x, name)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (rows, columns), got shape {tuple(x.shape)}. {hint}")
+    return x.detach().cpu()
+
+
+def _new_axes(shape):
+    rows, cols = shape
+    return plt.subplots(figsize=(min(2.5 + 0.5 * cols, 12), min(1.2 + 0.45 * rows, 10)), layout="constrained")[1]
+
+
+def _label_axes(ax, shape, row_labels, col_labels, row_name: str, col_name: str) -> None:
+    for labels, size, which in ((row_labels, shape[0], "row"), (col_labels, shape[1], "column")):
+        if labels is not None and len(labels) != size:
+            raise ValueError(f"got {len(labels)} {which} labels for {size} {which}s.")
+    ax.set_xticks(range(shape[1]), col_labels if col_labels is not None else range(shape[1]))
+    ax.set_yticks(range(shape[0]), row_labels if row_labels is not None else range(shape[0]))
+    if col_labels is not None:
+        plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
+    ax.set_xlabel(col_name)
+    ax.set_ylabel(row_name)
+
+
+def plot_attention(weights, query_labels=None, key_labels=None, ax=None, title=None, annotate: bool = True):
+    """Heatmap of attention weights (L, S): row i = query i, column j = key j, darker = more attention."""
+    weights = _as_matrix(weights, "weights", "Pick one sentence (and head), e.g. weights[0] or weights[0, head].")
+    ax = ax if ax is not None else _new_axes(weights.shape)
+    image = ax.imshow(weights.float().numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    _label_axes(ax, weights.shape, query_labels, key_labels, "query", "key")
+    if annotate:
+        for i, row in enumerate(weights.tolist()):
+            for j, w in enumerate(row):
+                ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=8, color="white" if w > 0.5 else "black")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=None, key_labels=None):
+    """Draw a mask (rows x keys): cells that may attend in colour, blocked cells gray and hatched.
+
+    ``polarity`` says how to read ``mask``: "ignore" (bool, True = blocked), "allow" (bool, True = may attend),
+    "keep" (0/1, 1 = keep) or "additive" (float, -inf = blocked). The legend names both colours.
+    """
+    if polarity not in _TO_ALLOW:
+        raise ValueError(f"polarity must be one of {sorted(_TO_ALLOW)}, got {polarity!r}.")
+    mask = _as_matrix(mask, "mask", "Pick one mask, e.g. mask[0] for the first of a batch.")
+    allowed = _TO_ALLOW[polarity](mask)  # (rows, S): True = may attend
+    ax = ax if ax is not None else _new_axes(mask.shape)
+    ax.imshow(allowed.numpy(), cmap=ListedColormap([BLOCKED_COLOR, MAY_ATTEND_COLOR]), vmin=0, vmax=1)
+    if allowed.numel() <= 2500:  # hatching each cell is slow for big masks; the colour alone still tells them apart
+        for i, j in (~allowed).nonzero().tolist():
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="gray", linewidth=0))
+        ax.set_xticks([j - 0.5 for j in range(1, mask.shape[1])], minor=True)
+        ax.set_yticks([i - 0.5 for i in range(1, mask.shape[0])], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.5)
+        ax.tick_params(which="minor", length=0)
+    _label_axes(ax, mask.shape, query_labels, key_labels, "query", "key")
+    ax.legend(
+        handles=[Patch(facecolor=MAY_ATTEND_COLOR, label="may attend"),
+                 Patch(facecolor=BLOCKED_COLOR, hatch="//", edgecolor="gray", label="blocked (masked)")],
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+    )
+    ax.set_title(title if title is not None else f"{polarity} mask")
+    return ax
