@@ -1,0 +1,302 @@
+"""The exercise checkers of chapters 4-6: each accepts a right answer and rejects each typical wrong answer
+with the diagnostic it promises (what is wrong and where to look), not just "wrong"."""
+import math
+
+import pytest
+import torch
+
+from attention_course.exercises import ExerciseError
+from attention_course.exercises import ch04
+
+# ---------------------------------------------------------------------------------------------------------
+# Chapter 4: self-attention step by step
+
+
+def attention(x, W_q, W_k, W_v, key_padding_mask, *, fill=float("-inf"), scale=None, inverted=False,
+              mask_rows=False, no_mask=False, softmax_dim=-1, transpose_w=False, swap_qk=False, out_from_x=False):
+    if transpose_w:
+        W_q, W_k, W_v = W_q.T, W_k.T, W_v.T
+    Q, K, V = x @ W_q, x @ W_k, x @ W_v
+    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K.transpose(-2, -1)
+    scores = scores / (math.sqrt(x.shape[-1]) if scale is None else scale)
+    mask = key_padding_mask[:, :, None] if mask_rows else key_padding_mask[:, None, :]
+    if not no_mask:
+        scores = scores.masked_fill(~mask if inverted else mask, fill)
+    weights = torch.softmax(scores, dim=softmax_dim)
+    return weights @ (x if out_from_x else V), weights
+
+
+def test_self_attention_accepts_a_right_answer(capsys):
+    ch04.check_self_attention(attention)
+    ch04.check_self_attention(lambda *a: attention(*a, fill=-1e9))  # a large finite fill is fine here
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(scale=1.0), "not scaled: divide Q K\\^T by sqrt\\(D\\)"),
+    (dict(scale=6.0), "divided by D; the scale is sqrt\\(D\\)"),
+    (dict(fill=-1e9, inverted=True), "the mask is inverted"),
+    (dict(inverted=True), "contain NaN and the padded keys get the weight.*inverted"),
+    (dict(no_mask=True), "the mask was not applied"),
+    (dict(mask_rows=True), "contain NaN.*never whole query rows"),
+    (dict(mask_rows=True, fill=-1e9), "masked the padded QUERIES"),
+    (dict(softmax_dim=1), "COLUMNS sum to 1"),
+    (dict(transpose_w=True), "you used x @ W.T"),
+    (dict(swap_qk=True), "you computed K Q\\^T"),
+    (dict(out_from_x=True), "output is weights @ x"),
+])
+def test_self_attention_names_each_mistake(options, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch04.check_self_attention(lambda *a: attention(*a, **options))
+
+
+def test_self_attention_rejects_wrong_shapes_and_types():
+    with pytest.raises(ExerciseError, match="return a pair"):
+        ch04.check_self_attention(lambda *a: attention(*a)[0])
+    with pytest.raises(ExerciseError, match=r"weights has shape \(2, 5\), expected \(B, L, S\)"):
+        ch04.check_self_attention(lambda *a: (attention(*a)[0], attention(*a)[1].sum(-1)))
+    with pytest.raises(ExerciseError, match="raised ZeroDivisionError"):
+        ch04.check_self_attention(lambda *a: 1 / 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chapter 4: copying hand-made weights into nn.MultiheadAttention
+
+
+def copy_into(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, *, transpose=True, order=("q", "k", "v"),
+              biases=True, out_proj=True, transpose_out=True):
+    mats = {"q": W_q, "k": W_k, "v": W_v}
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([mats[n].T if transpose else mats[n] for n in order]))
+        if biases:
+            mha.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v]))
+            mha.out_proj.bias.copy_(b_o)
+        if out_proj:
+            mha.out_proj.weight.copy_(W_o.T if transpose_out else W_o)
+
+
+def test_in_proj_copy_accepts_a_right_answer(capsys):
+    ch04.check_in_proj_copy(copy_into)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(transpose=False), r"outputs differ by \d.*in_proj_weight\[0:4\] \(the W_q block\) holds W_q itself, not "
+                            r"W_q.T: did you copy W_q without transposing\?"),
+    (dict(order=("k", "q", "v")), r"in_proj_weight\[0:4\] \(the W_q block\) holds W_k.T instead of W_q.T"),
+    (dict(biases=False), "in_proj_bias was not copied.*biases are zero"),
+    (dict(out_proj=False), "outputs differ by .*out_proj.weight was not copied"),
+    (dict(transpose_out=False), "out_proj.weight holds W_o, not W_o.T"),
+])
+def test_in_proj_copy_names_each_mistake(options, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch04.check_in_proj_copy(lambda *a: copy_into(*a, **options))
+
+
+def test_in_proj_copy_explains_no_grad():
+    def without_no_grad(mha, W_q, W_k, W_v, *rest):
+        mha.in_proj_weight.copy_(torch.cat([W_q.T, W_k.T, W_v.T]))
+
+    with pytest.raises(ExerciseError, match="inside `with torch.no_grad\\(\\):`"):
+        ch04.check_in_proj_copy(without_no_grad)
+
+
+def test_in_proj_copy_rejects_a_replaced_parameter_of_the_wrong_shape():
+    def replace(mha, W_q, W_k, W_v, *rest):
+        mha.in_proj_weight = torch.nn.Parameter(torch.cat([W_q.T, W_k.T, W_v.T], dim=1))
+
+    with pytest.raises(ExerciseError, match=r"in_proj_weight now has shape \(4, 12\).*\(12, 4\)"):
+        ch04.check_in_proj_copy(replace)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chapter 5: splitting and merging heads
+
+from attention_course.exercises import ch05  # noqa: E402
+
+
+def split_right(x, h):
+    B, L, D = x.shape
+    return x.reshape(B, L, h, D // h).transpose(1, 2)
+
+
+def test_split_heads_accepts_right_answers(capsys):
+    ch05.check_split_heads(split_right)
+    ch05.check_split_heads(lambda x, h: x.view(x.shape[0], x.shape[1], h, -1).permute(0, 2, 1, 3).contiguous())
+    assert capsys.readouterr().out.count("Correct") == 2
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
+     r"right shape \(2, 2, 4, 4\) .* head 0's row 1 of sentence 0 holds token 0's features 4..7 \(sentence 0\) "
+     r"instead of token 1's features 0..3: you reshaped to \(B, h, L, d\) \(or to \(B\*h, L, d\)\) without transposing"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2),
+     r"holds token 0's features \[0, 2, 4, 6\].*every h-th feature \(strided\)"),
+    (lambda x, h: split_right(x, h).flatten(0, 1), r"shape \(4, 4, 4\).*flat \(B\*h, L, d\) layout"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"shape \(2, 4, 2, 4\).*Add .transpose\(1, 2\)"),
+    (lambda x, h: split_right(x, h)[:, :, :, :1], r"holds 16 numbers, the input 64"),
+    (lambda x, h: split_right(x, h).flip(2), r"head 0's row 0 of sentence 0 holds token 3's features 0..3"),
+    (lambda x, h: split_right(x, h) + 0.5, r"not elements of the input"),
+    (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError"),  # hard-coded for the first shape
+    (lambda x, h: [1, 2], r"must return a torch.Tensor"),
+])
+def test_split_heads_names_each_mistake(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch05.check_split_heads(wrong)
+
+
+def merge_right(x):
+    B, h, L, d = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * d)
+
+
+def test_merge_heads_accepts_right_answers(capsys):
+    ch05.check_merge_heads(merge_right)
+    ch05.check_merge_heads(lambda x: x.transpose(1, 2).contiguous().view(x.shape[0], x.shape[2], -1))
+    ch05.check_merge_heads(lambda x: x.permute(0, 2, 1, 3).flatten(2))
+    assert capsys.readouterr().out.count("Correct") == 3
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda x: x.reshape(x.shape[0], x.shape[2], -1),
+     r"token 0 of sentence 0 holds features of several tokens.*straight to \(B, L, D\) without transposing"),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*\.contiguous\(\)\.view"),
+    (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), r"interleaved"),
+    (lambda x: x.transpose(1, 2), r"shape \(2, 4, 2, 4\).*merge the last two axes with .flatten\(2\)"),
+    (lambda x: merge_right(x).flip(1), r"token 0 of sentence 0 holds token 3's features 0..7"),
+])
+def test_merge_heads_names_each_mistake(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch05.check_merge_heads(wrong)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chapter 6: combining masks
+
+from attention_course.exercises import ch06  # noqa: E402
+
+
+def combine(kpm, attn_mask, B, h, L, S, *, op="or", head_major=False, invert=False, expand=True, drop=None):
+    parts = []
+    if kpm is not None and drop != "kpm":
+        parts.append(kpm.view(B, 1, 1, S))
+    if attn_mask is not None and drop != "attn":
+        if attn_mask.ndim == 2:
+            parts.append(attn_mask.view(1, 1, L, S))
+        else:
+            parts.append(attn_mask.view(h, B, L, S).transpose(0, 1) if head_major else attn_mask.view(B, h, L, S))
+    mask = parts[0] if parts else torch.zeros(1, 1, L, S, dtype=torch.bool)
+    for part in parts[1:]:
+        mask = (mask & part) if op == "and" else (mask | part)
+    mask = ~mask if invert else mask
+    return mask.expand(B, h, L, S) if expand else mask
+
+
+def test_combine_masks_accepts_a_right_answer(capsys):
+    ch06.check_combine_masks(combine)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(invert=True), "your mask is inverted: it is True where attending is ALLOWED"),
+    (dict(op="and"), r"combined the masks with & \(and\)"),
+    (dict(head_major=True), r"3-D \(B\*h, L, S\) attn_mask.*unflattened the 3-D attn_mask head-major"),
+    (dict(expand=False), r"shape \(2, 1, 1, 5\).*broadcasts to \(B, h, L, S\).*\.expand\(2, 3, 4, 5\)"),
+    (dict(drop="kpm"), "with key_padding_mask only.*the key_padding_mask was ignored"),
+    (dict(drop="attn"), "the attn_mask was ignored"),
+])
+def test_combine_masks_names_each_mistake(options, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch06.check_combine_masks(lambda *a: combine(*a, **options))
+
+
+def test_combine_masks_rejects_float_and_misplaced_padding():
+    with pytest.raises(ExerciseError, match="dtype torch.float32.*Combine bool masks with \\|"):
+        ch06.check_combine_masks(lambda *a: combine(*a).float())
+    with pytest.raises(ExerciseError, match=r"shape \(2, 3, 5, 4\).*key_padding_mask \(B, S\) becomes \(B, 1, 1, S\)"):
+        ch06.check_combine_masks(lambda *a: combine(*a).transpose(-2, -1))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chapter 6: the whole layer
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+class MHA(nn.Module):
+    """A correct multi-head layer, with switches for the typical mistakes."""
+
+    def __init__(self, D, h, *, in_bias=True, out_bias=True, scale_D=False, no_transpose=False, flat_weights=False,
+                 no_average=False, use_L_for_keys=False, invert=False, detach=False, always_weights=False):
+        super().__init__()
+        self.D, self.h = D, h
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * D, D))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * D))
+        self.out_proj = nn.Linear(D, D)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        self.opts = dict(in_bias=in_bias, out_bias=out_bias, scale_D=scale_D, no_transpose=no_transpose,
+                         flat_weights=flat_weights, no_average=no_average, use_L_for_keys=use_L_for_keys,
+                         invert=invert, detach=detach, always_weights=always_weights)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True):
+        o, D, h = self.opts, self.D, self.h
+        B, L, _ = query.shape
+        S = L if o["use_L_for_keys"] else key.shape[1]
+        d = D // h
+        W = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight
+        bias = self.in_proj_bias.chunk(3) if o["in_bias"] else (None, None, None)
+        q, k, v = (F.linear(t, w, bb) for t, w, bb in zip((query, key, value), W.chunk(3), bias))
+        split = (lambda t, n: t.reshape(B, h, n, d)) if o["no_transpose"] else \
+            (lambda t, n: t.reshape(B, n, h, d).transpose(1, 2))
+        q, k, v = split(q, L), split(k, S), split(v, S)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D if o["scale_D"] else d)
+        for m, shape in ((key_padding_mask, (B, 1, 1, S)), (attn_mask, None)):
+            if m is None:
+                continue
+            m = m.view(shape) if shape else (m.view(B, h, L, S) if m.ndim == 3 else m)
+            if m.dtype == torch.bool:
+                scores = scores.masked_fill(~m if o["invert"] else m, float("-inf"))
+            else:
+                scores = scores + m
+        weights = torch.softmax(scores, dim=-1)
+        out = (weights @ v).transpose(1, 2).reshape(B, L, D)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None)
+        if not need_weights and not o["always_weights"]:
+            return out, None
+        if o["flat_weights"]:
+            return out, weights.reshape(B * h, L, S)
+        return out, (weights.mean(1) if average_attn_weights and not o["no_average"] else weights)
+
+
+def test_multihead_accepts_a_right_layer(capsys):
+    ch06.check_multihead(MHA)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(in_bias=False), "in_proj_bias is not used"),
+    (dict(out_bias=False), "out_proj.bias is not used"),
+    (dict(scale_D=True), r"divided by sqrt\(D\) = sqrt\(6\).*d = D / h = 2"),
+    (dict(no_transpose=True), "split without the transpose"),
+    (dict(invert=True), "with a bool key_padding_mask: the mask is inverted"),
+    (dict(flat_weights=True), r"shape \(6, 4, 4\).*flat \(B\*h, L, S\) layout.*\.mean\(dim=1\)"),
+    (dict(no_average=True), r"shape \(2, 3, 4, 4\).*average over the heads"),
+    (dict(use_L_for_keys=True), r"cross-attention.*raised RuntimeError.*split k and v with key.shape\[1\]"),
+    (dict(detach=True), "gradient of in_proj_weight is None with your layer"),
+    (dict(always_weights=True), "need_weights=False torch returns None"),
+])
+def test_multihead_names_each_mistake(options, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch06.check_multihead(lambda D, h: MHA(D, h, **options))
+
+
+def test_multihead_explains_missing_parameters():
+    class NoBias(MHA):
+        def __init__(self, D, h):
+            super().__init__(D, h)
+            del self.in_proj_bias
+
+    with pytest.raises(ExerciseError, match="do not load into your layer.*'in_proj_weight': \\(18, 6\\)"):
+        ch06.check_multihead(NoBias)
