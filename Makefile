@@ -15,6 +15,7 @@ SITE   := _build/html
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
+	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; screenshots in _build/screenshots/)"
 	@echo "make clean  remove _build/ (keeps .venv/)"
 
 venv: $(VENV)/.installed
@@ -25,13 +26,15 @@ $(VENV)/.installed: pyproject.toml requirements.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
+# The first build also fetches the site's offline assets (MathJax, require.js, the widget manager) at pinned versions
+# with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site"). `rm -rf book/_vendor` refetches.
 book: venv
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo
 	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
 
 test: book
-	$(BIN)/python -m pytest
+	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest
 
 clean:
 	rm -rf _build

@@ -1,14 +1,39 @@
 """The built website, as a reader sees it: a headless Chromium, driven by Playwright, with no internet.
 
-(Placeholder: the browser helpers; the site tests follow.)
+The site (``_build/html``, or the folder in $ATTENTION_COURSE_SITE) is served on 127.0.0.1; every request to any
+other host is blocked and counted. For every page in ``_toc.yml``: no console or page errors, no failed or
+blocked requests, math typeset, images loaded, internal links and anchors resolve, notebook pages' Colab and
+download buttons point at their notebook, no horizontal overflow at a phone's width. Plus the site search and the
+two widgets, which must redraw when a control moves (no kernel). Screenshots of every page, at desktop and phone
+widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
+
+The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome; without one these tests skip
+and say how to get one. `make test` builds the site first; run alone, they need `make book`.
 """
+import functools
+import html
+import json
 import os
+import re
 import shutil
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(os.environ.get("ATTENTION_COURSE_SITE", ROOT / "_build" / "html")).resolve()
+SCREENSHOTS = SITE.parent / "screenshots"
+# The book the site was built from: the folder holding _build/ when it has a _toc.yml (a scratch book), else this repo.
+BOOK = SITE.parents[1] if (SITE.parents[1] / "_toc.yml").exists() else ROOT
+CONFIG = yaml.safe_load((BOOK / "_config.yml").read_text())
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+TIMEOUT_MS = 60_000  # generous: the machine running the tests may be busy
 
 HOW_TO_GET_A_BROWSER = (
     "no Chromium found for the browser tests. Install one (Debian/Ubuntu: `sudo apt-get install chromium`; "
@@ -19,6 +44,10 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]
+WIDGETS = {  # DOM marker (data-ac-widget) -> the anywidget id its embedded state carries
+    "mask-broadcast": "attention_course.widgets.mask_broadcast.MaskBroadcastWidget",
+    "head-reshape": "attention_course.widgets.head_reshape.HeadReshapeWidget",
+}
 
 
 def find_chromium() -> str | None:
@@ -32,6 +61,27 @@ def find_chromium() -> str | None:
     return None
 
 
+def toc_pages() -> list[str]:
+    """The toc's files in reading order, without extension (book/intro, notebooks/01_scores, ...)."""
+    text = (BOOK / "_toc.yml").read_text()
+    files = [yaml.safe_load(text)["root"], *re.findall(r"^\s*(?:-\s*)?file:\s*(\S+)", text, re.M)]  # not "# - file:"
+    return [re.sub(r"\.(md|ipynb)$", "", f) for f in files]
+
+
+PAGES = toc_pages()
+
+
+def page_html(page: str) -> str:
+    path = SITE / f"{page}.html"
+    return path.read_text() if path.exists() else ""
+
+
+def page_title(page: str) -> str:
+    match = re.search(r"<title>(.*?)</title>", page_html(page), re.S)
+    return html.unescape(match.group(1)) if match else ""
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def browser():
     """A headless Chromium for the whole session, or a skip that says how to get one."""
@@ -40,6 +90,261 @@ def browser():
     if executable is None:
         pytest.skip(HOW_TO_GET_A_BROWSER)
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000)
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
         yield chromium
         chromium.close()
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def site(browser):
+    """The site served on 127.0.0.1 and a browser context that blocks (and counts) requests to any other host.
+
+    Yields a dict: ``url`` (the site's root URL), ``context``, ``blocked`` (URLs refused), ``pages`` (checked).
+    """
+    if not (SITE / "index.html").exists():
+        pytest.fail(f"no built site in {SITE}: run `make book` first (or set ATTENTION_COURSE_SITE to a built site).")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(SITE)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    state = {"url": f"http://{host}/", "blocked": [], "pages": {}}
+
+    def only_this_site(route):
+        url = route.request.url
+        if urlsplit(url).netloc == host:
+            route.continue_()
+        else:
+            state["blocked"].append(url)
+            route.abort("blockedbyclient")
+
+    context = browser.new_context(viewport=DESKTOP)
+    context.set_default_timeout(TIMEOUT_MS)
+    context.route("**/*", only_this_site)
+    state["context"] = context
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    yield state
+    context.close()
+    server.shutdown()
+    report = {"site": str(SITE), "pages_checked": state["pages"], "requests_blocked": len(state["blocked"]),
+              "blocked": state["blocked"]}
+    (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1))
+
+
+class Visit:
+    """A browser tab on one page of the site, recording every error and failed or blocked request."""
+
+    def __init__(self, site, path):
+        self.site, self.path, self.problems = site, path, []
+        self.tab = site["context"].new_page()
+        tab = self.tab
+        tab.on("console", lambda m: m.type == "error" and self.problems.append(f"console error: {m.text}"))
+        tab.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
+        tab.on("requestfailed", lambda r: self.problems.append(f"request failed ({r.failure}): {r.url}"))
+        tab.on("response", lambda r: r.status >= 400 and self.problems.append(f"HTTP {r.status}: {r.url}"))
+        tab.goto(site["url"] + path, wait_until="load")
+        self.settle()
+
+    def settle(self):
+        """Wait until MathJax has typeset the page and the widget manager has drawn every widget view."""
+        self.tab.evaluate("async () => { if (window.MathJax?.startup?.promise) await window.MathJax.startup.promise; }")
+        views = self.tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+        if views:
+            self.tab.wait_for_function(f"document.querySelectorAll('.widget-subarea > *').length >= {views}")
+
+    def resize(self, viewport):
+        """Show the page at another size, loaded afresh as a reader with that screen would get it."""
+        self.tab.set_viewport_size(viewport)
+        self.tab.reload(wait_until="load")
+        self.settle()
+
+    def close(self):
+        self.tab.close()
+        return self.problems
+
+
+@pytest.fixture
+def visit(site):
+    visits = []
+
+    def open_page(path):
+        visits.append(Visit(site, path))
+        return visits[-1]
+
+    yield open_page
+    for v in visits:
+        if not v.tab.is_closed():
+            v.tab.close()
+
+
+# ------------------------------------------------------------------------------------------------ checks
+UNTYPESET_MATH = """() => {
+  const pending = [...document.querySelectorAll('.math')].filter((m) => !m.querySelector('mjx-container'));
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {
+    acceptNode: (n) => n.parentElement.closest('pre, code, script, style, mjx-container, .highlight, textarea')
+      ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT });
+  const raw = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const m = n.textContent.match(/\\$[^$\\s][^$]*\\$|\\\\\\(|\\\\\\[|\\\\begin\\{/);
+    if (m) raw.push(n.textContent.trim().slice(0, 80));
+  }
+  return { pending: pending.map((m) => m.textContent.slice(0, 60)), raw };
+}"""
+
+BROKEN_IMAGES = """async () => {
+  const images = [...document.images];
+  images.forEach((img) => { img.loading = 'eager'; });
+  await Promise.allSettled(images.map((img) => img.decode()));
+  return images.filter((img) => !(img.complete && img.naturalWidth > 0)).map((img) => img.src);
+}"""
+
+LINKS = "() => [...document.querySelectorAll('a[href]')].map((a) => a.href)"
+
+OVERFLOW = """(width) => {
+  const clipped = (e) => {  // fixed, or inside something that scrolls or clips: not what makes the page wide
+    for (let a = e; a && a !== document.body; a = a.parentElement) {
+      const style = getComputedStyle(a);
+      if (style.position === 'fixed' || (a !== e && style.overflowX !== 'visible')) return true;
+    }
+    return false;
+  };
+  return {
+    scroll: document.documentElement.scrollWidth,
+    culprits: [...document.querySelectorAll('body *')]
+      .filter((e) => e.getBoundingClientRect().right > width + 1 && !clipped(e))
+      .slice(0, 5).map((e) => e.tagName.toLowerCase() + [...e.classList].map((c) => '.' + c).join('')),
+  };
+}"""
+
+
+@functools.lru_cache(maxsize=None)
+def ids_in(path: Path) -> frozenset:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return frozenset(html.unescape(i) for i in re.findall(r'\sid="([^"]+)"', text))
+
+
+def link_problems(tab, site_url: str, here: str) -> list[str]:
+    """Internal links whose file is missing from the site, or whose #anchor is not an id on the target page."""
+    problems, here_ids = [], None
+    for href in sorted(set(tab.evaluate(LINKS))):
+        if not href.startswith(site_url):
+            continue  # another host (GitHub, Colab) or mailto: a link, never requested
+        parts = urlsplit(href)
+        path = unquote(parts.path).lstrip("/") or "index.html"
+        target = SITE / path
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            problems.append(f"broken link: {href}")
+        elif parts.fragment and target.suffix == ".html":
+            anchor = unquote(parts.fragment)
+            if target == SITE / here:
+                here_ids = here_ids or set(tab.evaluate("() => [...document.querySelectorAll('[id]')].map((e) => e.id)"))
+                found = anchor in here_ids
+            else:
+                found = anchor in ids_in(target)
+            if not found:
+                problems.append(f"broken anchor: {href}")
+    return problems
+
+
+def notebook_button_problems(tab, page: str) -> list[str]:
+    """A notebook page's Colab button opens its notebook from the repository; its download button serves it."""
+    source = BOOK / f"{page}.ipynb"
+    if not source.exists():
+        return []
+    repo = CONFIG["repository"]
+    path = f"{repo.get('path_to_book') or ''}/{page}.ipynb".lstrip("/")
+    colab = f"{CONFIG['launch_buttons']['colab_url']}/github/{urlsplit(repo['url']).path.strip('/')}/blob/{repo['branch']}/{path}"
+    problems = []
+    hrefs = tab.evaluate("() => [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)")
+    if not hrefs or any(h != colab for h in hrefs):
+        problems.append(f"Colab button: expected {colab}, found {hrefs}")
+    downloads = tab.evaluate("() => [...document.querySelectorAll('a.btn-download-source-button')].map(a => a.href)")
+    if len(downloads) != 1 or not downloads[0].endswith(f"_sources/{page}.ipynb"):
+        problems.append(f"download button: expected one link to _sources/{page}.ipynb, found {downloads}")
+    else:
+        served = SITE / "_sources" / f"{page}.ipynb"
+        if not served.exists() or json.loads(served.read_text())["cells"] != json.loads(source.read_text())["cells"]:
+            problems.append(f"download button: {served} is not the notebook {source}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def slug(page: str) -> str:
+    return page.replace("/", "__")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page(site, visit, page):
+    start, blocked_before = time.perf_counter(), len(site["blocked"])
+    v = visit(f"{page}.html")
+    tab, problems = v.tab, v.problems
+    math = tab.evaluate(UNTYPESET_MATH)
+    problems += [f"math not typeset: {m!r}" for m in math["pending"]]
+    problems += [f"raw TeX left in the text: {m!r}" for m in math["raw"]]
+    problems += [f"image did not load: {src}" for src in tab.evaluate(BROKEN_IMAGES)]
+    problems += link_problems(tab, site["url"], f"{page}.html")
+    problems += notebook_button_problems(tab, page)
+    tab.screenshot(path=str(SCREENSHOTS / f"{slug(page)}.png"), full_page=True)
+    v.resize(PHONE)
+    overflow = tab.evaluate(OVERFLOW, PHONE["width"])
+    if overflow["scroll"] > PHONE["width"]:
+        problems.append(f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}")
+    tab.screenshot(path=str(SCREENSHOTS / f"{slug(page)}-phone.png"), full_page=True)
+    problems = list(dict.fromkeys(problems))  # the phone visit repeats the desktop one's errors
+    site["pages"][page] = {"title": page_title(page), "seconds": round(time.perf_counter() - start, 2),
+                           "problems": len(problems), "blocked": len(site["blocked"]) - blocked_before}
+    assert not problems, f"{page}.html:\n" + "\n".join(problems)
+
+
+def test_toc_pages_exist():
+    missing = [page for page in PAGES if not (SITE / f"{page}.html").exists()]
+    assert not missing, f"pages in _toc.yml missing from the site {SITE}: {missing} (rebuild with `make book`)"
+
+
+def test_search_finds_the_masks_chapter(site, visit):
+    masks = [page for page in PAGES if "mask" in page_title(page).lower()]
+    if not masks:
+        pytest.skip("no page in _toc.yml has 'mask' in its title yet (the masks chapter, notebooks/03_masks, lands later)")
+    v = visit("search.html?q=padding+mask")
+    v.tab.wait_for_selector("#search-results .search-summary")
+    hits = v.tab.evaluate("() => [...document.querySelectorAll('#search-results ul.search li a')].map(a => a.href)")
+    hit_pages = {unquote(urlsplit(h).path).lstrip("/").removesuffix(".html") for h in hits}
+    assert hit_pages & set(masks), f"searching 'padding mask' found {sorted(hit_pages)}, not the masks chapter {masks}"
+    assert not v.close()
+
+
+def pages_showing(widget: str) -> list[str]:
+    return [page for page in PAGES if WIDGETS[widget] in page_html(page)]
+
+
+@pytest.mark.parametrize("widget", WIDGETS)
+def test_widget_redraws_without_a_kernel(site, visit, widget):
+    pages = pages_showing(widget)
+    if not pages:
+        pytest.skip(f"no page in _toc.yml displays the {widget} widget yet")
+    for page in pages:
+        v = visit(f"{page}.html")
+        view = v.tab.locator(f".ac-widget[data-ac-widget={widget}]").first
+        view.wait_for()
+        picture = view.locator(".ac-picture")
+        before, state = picture.inner_html(), json.loads(view.get_attribute("data-state"))
+        if widget == "mask-broadcast":
+            heads = view.locator("input[name=num_heads]")
+            h = 1 if heads.input_value() == "4" else int(heads.input_value()) + 1
+            heads.fill(str(h))
+            after = json.loads(view.get_attribute("data-state"))
+            assert len(after["per_head_mask"]) == h * len(state["lengths"])
+        else:
+            other = view.locator("button[name=num_heads][aria-pressed=false]").first
+            h = int(other.get_attribute("value"))
+            other.click()
+            after = json.loads(view.get_attribute("data-state"))
+            assert after["shape"]["h"] == h
+        assert picture.inner_html() != before, f"{page}: the {widget} picture did not change when a control moved"
+        view.screenshot(path=str(SCREENSHOTS / f"widget-{widget}.png"))
+        assert not v.close()

@@ -43,10 +43,10 @@ function draw(p, st) {
            rightWidth: 40 }),
     `</div>`);
   // 2. broadcast over the query rows
-  out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, L) → (B, L, L) = (${B}, ${L}, ${L})</h4>`,
+  out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, L) → (B, L, L) = (${B}, ${L}, ${L}), every query row a copy</h4>`,
     `<div class="ac-multiples">`,
     ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false), { size: 13 }),
-                               `s${b}: every query row the same`)),
+                               `s${b}`)),
     `</div></div>`);
   // 3. causal and combined
   if (p.causal) {
@@ -63,7 +63,7 @@ function draw(p, st) {
   out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, L) = (${B}, ${h}, ${L}, ${L}) → ` +
            `(B·h, L, L) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
     ...range(B * h).map((n) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[Math.floor(n / h)][i][j],
-                                                                 st.causal_mask[i][j]), { size: 9 }),
+                                                                 st.causal_mask[i][j]), { size: 10 }),
                                    `[${n}] s${Math.floor(n / h)} head ${n % h}`)),
     `</div></div>`);
   // 5. scores and weights of one sentence
