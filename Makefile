@@ -28,10 +28,16 @@ $(VENV)/.installed: pyproject.toml requirements.txt
 
 # The first build also fetches the site's offline assets (MathJax, require.js, the widget manager) at pinned versions
 # with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site"). `rm -rf book/_vendor` refetches.
-book: venv
+book: venv _build/.widgets-stamp
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo
 	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
+
+# A page embeds its widgets' front-end code when its notebook runs, and jupyter-cache keys on the notebook's code
+# alone: after a change to the widgets' .js/.css, forget the cached runs so that the pages embed the new code.
+_build/.widgets-stamp: $(wildcard attention_course/widgets/*.js attention_course/widgets/*.css)
+	rm -rf _build/.jupyter_cache
+	mkdir -p _build && touch $@
 
 test: book
 	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest

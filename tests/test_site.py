@@ -7,8 +7,8 @@ download buttons point at their notebook, no horizontal overflow at a phone's wi
 two widgets, which must redraw when a control moves (no kernel). Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
-The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome; without one these tests skip
-and say how to get one. `make test` builds the site first; run alone, they need `make book`.
+The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
+without one these tests skip and say how to get one. `make test` builds the site first; run alone, they need `make book`.
 """
 import functools
 import html
@@ -36,7 +36,7 @@ DESKTOP = {"width": 1280, "height": 900}
 TIMEOUT_MS = 60_000  # generous: the machine running the tests may be busy
 
 HOW_TO_GET_A_BROWSER = (
-    "no Chromium found for the browser tests. Install one (Debian/Ubuntu: `sudo apt-get install chromium`; "
+    "no Chromium found for the browser tests ($CHROMIUM, chromium, chromium-browser, google-chrome). Install one (Debian/Ubuntu: `sudo apt-get install chromium`; "
     "elsewhere any Chromium or Chrome) or point the CHROMIUM environment variable at its executable. "
     "(`playwright install chromium` also works where its download is reachable.)"
 )
@@ -53,7 +53,7 @@ WIDGETS = {  # DOM marker (data-ac-widget) -> the anywidget id its embedded stat
 def find_chromium() -> str | None:
     """$CHROMIUM, else the first of chromium, chromium-browser, google-chrome on PATH or in /usr/bin."""
     if os.environ.get("CHROMIUM"):
-        return os.environ["CHROMIUM"]
+        return shutil.which(os.environ["CHROMIUM"])  # None when it names no executable
     for name in ("chromium", "chromium-browser", "google-chrome"):
         path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
         if path:
@@ -86,11 +86,14 @@ def page_title(page: str) -> str:
 def browser():
     """A headless Chromium for the whole session, or a skip that says how to get one."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip(HOW_TO_GET_A_BROWSER)
+    executable = find_chromium()  # None: try Playwright's own download, if `playwright install` made one
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
+        try:
+            chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
+        except sync_api.Error as error:
+            if executable is None and "Executable doesn't exist" in str(error):
+                pytest.skip(HOW_TO_GET_A_BROWSER)
+            raise
         yield chromium
         chromium.close()
 
