@@ -1,0 +1,194 @@
+"""Checkers for chapter 2, from scores to a representation.
+
+* :func:`check_softmax` -- a numerically stable softmax along a chosen dimension;
+* :func:`check_attention` -- ``softmax(q k^T / sqrt(d)) v`` for a batch, returning the output and the weights.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ExerciseError, passed
+from .ch04 import DTYPE, _call, _close, _max_diff, _shape, _tensor
+
+# ----------------------------------------------------------------------------------------------------------
+# Exercise: a stable softmax
+
+
+def _run_softmax(fn, *args, what: str):
+    """``_call``, with the usual cause of a shape error in a hand-written softmax named."""
+    try:
+        return _call(fn, *args, what=what)
+    except ExerciseError as err:
+        if "must match the size" not in str(err):
+            raise
+        raise ExerciseError(
+            f"{err} Did you forget keepdim=True? scores.max(-1).values has shape (3,) for scores (3, 5), which does "
+            f"not line up with the rows; with keepdim=True it is (3, 1) and broadcasts along each row."
+        ) from err
+
+
+def _rows_sum_to_one(weights: torch.Tensor, dim: int) -> bool:
+    sums = weights.sum(dim)
+    return _close(sums, torch.ones_like(sums), 1e-6)
+
+
+def check_softmax(fn) -> None:
+    """Check ``fn(scores, dim=-1) -> weights``: ``torch.softmax(scores, dim)`` without calling it.
+
+    Tried on ordinary scores, on scores around 1000 (``exp(1000)`` overflows), on rows that sit at very
+    different levels, and along ``dim=0``.
+    """
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(3, 5, generator=gen, dtype=DTYPE)  # (rows, S)
+    got = _tensor(_run_softmax(fn, scores, what="your softmax"), "scores of shape (3, 5)", "your softmax")
+    _shape(got, scores.shape, "the result", "the shape of scores")
+    want = torch.softmax(scores, -1)
+    diff = f"(largest difference from softmax: {_max_diff(got, want):.2g})"
+    if not _close(got, want):
+        if _close(got, torch.softmax(scores, 0)):
+            raise ExerciseError(
+                f"your weights sum to 1 down each COLUMN, not along each row {diff}: you normalised over dimension "
+                f"0. Take exp, max and sum along `dim` (here -1), with keepdim=True."
+            )
+        if _close(got, scores / scores.sum(-1, keepdim=True)):
+            raise ExerciseError(
+                f"you divided the scores by their sum without taking exp first {diff}: a negative score would get a "
+                f"negative weight. Weights are exp(s_j) / sum_k exp(s_k)."
+            )
+        if _close(got, scores.exp()) or _close(got, (scores - scores.max(-1, keepdim=True).values).exp()):
+            raise ExerciseError(
+                f"your rows do not sum to 1 {diff}: you took exp but did not divide by the sum of each row."
+            )
+        if bool((got < 0).any()):
+            raise ExerciseError(f"your function returns negative weights {diff}: every weight must be exp(...) > 0.")
+        if not _rows_sum_to_one(got, -1):
+            raise ExerciseError(f"the rows of your result do not sum to 1 {diff}: divide each exp by its row's sum.")
+        raise ExerciseError(f"your weights are not softmax(scores) {diff}: compute exp(s_j) / sum_k exp(s_k) per row.")
+
+    large = scores + 1000.0  # exp(1000) = inf in float64 (the largest is about exp(709))
+    got_large = _run_softmax(fn, large, what="your softmax on scores around 1000")
+    if not torch.isfinite(got_large).all():
+        raise ExerciseError(
+            "your softmax returns NaN or inf for scores around 1000, where exp overflows to inf and inf / inf = NaN. "
+            "Softmax does not change when a constant is subtracted from a row: subtract each row's maximum first, "
+            "scores - scores.max(dim, keepdim=True).values."
+        )
+    if not _close(got_large, want):
+        raise ExerciseError(
+            f"for scores around 1000 your weights differ from softmax by {_max_diff(got_large, want):.2g} "
+            f"(they should equal the weights of the same scores shifted by -1000)."
+        )
+
+    levels = torch.stack([scores[0], scores[1] - 1000.0])  # row 1 sits 1000 below row 0
+    got_levels = _run_softmax(fn, levels, what="your softmax on rows at different levels")
+    if not (torch.isfinite(got_levels).all() and _close(got_levels, torch.softmax(levels, -1))):
+        raise ExerciseError(
+            "your softmax fails when one row's scores sit 1000 below another's: you subtracted ONE maximum for the "
+            "whole tensor, so every exp of the low row underflows to 0 and 0 / 0 = NaN. Subtract each row's own "
+            "maximum: scores.max(dim, keepdim=True).values."
+        )
+
+    got_dim0 = _run_softmax(fn, scores, 0, what="your softmax called with dim=0")
+    if not (isinstance(got_dim0, torch.Tensor) and _close(got_dim0, torch.softmax(scores, 0))):
+        raise ExerciseError(
+            "called as fn(scores, 0) your function does not normalise down the columns: it ignores its `dim` "
+            "argument. Use dim in the max, the exp's sum and keepdim=True."
+        )
+    passed("stable for scores around 1000, per-row maximum, and `dim` respected.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Exercise: attention of a batch
+
+
+def _attention(q, k, v, *, scale="sqrt_d", softmax_dim=-1, swap=False, values="v"):
+    """The reference, and the typical mistakes as options. Returns (output, weights)."""
+    d = q.shape[-1]
+    divide = {"sqrt_d": math.sqrt(d), "none": 1.0, "d": float(d), "sqrt_dv": math.sqrt(v.shape[-1]),
+              "sqrt_S": math.sqrt(k.shape[-2])}[scale]
+    scores = (k @ q.transpose(-2, -1) if swap else q @ k.transpose(-2, -1)) / divide
+    weights = torch.softmax(scores, softmax_dim)
+    return weights @ {"v": v, "k": k}[values], weights
+
+
+def _why_it_raised(fn, q, k, v) -> str:
+    """Rerun a function that raised on the checker's batch on simpler inputs, to name the likely cause."""
+    try:
+        fn(q[0], k[0], v[0])
+        return (" It works on one sentence (2-D inputs) but not on a batch: k.T reverses ALL dimensions of a 3-D "
+                "tensor; transpose the last two with k.transpose(-2, -1).")
+    except Exception:  # noqa: S110 -- try the next guess
+        pass
+    try:
+        answer = fn(q, k[:, : q.shape[1]], v[:, : q.shape[1]])  # as many keys as queries: a transpose fits
+        weights = answer[1]
+    except Exception:  # noqa: BLE001 -- no better guess: the original error stands
+        return ""
+    if _close(weights, _attention(q, k[:, : q.shape[1]], v[:, : q.shape[1]], swap=True)[1]):
+        return (" With as many keys as queries it runs, and its weights are those of k q^T: row i must be query i "
+                "and column j key j, so the scores are q @ k.transpose(-2, -1), (B, L, S).")
+    return " With as many keys as queries it runs: look for a transpose that swaps L and S."
+
+
+def check_attention(fn) -> None:
+    """Check ``fn(q, k, v) -> (output, weights)`` on a batch.
+
+    ``q`` (B, L, d), ``k`` (B, S, d), ``v`` (B, S, dv). Expected: ``weights = softmax(q k^T / sqrt(d))`` over
+    the keys, (B, L, S), and ``output = weights @ v``, (B, L, dv). The checker uses L != S and d != dv, so a
+    transpose or a wrong tensor shows in the shapes.
+    """
+    gen = torch.Generator().manual_seed(3)
+    B, L, S, d, dv = 2, 3, 5, 4, 6
+    q = torch.randn(B, L, d, generator=gen, dtype=DTYPE)
+    k = torch.randn(B, S, d, generator=gen, dtype=DTYPE)
+    v = torch.randn(B, S, dv, generator=gen, dtype=DTYPE)
+    try:
+        answer = fn(q, k, v)
+    except Exception as err:  # the learner's code may raise anything; say what, and the usual cause
+        raise ExerciseError(
+            f"your function raised {type(err).__name__} on a batch with L={L} queries and S={S} keys: "
+            f"{str(err).rstrip('.')}."
+            f"{_why_it_raised(fn, q, k, v)}"
+        ) from err
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise ExerciseError(f"return a pair (output, weights); got {type(answer).__name__}.")
+    out, weights = (_tensor(a, n, "your function") for a, n in zip(answer, ("output", "weights")))
+    if tuple(weights.shape) == (B, S, L):
+        raise ExerciseError(
+            f"weights has shape (B, S, L) = {(B, S, L)}, the transpose of (B, L, S): you computed k q^T. Row i "
+            f"must be query i and column j key j: q @ k.transpose(-2, -1)."
+        )
+    _shape(weights, (B, L, S), "weights", "(B, L, S)", "One row per query, one column per key.")
+    if tuple(out.shape) == (B, L, d) and d != dv:
+        raise ExerciseError(
+            f"output has shape {(B, L, d)}: its last size is d (the keys'), not dv = {dv}: you averaged the keys. "
+            f"The output is weights @ v."
+        )
+    _shape(out, (B, L, dv), "output", "(B, L, dv)", "It is weights (B, L, S) @ v (B, S, dv).")
+    want_out, want_w = _attention(q, k, v)
+    diff = f"(weights differ by up to {_max_diff(weights, want_w):.2g}, outputs by {_max_diff(out, want_out):.2g})"
+    if not _close(weights, want_w):
+        mistakes = [
+            (dict(scale="none"), "you did not scale the scores: divide q k^T by sqrt(d) before the softmax."),
+            (dict(scale="d"), "you divided the scores by d; the scale is sqrt(d)."),
+            (dict(scale="sqrt_dv"), "you divided by sqrt(dv), the size of the VALUES; the scale is sqrt(d), the size "
+                                    "of the queries and keys that the dot product sums over."),
+            (dict(scale="sqrt_S"), "you divided by sqrt(S), the number of keys; the scale is sqrt(d), the size of "
+                                   "the vectors in each dot product."),
+            (dict(softmax_dim=-2), "your weights' COLUMNS sum to 1: softmax ran over the queries. Each query's "
+                                   "weights over the keys must sum to 1: softmax(..., dim=-1)."),
+        ]
+        for options, message in mistakes:
+            if _close(weights, _attention(q, k, v, **options)[1]):
+                raise ExerciseError(f"{message} {diff}")
+        if not _rows_sum_to_one(weights, -1):
+            raise ExerciseError(f"the rows of your weights do not sum to 1 {diff}: softmax over the last dimension.")
+        raise ExerciseError(
+            f"your weights are not softmax(q k^T / sqrt(d)) {diff}: compute q @ k.transpose(-2, -1) / sqrt(d), "
+            f"then softmax over the last dimension."
+        )
+    if not _close(out, want_out):
+        raise ExerciseError(f"the weights are right but the output is not {diff}: output = weights @ v.")
+    passed("weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, on a batch with L != S.")
