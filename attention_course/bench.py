@@ -9,6 +9,7 @@ training mode (dropout 0) and backpropagates the sum of the output into the inpu
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -101,6 +102,7 @@ def main(argv=None) -> str:
     ref, ours = make_layers(D, h)
     x = torch.randn(B, L, D)
     masks = {"none": None, "padding": padding_mask(torch.linspace(L // 2, L, B).long(), L)}
+    load_before = os.getloadavg()[0]
     lines = [
         f"B={B}, L={L}, D={D}, heads={h}, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"median of {args.repeats} interleaved repeats",
@@ -115,6 +117,10 @@ def main(argv=None) -> str:
             name, t_fwd, r_fwd, t_both, r_both = row
             lines.append(f"{mask_name:<9}{name:<35}{1e3 * t_fwd:>11.1f}{r_fwd:>7.2f}{1e3 * t_both:>12.1f}{r_both:>7.2f}")
     lines.append("parity with nn.MultiheadAttention (output, input gradient) checked before timing: ok")
+    lines.append(
+        f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
+        f"(a load above the CPU count means other processes shared them: expect noisier ratios)"
+    )
     report = "\n".join(lines)
     print(report)
     return report

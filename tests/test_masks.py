@@ -222,3 +222,9 @@ def test_merge_checks_float_dtype_and_device():
     meta = torch.zeros(2, 5, dtype=torch.bool, device="meta")
     with pytest.raises(ValueError, match="key_padding_mask is on meta but query is on cpu"):
         merge(meta, None, device=torch.device("cpu"))
+
+
+def test_B_by_L_mask_where_L_by_S_is_expected_raises_even_when_B_equals_L():
+    """Cross-attention (S != L): a (B, L) padding mask over the queries cannot pass for (L, S), even if B == L."""
+    with pytest.raises(ValueError, match=r"per-sentence padding mask \(B, L\)"):
+        merge(None, padding_mask([4, 3, 2, 1]), B=4, L=4, S=6)
