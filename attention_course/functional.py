@@ -105,8 +105,10 @@ def scaled_dot_product_attention(
 
     Returns ``(output (..., L, dv), weights (..., L, S))``. ``mask`` is an IGNORE mask (bool, True = blocked) or
     an additive float mask, broadcastable to (..., L, S): the opposite bool polarity of torch's
-    ``F.scaled_dot_product_attention``. ``scale`` defaults to ``1 / sqrt(d)``. Dropout zeroes weights (and
-    rescales the rest) only when ``training`` is True; the weights returned are those after dropout.
+    ``F.scaled_dot_product_attention``. For 4-D q (B, h, L, d) give a key padding mask as (B, 1, 1, S): passed as
+    (B, S) it would be read as an (L, S) mask, so it raises with that hint, except when B == L, which no shape
+    check can tell apart. ``scale`` defaults to ``1 / sqrt(d)``. Dropout zeroes weights (and rescales the rest)
+    only when ``training`` is True; the weights returned are those after dropout.
     """
     _check_qkv(q, k, v)
     check_dropout(dropout_p, "dropout_p")
