@@ -129,6 +129,8 @@ def site(browser):
     context.route("**/*", only_this_site)
     state["context"] = context
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SCREENSHOTS.glob("*.*"):  # pages may have left the toc since the last run
+        old.unlink()
     yield state
     context.close()
     server.shutdown()
@@ -159,10 +161,13 @@ class Visit:
             self.tab.wait_for_function(f"document.querySelectorAll('.widget-subarea > *').length >= {views}")
 
     def resize(self, viewport):
-        """Show the page at another size, loaded afresh as a reader with that screen would get it."""
+        """Show the page at another size, once the theme's transitions (the sidebars folding away) have ended."""
         self.tab.set_viewport_size(viewport)
-        self.tab.reload(wait_until="load")
-        self.settle()
+        self.tab.wait_for_function("document.getAnimations().every((a) => a.playState !== 'running')")
+
+    def screenshot(self, name):
+        """A full-page picture in the screenshots folder (JPEG: long pages encode several times faster than PNG)."""
+        self.tab.screenshot(path=str(SCREENSHOTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=80)
 
     def close(self):
         self.tab.close()
@@ -292,13 +297,12 @@ def test_page(site, visit, page):
     problems += [f"image did not load: {src}" for src in tab.evaluate(BROKEN_IMAGES)]
     problems += link_problems(tab, site["url"], f"{page}.html")
     problems += notebook_button_problems(tab, page)
-    tab.screenshot(path=str(SCREENSHOTS / f"{slug(page)}.png"), full_page=True)
+    v.screenshot(slug(page))
     v.resize(PHONE)
     overflow = tab.evaluate(OVERFLOW, PHONE["width"])
     if overflow["scroll"] > PHONE["width"]:
         problems.append(f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}")
-    tab.screenshot(path=str(SCREENSHOTS / f"{slug(page)}-phone.png"), full_page=True)
-    problems = list(dict.fromkeys(problems))  # the phone visit repeats the desktop one's errors
+    v.screenshot(f"{slug(page)}-phone")
     site["pages"][page] = {"title": page_title(page), "seconds": round(time.perf_counter() - start, 2),
                            "problems": len(problems), "blocked": len(site["blocked"]) - blocked_before}
     assert not problems, f"{page}.html:\n" + "\n".join(problems)
