@@ -36,8 +36,9 @@ DESKTOP = {"width": 1280, "height": 900}
 TIMEOUT_MS = 60_000  # generous: the machine running the tests may be busy
 
 HOW_TO_GET_A_BROWSER = (
-    "no Chromium found for the browser tests ($CHROMIUM, chromium, chromium-browser, google-chrome). Install one (Debian/Ubuntu: `sudo apt-get install chromium`; "
-    "elsewhere any Chromium or Chrome) or point the CHROMIUM environment variable at its executable. "
+    "no Chromium found for the browser tests ($CHROMIUM, chromium, chromium-browser, google-chrome). Install one "
+    "(Debian/Ubuntu: `sudo apt-get install chromium`; elsewhere any Chromium or Chrome) or point the CHROMIUM "
+    "environment variable at its executable. "
     "(`playwright install chromium` also works where its download is reachable.)"
 )
 CHROMIUM_ARGS = [
