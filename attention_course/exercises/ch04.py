@@ -96,7 +96,7 @@ def check_self_attention(fn) -> None:
     _shape(out, (B, L, D), "out", "(B, L, D)")
     want_out, want_w = _attention(x, W_q, W_k, W_v, kpm)
     if _close(out, want_out) and _close(weights, want_w):
-        passed("weights and output match softmax(mask(Q K^T / sqrt(D))) V to 1e-8.")
+        passed("weights and output are softmax(mask(Q K^T / sqrt(D))) V.")
         return
     diff = f"(weights differ by up to {_max_diff(weights, want_w):.2g}, outputs by {_max_diff(out, want_out):.2g})"
     col_sums = weights.sum(-2)  # (B, S); NaN where a whole column was masked
@@ -261,7 +261,7 @@ def check_in_proj_copy(fn) -> None:
     if not _close(out_b, b_o):
         problems.append("out_proj.bias was not copied: it must hold b_o.")
     if diff <= 1e-8 and not problems:
-        passed(f"every parameter holds the right numbers and the outputs agree (max difference {diff:.1e}).")
+        passed(f"every parameter copied; outputs agree (max diff {diff:.1e}).")
         return
     if not problems:  # outputs differ although every parameter checks out: should not happen, but say so
         problems.append("every parameter looks right, yet the layer computes something else.")

@@ -88,7 +88,7 @@ def check_split_heads(fn) -> None:
             if torch.equal(got.to(DTYPE), variant):
                 raise ExerciseError(f"{where}: {reason}")
         raise ExerciseError(f"{where}. Reshape to (B, L, h, d), then transpose the token and head axes.")
-    passed("every element of every token landed in its own head and row, for two shapes.")
+    passed("every feature of every token is in its own head and row.")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -139,4 +139,4 @@ def check_merge_heads(fn) -> None:
                 f"Transpose to (B, L, h, d), not (B, L, d, h): head i's d features must stay together at i*d:(i+1)*d."
             )
         raise ExerciseError(f"{where}. Transpose to (B, L, h, d), then merge the last two axes.")
-    passed("every token got its own D features back, head after head, for two shapes.")
+    passed("every token got its D features back, head after head.")
