@@ -13,12 +13,15 @@ import math
 import torch
 from torch import nn
 
-from .checks import check_floating, check_shape
+from .checks import check_floating, check_same_device, check_same_dtype, check_shape
 
 
-def _check_input(x, embed_dim: int) -> None:
+def _check_input(x, module: nn.Module) -> None:
     check_floating(x, "x")
-    check_shape(x, "x", ("B", "L", "D"), (None, None, embed_dim))
+    check_shape(x, "x", ("B", "L", "D"), (None, None, module.embed_dim))
+    weight = next(module.parameters())
+    check_same_device(x, "x", weight, "the module's weights")
+    check_same_dtype(x, "x", weight, "the module's weights")
 
 
 class AdditiveScore(nn.Module):
@@ -33,7 +36,7 @@ class AdditiveScore(nn.Module):
         self.w = nn.Linear(embed_dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.embed_dim)
+        _check_input(x, self)
         hidden = torch.tanh(self.W_k(x) + self.W_q(self.query))       # (B, L, D) + (D,) -> (B, L, D)
         return self.w(hidden).squeeze(-1)                              # (B, L, 1) -> (B, L)
 
@@ -47,7 +50,7 @@ class DotProductScore(nn.Module):
         self.query = nn.Parameter(torch.randn(embed_dim))             # (D,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.embed_dim)
+        _check_input(x, self)
         return x @ self.query                                          # (B, L, D) @ (D,) -> (B, L)
 
 
@@ -65,7 +68,7 @@ class SelfAttentionScore(nn.Module):
         self.W_k = nn.Linear(embed_dim, embed_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, self.embed_dim)
+        _check_input(x, self)
         q, k = self.W_q(x), self.W_k(x)                                # (B, L, D) each
         scores = q @ k.transpose(-2, -1)                               # (B, L, D) @ (B, D, L) -> (B, L, L)
         return scores / math.sqrt(self.embed_dim) if self.scaled else scores

@@ -74,8 +74,6 @@ def test_scores_reject_bad_input(cls):
         module([[1.0]])
 
 
-@pytest.mark.xfail(strict=True, reason="reported to the lead: scores.py does not check the input's dtype against "
-                                       "the weights, so float64 input gives torch's raw 'same dtype' RuntimeError")
 @pytest.mark.parametrize("cls", MODULES)
 def test_scores_explain_a_dtype_mismatch(cls):
     with pytest.raises(TypeError, match="float64"):
