@@ -83,20 +83,36 @@ def page_title(page: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="session")
-def browser():
-    """A headless Chromium for the whole session, or a skip that says how to get one."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
-    executable = find_chromium()  # None: try Playwright's own download, if `playwright install` made one
-    with sync_api.sync_playwright() as playwright:
+_SHARED = {"users": 0}  # one Playwright per test process: a second sync_playwright() inside the first one fails
+
+
+def shared_browser():
+    """Generator for session fixtures (here and in test_widgets.py): a headless Chromium, or a skip saying how to get one."""
+    if not _SHARED["users"]:
+        sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
+        executable = find_chromium()  # None: try Playwright's own download, if `playwright install` made one
+        playwright = sync_api.sync_playwright().start()
         try:
             chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=TIMEOUT_MS)
         except sync_api.Error as error:
+            playwright.stop()
             if executable is None and "Executable doesn't exist" in str(error):
                 pytest.skip(HOW_TO_GET_A_BROWSER)
             raise
-        yield chromium
-        chromium.close()
+        _SHARED.update(playwright=playwright, browser=chromium)
+    _SHARED["users"] += 1
+    try:
+        yield _SHARED["browser"]
+    finally:
+        _SHARED["users"] -= 1
+        if not _SHARED["users"]:
+            _SHARED["browser"].close()
+            _SHARED["playwright"].stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    yield from shared_browser()
 
 
 class QuietHandler(SimpleHTTPRequestHandler):

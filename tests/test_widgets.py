@@ -10,7 +10,7 @@ import torch
 import traitlets
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_site import browser  # noqa: F401 (the fixture)
+from test_site import shared_browser
 
 from attention_course.functional import masked_softmax
 from attention_course.heads import split_heads, split_heads_flat
@@ -218,8 +218,13 @@ def assert_same_state(js, py):
             assert js[key] == py[key], key
 
 
+@pytest.fixture(scope="session")
+def browser():
+    yield from shared_browser()
+
+
 @pytest.fixture
-def page(browser):  # noqa: F811
+def page(browser):
     page = browser.new_page(viewport={"width": 900, "height": 900})
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
