@@ -28,14 +28,15 @@ $(VENV)/.installed: pyproject.toml requirements.txt
 
 # The first build also fetches the site's offline assets (MathJax, require.js, the widget manager) at pinned versions
 # with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site"). `rm -rf book/_vendor` refetches.
-book: venv _build/.widgets-stamp
+book: venv _build/.package-stamp
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo
 	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
 
-# A page embeds its widgets' front-end code when its notebook runs, and jupyter-cache keys on the notebook's code
-# alone: after a change to the widgets' .js/.css, forget the cached runs so that the pages embed the new code.
-_build/.widgets-stamp: $(wildcard attention_course/widgets/*.js attention_course/widgets/*.css)
+# jupyter-cache keys a notebook's run on the notebook's own code alone, but the chapters print what the package
+# computes and embed its widgets' front-end code: after any change to attention_course/, forget the cached runs so
+# that no page shows outputs of an older package. (An unchanged rebuild still comes from the cache.)
+_build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css')
 	rm -rf _build/.jupyter_cache
 	mkdir -p _build && touch $@
 
