@@ -59,7 +59,7 @@ def plot_attention(weights, query_labels=None, key_labels=None, ax=None, title=N
     return ax
 
 
-def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=None, key_labels=None):
+def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=None, key_labels=None, legend=True):
     """Draw a mask (rows x keys): cells that may attend in colour, blocked cells gray and hatched.
 
     ``polarity`` says how to read ``mask``: "ignore" (bool, True = blocked), "allow" (bool, True = may attend),
@@ -79,10 +79,11 @@ def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=
         ax.grid(which="minor", color="white", linewidth=1.5)
         ax.tick_params(which="minor", length=0)
     _label_axes(ax, mask.shape, query_labels, key_labels, "query", "key")
-    ax.legend(
-        handles=[Patch(facecolor=MAY_ATTEND_COLOR, label="may attend"),
-                 Patch(facecolor=BLOCKED_COLOR, hatch="//", edgecolor="gray", label="blocked (masked)")],
-        loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-    )
+    if legend:
+        ax.legend(
+            handles=[Patch(facecolor=MAY_ATTEND_COLOR, label="may attend"),
+                     Patch(facecolor=BLOCKED_COLOR, hatch="//", edgecolor="gray", label="blocked (masked)")],
+            loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+        )
     ax.set_title(title if title is not None else f"{polarity} mask")
     return ax

@@ -67,3 +67,10 @@ def test_plot_mask_rejects_bad_input():
         plot_mask(torch.zeros(3, 3), polarity="ignore")
     with pytest.raises(ValueError, match=r"mask must be 2-D.*mask\[0\]"):
         plot_mask(torch.zeros(2, 3, 3, dtype=torch.bool))
+
+
+def test_plot_mask_can_leave_out_the_legend():
+    import torch
+    from attention_course.plots import plot_mask
+    assert plot_mask(torch.eye(3, dtype=torch.bool)).get_legend() is not None
+    assert plot_mask(torch.eye(3, dtype=torch.bool), legend=False).get_legend() is None

@@ -277,3 +277,10 @@ def test_head_js_offers_only_divisors(page):
     assert widget.locator(".ac-picture").inner_html() != before
     assert widget.locator(".ac-outline").count() == len(HeadReshapeWidget(embed_dim=9, num_heads=3).state["mixed_rows"])
     assert_same_state(js_state(page), HeadReshapeWidget(embed_dim=9, num_heads=3).state)
+
+
+def test_mask_widget_shows_the_shortest_sentence_by_default():
+    from attention_course.widgets import MaskBroadcastWidget
+    assert MaskBroadcastWidget().example == 2                       # lengths (5, 3, 2)
+    assert MaskBroadcastWidget(lengths=(2, 5, 5)).example == 0
+    assert MaskBroadcastWidget(example=1).example == 1

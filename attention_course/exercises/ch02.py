@@ -9,17 +9,16 @@ import math
 
 import torch
 
-from . import ExerciseError, passed
-from .ch04 import DTYPE, _call, _close, _max_diff, _shape, _tensor
+from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: a stable softmax
 
 
 def _run_softmax(fn, *args, what: str):
-    """``_call``, with the usual cause of a shape error in a hand-written softmax named."""
+    """``call``, with the usual cause of a shape error in a hand-written softmax named."""
     try:
-        return _call(fn, *args, what=what)
+        return call(fn, *args, what=what)
     except ExerciseError as err:
         if "must match the size" not in str(err):
             raise
@@ -31,7 +30,7 @@ def _run_softmax(fn, *args, what: str):
 
 def _rows_sum_to_one(weights: torch.Tensor, dim: int) -> bool:
     sums = weights.sum(dim)
-    return _close(sums, torch.ones_like(sums), 1e-6)
+    return close(sums, torch.ones_like(sums), 1e-6)
 
 
 def check_softmax(fn) -> None:
@@ -42,22 +41,22 @@ def check_softmax(fn) -> None:
     """
     gen = torch.Generator().manual_seed(2)
     scores = torch.randn(3, 5, generator=gen, dtype=DTYPE)  # (rows, S)
-    got = _tensor(_run_softmax(fn, scores, what="your softmax"), "scores of shape (3, 5)", "your softmax")
-    _shape(got, scores.shape, "the result", "the shape of scores")
+    got = require_tensor(_run_softmax(fn, scores, what="your softmax"), "scores of shape (3, 5)", "your softmax")
+    require_shape(got, scores.shape, "the result", "the shape of scores")
     want = torch.softmax(scores, -1)
-    diff = f"(largest difference from softmax: {_max_diff(got, want):.2g})"
-    if not _close(got, want):
-        if _close(got, torch.softmax(scores, 0)):
+    diff = f"(largest difference from softmax: {max_diff(got, want):.2g})"
+    if not close(got, want):
+        if close(got, torch.softmax(scores, 0)):
             raise ExerciseError(
                 f"your weights sum to 1 down each COLUMN, not along each row {diff}: you normalised over dimension "
                 f"0. Take exp, max and sum along `dim` (here -1), with keepdim=True."
             )
-        if _close(got, scores / scores.sum(-1, keepdim=True)):
+        if close(got, scores / scores.sum(-1, keepdim=True)):
             raise ExerciseError(
                 f"you divided the scores by their sum without taking exp first {diff}: a negative score would get a "
                 f"negative weight. Weights are exp(s_j) / sum_k exp(s_k)."
             )
-        if _close(got, scores.exp()) or _close(got, (scores - scores.max(-1, keepdim=True).values).exp()):
+        if close(got, scores.exp()) or close(got, (scores - scores.max(-1, keepdim=True).values).exp()):
             raise ExerciseError(
                 f"your rows do not sum to 1 {diff}: you took exp but did not divide by the sum of each row."
             )
@@ -75,15 +74,15 @@ def check_softmax(fn) -> None:
             "Softmax does not change when a constant is subtracted from a row: subtract each row's maximum first, "
             "scores - scores.max(dim, keepdim=True).values."
         )
-    if not _close(got_large, want):
+    if not close(got_large, want):
         raise ExerciseError(
-            f"for scores around 1000 your weights differ from softmax by {_max_diff(got_large, want):.2g} "
+            f"for scores around 1000 your weights differ from softmax by {max_diff(got_large, want):.2g} "
             f"(they should equal the weights of the same scores shifted by -1000)."
         )
 
     levels = torch.stack([scores[0], scores[1] - 1000.0])  # row 1 sits 1000 below row 0
     got_levels = _run_softmax(fn, levels, what="your softmax on rows at different levels")
-    if not (torch.isfinite(got_levels).all() and _close(got_levels, torch.softmax(levels, -1))):
+    if not (torch.isfinite(got_levels).all() and close(got_levels, torch.softmax(levels, -1))):
         raise ExerciseError(
             "your softmax fails when one row's scores sit 1000 below another's: you subtracted ONE maximum for the "
             "whole tensor, so every exp of the low row underflows to 0 and 0 / 0 = NaN. Subtract each row's own "
@@ -91,7 +90,7 @@ def check_softmax(fn) -> None:
         )
 
     got_dim0 = _run_softmax(fn, scores, 0, what="your softmax called with dim=0")
-    if not (isinstance(got_dim0, torch.Tensor) and _close(got_dim0, torch.softmax(scores, 0))):
+    if not (isinstance(got_dim0, torch.Tensor) and close(got_dim0, torch.softmax(scores, 0))):
         raise ExerciseError(
             "called as fn(scores, 0) your function does not normalise down the columns: it ignores its `dim` "
             "argument. Use dim in the max, the exp's sum and keepdim=True."
@@ -126,7 +125,7 @@ def _why_it_raised(fn, q, k, v) -> str:
         weights = answer[1]
     except Exception:  # noqa: BLE001 -- no better guess: the original error stands
         return ""
-    if _close(weights, _attention(q, k[:, : q.shape[1]], v[:, : q.shape[1]], swap=True)[1]):
+    if close(weights, _attention(q, k[:, : q.shape[1]], v[:, : q.shape[1]], swap=True)[1]):
         return (" With as many keys as queries it runs, and its weights are those of k q^T: row i must be query i "
                 "and column j key j, so the scores are q @ k.transpose(-2, -1), (B, L, S).")
     return " With as many keys as queries it runs: look for a transpose that swaps L and S."
@@ -154,22 +153,22 @@ def check_attention(fn) -> None:
         ) from err
     if not isinstance(answer, tuple) or len(answer) != 2:
         raise ExerciseError(f"return a pair (output, weights); got {type(answer).__name__}.")
-    out, weights = (_tensor(a, n, "your function") for a, n in zip(answer, ("output", "weights")))
+    out, weights = (require_tensor(a, n, "your function") for a, n in zip(answer, ("output", "weights")))
     if tuple(weights.shape) == (B, S, L):
         raise ExerciseError(
             f"weights has shape (B, S, L) = {(B, S, L)}, the transpose of (B, L, S): you computed k q^T. Row i "
             f"must be query i and column j key j: q @ k.transpose(-2, -1)."
         )
-    _shape(weights, (B, L, S), "weights", "(B, L, S)", "One row per query, one column per key.")
+    require_shape(weights, (B, L, S), "weights", "(B, L, S)", "One row per query, one column per key.")
     if tuple(out.shape) == (B, L, d) and d != dv:
         raise ExerciseError(
             f"output has shape {(B, L, d)}: its last size is d (the keys'), not dv = {dv}: you averaged the keys. "
             f"The output is weights @ v."
         )
-    _shape(out, (B, L, dv), "output", "(B, L, dv)", "It is weights (B, L, S) @ v (B, S, dv).")
+    require_shape(out, (B, L, dv), "output", "(B, L, dv)", "It is weights (B, L, S) @ v (B, S, dv).")
     want_out, want_w = _attention(q, k, v)
-    diff = f"(weights differ by up to {_max_diff(weights, want_w):.2g}, outputs by {_max_diff(out, want_out):.2g})"
-    if not _close(weights, want_w):
+    diff = f"(weights differ by up to {max_diff(weights, want_w):.2g}, outputs by {max_diff(out, want_out):.2g})"
+    if not close(weights, want_w):
         mistakes = [
             (dict(scale="none"), "you did not scale the scores: divide q k^T by sqrt(d) before the softmax."),
             (dict(scale="d"), "you divided the scores by d; the scale is sqrt(d)."),
@@ -181,7 +180,7 @@ def check_attention(fn) -> None:
                                    "weights over the keys must sum to 1: softmax(..., dim=-1)."),
         ]
         for options, message in mistakes:
-            if _close(weights, _attention(q, k, v, **options)[1]):
+            if close(weights, _attention(q, k, v, **options)[1]):
                 raise ExerciseError(f"{message} {diff}")
         if not _rows_sum_to_one(weights, -1):
             raise ExerciseError(f"the rows of your weights do not sum to 1 {diff}: softmax over the last dimension.")
@@ -189,6 +188,6 @@ def check_attention(fn) -> None:
             f"your weights are not softmax(q k^T / sqrt(d)) {diff}: compute q @ k.transpose(-2, -1) / sqrt(d), "
             f"then softmax over the last dimension."
         )
-    if not _close(out, want_out):
+    if not close(out, want_out):
         raise ExerciseError(f"the weights are right but the output is not {diff}: output = weights @ v.")
     passed("weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, on a batch with L != S.")

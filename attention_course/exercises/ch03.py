@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ExerciseError, passed
-from .ch04 import DTYPE, _call, _close, _max_diff, _shape, _tensor
+from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: the padding mask of a batch
@@ -29,7 +28,7 @@ def check_padding_mask(fn) -> None:
     lengths, max_len = [4, 1, 3], 6  # max_len > max(lengths): the batch is padded further than its longest
     B = len(lengths)
     want = _reference_padding_mask(lengths, max_len)
-    mask = _tensor(_call(fn, lengths, max_len, what="your function"), f"lengths={lengths}", "your function")
+    mask = require_tensor(call(fn, lengths, max_len, what="your function"), f"lengths={lengths}", "your function")
     if mask.dtype != torch.bool:
         raise ExerciseError(
             f"your mask has dtype {mask.dtype}; an ignore mask is bool, True at the pads. Compare positions with "
@@ -56,7 +55,7 @@ def check_padding_mask(fn) -> None:
             f"your mask has shape (B, S, S) = {shape}: it is already expanded over the queries. Return the "
             f"(B, 1, S) mask {(B, 1, max_len)}; broadcasting expands it for free when it meets the scores."
         )
-    _shape(mask, (B, 1, max_len), "your mask", "(B, 1, S)")
+    require_shape(mask, (B, 1, max_len), "your mask", "(B, 1, S)")
     if torch.equal(mask, want):
         passed(f"(B, 1, S) = {(B, 1, max_len)}, True exactly at the pads, for lengths {lengths} and max_len {max_len}.")
         return
@@ -101,7 +100,7 @@ def _pad_weight(weights: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def _sums_to(x: torch.Tensor, value: float) -> bool:
-    return _close(x, torch.full_like(x, value), 1e-6)
+    return close(x, torch.full_like(x, value), 1e-6)
 
 
 def check_masked_softmax(fn) -> None:
@@ -114,12 +113,12 @@ def check_masked_softmax(fn) -> None:
     lengths, L, S = [4, 3, 2], 4, 4  # sentence 0 has no pad; 1 and 2 have pads
     scores = torch.randn(len(lengths), L, S, generator=gen, dtype=DTYPE)  # (B, L, S)
     mask = _reference_padding_mask(lengths, S)  # (B, 1, S)
-    weights = _tensor(_call(fn, scores, mask, what="your function"), "scores (3, 4, 4)", "your function")
-    _shape(weights, scores.shape, "your weights", "the shape of scores (B, L, S)")
+    weights = require_tensor(call(fn, scores, mask, what="your function"), "scores (3, 4, 4)", "your function")
+    require_shape(weights, scores.shape, "your weights", "the shape of scores (B, L, S)")
     want = _masked_softmax(scores, mask)
-    diff = f"(largest difference: {_max_diff(weights, want):.2g})"
+    diff = f"(largest difference: {max_diff(weights, want):.2g})"
     pads = mask.expand_as(scores)  # (B, L, S)
-    if not _close(weights, want):
+    if not close(weights, want):
         on_real = (weights.nan_to_num() * ~pads).sum(-1)  # (B, L): weight each query gives the real tokens
         if torch.isnan(weights).any():
             nan_rows = torch.isnan(weights).any(-1)  # (B, L)
@@ -145,18 +144,18 @@ def check_masked_softmax(fn) -> None:
                 f"mask with inverted polarity. Here True = IGNORE (nn.MultiheadAttention's convention): mask where "
                 f"mask is True, not where it is False."
             )
-        if _close(weights, torch.softmax(scores, -1)):
+        if close(weights, torch.softmax(scores, -1)):
             raise ExerciseError(
                 f"your function puts weight up to {_pad_weight(weights, pads):.2f} on pad positions: the mask was not "
                 f"applied. Fill the masked scores with float('-inf') BEFORE the softmax."
             )
-        if _close(weights, torch.softmax(scores, -1).masked_fill(pads, 0.0)):
+        if close(weights, torch.softmax(scores, -1).masked_fill(pads, 0.0)):
             raise ExerciseError(
                 f"your rows sum to {float(on_real.min()):.2f}..{float(on_real.max()):.2f}, not 1 {diff}: you zeroed "
                 f"the pads AFTER the softmax, so the share the pads took is lost. Mask the scores with -inf before "
                 f"the softmax."
             )
-        if _close(weights, torch.softmax(scores.masked_fill(pads, float("-inf")), -2).nan_to_num()):
+        if close(weights, torch.softmax(scores.masked_fill(pads, float("-inf")), -2).nan_to_num()):
             raise ExerciseError(
                 f"your weights sum to 1 down the columns {diff}: softmax ran over the queries. Each query's weights "
                 f"over the keys must sum to 1: softmax(..., dim=-1)."
@@ -174,7 +173,7 @@ def check_masked_softmax(fn) -> None:
     # Huge logits: a finite fill such as -1e9 is then an ordinary score, not minus infinity.
     big = torch.tensor([[[-3e10, -2e10, -1e10]]], dtype=DTYPE)  # (1, 1, 3): the last key is masked
     big_mask = torch.tensor([[[False, False, True]]])
-    got = _call(fn, big, big_mask, what="your function on scores around -1e10")
+    got = call(fn, big, big_mask, what="your function on scores around -1e10")
     if not torch.isfinite(got).all():
         raise ExerciseError(
             "with scores around -1e10 (the masked key highest) your function returns NaN or inf. If you zero the "
@@ -190,13 +189,13 @@ def check_masked_softmax(fn) -> None:
 
     # A query with nothing to attend to: a sentence of length 0.
     empty = torch.ones(1, 1, S, dtype=torch.bool)
-    got = _call(fn, scores[:1], empty, what="your function on a fully masked row")
+    got = call(fn, scores[:1], empty, what="your function on a fully masked row")
     if torch.isnan(got).any():
         raise ExerciseError(
             "a row whose keys are all masked gives NaN (softmax of all -inf is 0 / 0). Give such rows zero weights: "
             "find them with mask.all(-1, keepdim=True) and masked_fill their weights with 0."
         )
-    if not _close(got, torch.zeros_like(got)):
+    if not close(got, torch.zeros_like(got)):
         raise ExerciseError(
             f"a row whose keys are all masked gets weights summing to {float(got.sum(-1).max()):.2f}: with nothing "
             f"to attend to, its weights should all be 0 (a -1e9 fill gives a uniform average of the pads instead)."

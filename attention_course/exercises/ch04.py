@@ -2,8 +2,6 @@
 
 * :func:`check_self_attention` -- single-head attention written step by step, with a key padding mask;
 * :func:`check_in_proj_copy` -- copying hand-made weights into ``nn.MultiheadAttention(num_heads=1)``.
-
-The helpers at the top are shared by the checkers of chapters 5 and 6.
 """
 from __future__ import annotations
 
@@ -12,45 +10,7 @@ import math
 import torch
 from torch import nn
 
-from . import ExerciseError, passed
-
-DTYPE = torch.float64  # checkers compute in float64, so "equal" can mean equal to 1e-10
-ATOL = 1e-10
-
-
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference of two tensors of the same shape; NaN on one side only counts as inf."""
-    a, b = a.detach().to(DTYPE), b.detach().to(DTYPE)
-    diff = (a - b).abs().nan_to_num(nan=float("inf")).masked_fill(a.isnan() & b.isnan(), 0.0)
-    return float(diff.max()) if diff.numel() else 0.0
-
-
-def _close(a, b, atol: float = 1e-8) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and _max_diff(a, b) <= atol
-
-
-def _tensor(answer, name: str, what: str) -> torch.Tensor:
-    if not isinstance(answer, torch.Tensor):
-        raise ExerciseError(f"{what} must return a torch.Tensor for {name}, got {type(answer).__name__}.")
-    return answer
-
-
-def _shape(answer: torch.Tensor, expected: tuple, name: str, dims: str, hint: str = "") -> None:
-    if tuple(answer.shape) != tuple(expected):
-        raise ExerciseError(
-            f"{name} has shape {tuple(answer.shape)}, expected {dims} = {tuple(expected)}." + (f" {hint}" if hint else "")
-        )
-
-
-def _call(fn, *args, what: str):
-    """Run the learner's function; turn an exception into a message that names it."""
-    try:
-        return fn(*args)
-    except ExerciseError:
-        raise
-    except Exception as err:  # the learner's code may raise anything; report it, do not hide it
-        raise ExerciseError(f"{what} raised {type(err).__name__}: {err}") from err
-
+from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: self-attention step by step
@@ -88,21 +48,21 @@ def check_self_attention(fn) -> None:
     W_q, W_k, W_v = (torch.randn(D, D, generator=gen, dtype=DTYPE) for _ in range(3))
     lengths = torch.tensor([5, 3])
     kpm = torch.arange(L)[None, :] >= lengths[:, None]  # (B, L): True at pads
-    answer = _call(fn, x, W_q, W_k, W_v, kpm, what="your function")
+    answer = call(fn, x, W_q, W_k, W_v, kpm, what="your function")
     if not isinstance(answer, tuple) or len(answer) != 2:
         raise ExerciseError(f"return a pair (out, weights); got {type(answer).__name__}.")
-    out, weights = (_tensor(a, n, "your function") for a, n in zip(answer, ("out", "weights")))
-    _shape(weights, (B, L, L), "weights", "(B, L, S)", "One row per query, one column per key.")
-    _shape(out, (B, L, D), "out", "(B, L, D)")
+    out, weights = (require_tensor(a, n, "your function") for a, n in zip(answer, ("out", "weights")))
+    require_shape(weights, (B, L, L), "weights", "(B, L, S)", "One row per query, one column per key.")
+    require_shape(out, (B, L, D), "out", "(B, L, D)")
     want_out, want_w = _attention(x, W_q, W_k, W_v, kpm)
-    if _close(out, want_out) and _close(weights, want_w):
+    if close(out, want_out) and close(weights, want_w):
         passed("weights and output are softmax(mask(Q K^T / sqrt(D))) V.")
         return
-    diff = f"(weights differ by up to {_max_diff(weights, want_w):.2g}, outputs by {_max_diff(out, want_out):.2g})"
+    diff = f"(weights differ by up to {max_diff(weights, want_w):.2g}, outputs by {max_diff(out, want_out):.2g})"
     col_sums = weights.sum(-2)  # (B, S); NaN where a whole column was masked
     finite = ~torch.isnan(col_sums)
-    if bool(finite.any()) and _close(col_sums[finite], torch.ones_like(col_sums[finite]), 1e-6) \
-            and not _close(weights.sum(-1), torch.ones(B, L, dtype=DTYPE), 1e-6):
+    if bool(finite.any()) and close(col_sums[finite], torch.ones_like(col_sums[finite]), 1e-6) \
+            and not close(weights.sum(-1), torch.ones(B, L, dtype=DTYPE), 1e-6):
         raise ExerciseError(
             f"your weights' COLUMNS sum to 1, not their rows {diff}: softmax ran over the queries. "
             f"Each query's weights over the keys must sum to 1: use softmax(..., dim=-1)."
@@ -121,7 +81,7 @@ def check_self_attention(fn) -> None:
             f"Mask the padded KEYS (the columns: key_padding_mask[:, None, :]), never whole query rows."
         )
     pad_cols = kpm[:, None, :].expand(B, L, L)
-    if not _close(weights.sum(-1), torch.ones(B, L, dtype=DTYPE), 1e-6):
+    if not close(weights.sum(-1), torch.ones(B, L, dtype=DTYPE), 1e-6):
         raise ExerciseError(f"the rows of your weights do not sum to 1 {diff}: apply softmax over the last dimension.")
     variants = [
         (dict(mask="inverted"), "the mask is inverted: the real tokens got weight 0 and the pads got all of it. "
@@ -141,14 +101,14 @@ def check_self_attention(fn) -> None:
     ]
     for options, message in variants:
         out_v, w_v = _attention(x, W_q, W_k, W_v, kpm, **options)
-        if _close(weights, w_v):
+        if close(weights, w_v):
             raise ExerciseError(f"{message} {diff}")
     if (weights.masked_select(pad_cols).abs() > 1e-8).any():
         raise ExerciseError(
             f"the padded keys still receive weight {diff}: mask the columns of the padded keys before the softmax."
         )
-    if _close(weights, want_w):
-        if _close(out, weights @ x):
+    if close(weights, want_w):
+        if close(out, weights @ x):
             raise ExerciseError(f"the weights are right but the output is weights @ x {diff}: use V = x @ W_v.")
         raise ExerciseError(f"the weights are right but the output is not {diff}: out = weights @ V with V = x @ W_v.")
     raise ExerciseError(
@@ -168,15 +128,15 @@ def _describe_blocks(weight: torch.Tensor, mats: dict, initial: torch.Tensor) ->
     for i, name in enumerate(("W_q", "W_k", "W_v")):
         rows = slice(i * D, (i + 1) * D)
         block, where = weight[rows], f"in_proj_weight[{rows.start}:{rows.stop}] (the {name} block)"
-        if _close(block, mats[name].T):
+        if close(block, mats[name].T):
             continue
-        others = [other for other, W in mats.items() if other != name and _close(block, W.T)]
-        if _close(block, mats[name]):
+        others = [other for other, W in mats.items() if other != name and close(block, W.T)]
+        if close(block, mats[name]):
             untransposed.append((name, where))
         elif others:
             problems.append(f"{where} holds {others[0]}.T instead of {name}.T: the blocks of in_proj_weight are "
                             f"stacked in the order W_q, W_k, W_v (rows 0:D, D:2D, 2D:3D).")
-        elif _close(block, initial[rows]):
+        elif close(block, initial[rows]):
             problems.append(f"{where} still holds its initial random values: {name} was not copied.")
         else:
             problems.append(f"{where} holds neither {name}.T nor {name}.")
@@ -238,12 +198,12 @@ def check_in_proj_copy(fn) -> None:
     with torch.no_grad():
         got, _ = mha(x, x, x, key_padding_mask=kpm)
     want = _mha_reference(x, kpm, mats["W_q"], mats["W_k"], mats["W_v"], b_q, b_k, b_v, W_o, b_o)
-    diff = _max_diff(got, want)
+    diff = max_diff(got, want)
     weight, bias = params["in_proj_weight"].detach(), params["in_proj_bias"].detach()
     problems = _describe_blocks(weight, mats, initial["in_proj_weight"])
     want_bias = torch.cat([b_q, b_k, b_v])
-    if not _close(bias, want_bias):
-        if _close(bias, initial["in_proj_bias"]) or _close(bias, torch.zeros_like(bias)):
+    if not close(bias, want_bias):
+        if close(bias, initial["in_proj_bias"]) or close(bias, torch.zeros_like(bias)):
             problems.append("in_proj_bias was not copied: it must hold torch.cat([b_q, b_k, b_v]). (A copy that "
                             "forgets the biases passes a parity check only while torch's biases are zero, as "
                             "they are right after nn.MultiheadAttention(...) is built.)")
@@ -251,14 +211,14 @@ def check_in_proj_copy(fn) -> None:
             problems.append("in_proj_bias is not torch.cat([b_q, b_k, b_v]) (biases are not transposed; check "
                             "their order q, k, v).")
     out_w, out_b = params["out_proj.weight"].detach(), params["out_proj.bias"].detach()
-    if not _close(out_w, W_o.T):
-        if _close(out_w, W_o):
+    if not close(out_w, W_o.T):
+        if close(out_w, W_o):
             problems.append("out_proj.weight holds W_o, not W_o.T: out_proj is an nn.Linear, stored (out, in).")
-        elif _close(out_w, initial["out_proj.weight"]):
+        elif close(out_w, initial["out_proj.weight"]):
             problems.append("out_proj.weight was not copied: the output projection is part of the layer too.")
         else:
             problems.append("out_proj.weight holds neither W_o.T nor W_o.")
-    if not _close(out_b, b_o):
+    if not close(out_b, b_o):
         problems.append("out_proj.bias was not copied: it must hold b_o.")
     if diff <= 1e-8 and not problems:
         passed(f"every parameter copied; outputs agree (max diff {diff:.1e}).")

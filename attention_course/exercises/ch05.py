@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ExerciseError, passed
-from .ch04 import DTYPE, _call, _tensor
+from . import DTYPE, ExerciseError, call, passed, require_tensor
 
 # (B, L, D, h): the chapter's example first (B = h, L = d), then one where every size differs
 SHAPES = [(2, 4, 8, 2), (2, 3, 12, 4)]
@@ -59,7 +58,7 @@ def check_split_heads(fn) -> None:
     for B, L, D, h in SHAPES:
         d = D // h
         x = _labelled(B, L, D)
-        got = _tensor(_call(fn, x.clone(), h, what=f"your function on x of shape {(B, L, D)} with num_heads={h}"),
+        got = require_tensor(call(fn, x.clone(), h, what=f"your function on x of shape {(B, L, D)} with num_heads={h}"),
                       "split heads", "your function")
         want = x.reshape(B, L, h, d).transpose(1, 2)  # (B, h, L, d)
         shape = tuple(got.shape)
@@ -114,7 +113,7 @@ def check_merge_heads(fn) -> None:
             raise ExerciseError(f"your function raised RuntimeError {setting}: {err}") from err
         except Exception as err:
             raise ExerciseError(f"your function raised {type(err).__name__} {setting}: {err}") from err
-        got = _tensor(got, "merged heads", "your function")
+        got = require_tensor(got, "merged heads", "your function")
         shape = tuple(got.shape)
         if shape != (B, L, D):
             hint = ""

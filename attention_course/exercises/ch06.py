@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ExerciseError, passed
-from .ch04 import ATOL, DTYPE, _call, _close, _max_diff, _tensor
+from . import ATOL, DTYPE, ExerciseError, call, close, max_diff, passed, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: combine the masks
@@ -60,7 +59,7 @@ def check_combine_masks(fn) -> None:
     (B, h, L, S), cases = _mask_cases(gen)
     for name, kpm, attn_mask in cases:
         setting = f"with {name} (B={B}, h={h}, L={L}, S={S})"
-        got = _tensor(_call(fn, kpm, attn_mask, B, h, L, S, what=f"your function {setting}"), "the mask",
+        got = require_tensor(call(fn, kpm, attn_mask, B, h, L, S, what=f"your function {setting}"), "the mask",
                       "your function")
         want = _combine(kpm, attn_mask, B, h, L, S)
         if got.dtype != torch.bool:
@@ -196,7 +195,7 @@ def check_multihead(cls) -> None:
         setting = f"with {name}"
         kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, average_attn_weights=average)
         try:
-            answer = _call(lambda: ours(query, key, value, **kwargs), what=f"your layer {setting}")
+            answer = call(lambda: ours(query, key, value, **kwargs), what=f"your layer {setting}")
         except ExerciseError as err:
             if key.shape[1] != query.shape[1]:
                 raise ExerciseError(f"{err} Keys and values have S = {key.shape[1]} positions, queries L = "
@@ -206,8 +205,8 @@ def check_multihead(cls) -> None:
             raise ExerciseError(f"your layer must return a pair (output, weights) like torch's; got "
                                 f"{type(answer).__name__} {setting}.")
         out, weights = answer
-        out = _tensor(out, "the output", "your layer")
-        weights = _tensor(weights, "the weights", "your layer")
+        out = require_tensor(out, "the output", "your layer")
+        weights = require_tensor(weights, "the weights", "your layer")
         want_out, want_w = mha(query, key, value, **kwargs)
         Lq, Sk = query.shape[1], key.shape[1]
         if tuple(out.shape) != (B, Lq, D):
@@ -225,7 +224,7 @@ def check_multihead(cls) -> None:
             else:
                 hint = ""
             raise ExerciseError(f"your weights have shape {shape} {setting}, torch's {want_shape}.{hint}")
-        diff_out, diff_w = _max_diff(out, want_out), _max_diff(weights, want_w)
+        diff_out, diff_w = max_diff(out, want_out), max_diff(weights, want_w)
         if diff_out <= ATOL and diff_w <= ATOL:
             continue
         diff = f"(outputs differ by up to {diff_out:.2g}, weights by {diff_w:.2g})"
@@ -249,7 +248,7 @@ def check_multihead(cls) -> None:
         ]
         for options, message in variants:
             v_out, v_w = _reference(params, query, key, value, mask, h, average=average, **options)
-            if _close(out, v_out, 1e-8) and _close(weights, v_w, 1e-8):
+            if close(out, v_out, 1e-8) and close(weights, v_w, 1e-8):
                 raise ExerciseError(f"{setting}: {message} {diff}")
         if diff_out > ATOL and diff_w <= ATOL:
             raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
@@ -270,14 +269,14 @@ def check_multihead(cls) -> None:
         if got is None:
             raise ExerciseError(f"the gradient of {what} is None with your layer: something in forward cuts the graph "
                                 f"(.detach(), .data, or a tensor built with torch.tensor(...)).")
-        if _max_diff(got, want) > ATOL:
-            raise ExerciseError(f"outputs agree but the gradients of {what} differ by {_max_diff(got, want):.2g}: "
+        if max_diff(got, want) > ATOL:
+            raise ExerciseError(f"outputs agree but the gradients of {what} differ by {max_diff(got, want):.2g}: "
                                 f"look for .detach(), .data or in-place writes in forward.")
     # need_weights=False
-    out, weights = _call(lambda: ours(query, key, value, key_padding_mask=kpm, need_weights=False),
+    out, weights = call(lambda: ours(query, key, value, key_padding_mask=kpm, need_weights=False),
                          what="your layer with need_weights=False")
     if weights is not None:
         raise ExerciseError("with need_weights=False torch returns None for the weights; yours returned a tensor.")
-    if _max_diff(out, mha(query, key, value, key_padding_mask=kpm, need_weights=False)[0]) > ATOL:
+    if max_diff(out, mha(query, key, value, key_padding_mask=kpm, need_weights=False)[0]) > ATOL:
         raise ExerciseError("with need_weights=False your output changes: the flag should only drop the weights.")
     passed("outputs, weights and gradients = torch's, to 1e-10 in float64.")

@@ -49,8 +49,10 @@ class MaskBroadcastWidget(anywidget.AnyWidget):
     num_heads = traitlets.Int(1).tag(sync=True)
     example = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, batch_size=3, max_len=5, lengths=None, causal=False, num_heads=1, example=0, **kwargs):
+    def __init__(self, batch_size=3, max_len=5, lengths=None, causal=False, num_heads=1, example=None, **kwargs):
         lengths = fit_lengths(DEFAULT_LENGTHS, batch_size, max_len) if lengths is None else list(lengths)
+        if example is None:  # show the shortest sentence: the one whose padding there is most to see
+            example = min(range(len(lengths)), key=lengths.__getitem__) if lengths else 0
         super().__init__(
             batch_size=batch_size, max_len=max_len, lengths=lengths, causal=causal, num_heads=num_heads,
             example=example, **kwargs,
