@@ -10,6 +10,8 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 JB_FLAGS := -W -n --keep-going
 SITE   := _build/html
+# `make test` reports the package's line coverage and fails below 95%.
+COVERAGE := --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95
 
 .PHONY: book test venv clean help
 help:
@@ -41,7 +43,7 @@ _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js
 	mkdir -p _build && touch $@
 
 test: book
-	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest
+	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(COVERAGE)
 
 clean:
 	rm -rf _build

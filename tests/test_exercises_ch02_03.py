@@ -87,6 +87,7 @@ def test_attention_accepts_a_right_answer(capsys):
     (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1][0]), "weights has shape \\(3, 5\\), expected"),
     (lambda q, k, v: 1 / 0, "raised ZeroDivisionError on a batch"),
 ])
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the mistake under test
 def test_attention_names_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch02.check_attention(fn)
