@@ -73,3 +73,12 @@ def test_every_notebook_is_in_the_toc_and_every_toc_entry_exists():
         assert f"notebooks/{path.stem}" in listed, f"{path.name} is not in _toc.yml"
     for entry in listed:
         assert any((ROOT / f"{entry}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml lists {entry}, missing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_page(path):
+    """The website shows about 80 characters of code before a horizontal scrollbar."""
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] == "code":
+            for line in "".join(cell["source"]).splitlines():
+                assert len(line) <= 79, f"{path.name} cell {i}: {len(line)} characters: {line!r}"

@@ -6,6 +6,8 @@ wrong way round) and how to look for the fix -- not just that it is wrong.
 """
 from __future__ import annotations
 
+import textwrap
+
 import torch
 
 
@@ -14,7 +16,8 @@ class ExerciseError(AssertionError):
 
 
 def passed(message: str) -> None:
-    print(f"Correct: {message}")
+    """Print the verdict, wrapped to the width a chapter page shows."""
+    print(textwrap.fill(f"Correct: {message}", 79))
 
 
 # Helpers shared by the chapters' checkers.
