@@ -25,26 +25,34 @@ from .masks import fully_masked_rows
 def _check_mask_fits(mask: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     """``mask`` must be bool or of ``ref``'s float dtype, on its device, and broadcast to its (..., L, S) shape."""
     check_mask(mask, "mask", float_dtype=ref.dtype, device=ref.device, ref_name=ref_name)
+    if mask.ndim == 2 and ref.ndim >= 3 and mask.shape == (ref.shape[0], ref.shape[-1]):
+        # Shaped like a key padding mask (B, S). Broadcasting would read it as an (L, S) mask, silently so
+        # whenever B == L: refuse, even then, and let the learner say which one it is.
+        pad = "mask[:, " + "None, " * (ref.ndim - 2) + ":]"
+        one = "mask[" + "None, " * (ref.ndim - 2) + "...]"
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} against {ref_name} {tuple(ref.shape)}: this looks like a key padding "
+            f"mask (B, S), which broadcasting would read as an (L, S) mask. Give it the missing dimensions: "
+            f"{pad} for a key padding mask, or {one} if it really is one (L, S) mask for every sentence."
+        )
     try:
         fits = torch.broadcast_shapes(mask.shape, ref.shape) == ref.shape
     except RuntimeError:
         fits = False
     if fits:
         return
-    hint = ""
-    if mask.ndim == 2 and ref.ndim >= 3 and mask.shape == (ref.shape[0], ref.shape[-1]):
-        index = "mask[:, " + "None, " * (ref.ndim - 2) + ":]"
-        hint = f" This looks like a key padding mask (B, S): give it the missing dimensions with {index}."
     raise ValueError(
         f"mask of shape {tuple(mask.shape)} does not broadcast to the {ref_name} shape (..., L, S) = "
-        f"{tuple(ref.shape)}.{hint}"
+        f"{tuple(ref.shape)}."
     )
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
     """Softmax of ``scores`` over ``dim``, skipping masked entries.
 
-    ``mask``: bool ignore mask (True = skip) or additive float mask, broadcastable to ``scores``. A row whose
+    ``mask``: bool ignore mask (True = skip) or additive float mask, broadcastable to ``scores``; a (B, S) padding
+    mask for (B, L, S) scores is ``mask[:, None, :]``, and a 2-D mask shaped (B, S) raises rather than being read
+    as (L, S), even when B == L. A row whose
     entries are all masked gets all-zero weights, and no NaN reaches the gradient.
     """
     check_floating(scores, "scores")
@@ -52,7 +60,6 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
         return torch.softmax(scores, dim)
     _check_mask_fits(mask, scores, "scores")
     scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    mask = mask.reshape((1,) * (scores.ndim - mask.ndim) + mask.shape)  # as many dimensions as scores
     blocked = fully_masked_rows(mask, dim)  # True on rows with nothing to attend to
     if not blocked.any():
         return torch.softmax(scores, dim)
@@ -104,10 +111,10 @@ def scaled_dot_product_attention(
     """Attention of queries q (..., L, d) over keys k (..., S, d) and values v (..., S, dv).
 
     Returns ``(output (..., L, dv), weights (..., L, S))``. ``mask`` is an IGNORE mask (bool, True = blocked) or
-    an additive float mask, broadcastable to (..., L, S): the opposite bool polarity of torch's
-    ``F.scaled_dot_product_attention``. For 4-D q (B, h, L, d) give a key padding mask as (B, 1, 1, S): passed as
-    (B, S) it would be read as an (L, S) mask, so it raises with that hint, except when B == L, which no shape
-    check can tell apart. ``scale`` defaults to ``1 / sqrt(d)``. Dropout zeroes weights (and rescales the rest)
+    an additive float mask broadcastable to (..., L, S): the opposite bool polarity of torch's
+    ``F.scaled_dot_product_attention``. For 4-D q (B, h, L, d) a key padding mask is (B, 1, 1, S). A 2-D mask
+    shaped (B, S) raises instead of being broadcast as an (L, S) mask, even when B == L (then an (L, S) mask
+    meant for every sentence must be written ``mask[None, None]``). ``scale`` defaults to ``1 / sqrt(d)``. Dropout zeroes weights (and rescales the rest)
     only when ``training`` is True; the weights returned are those after dropout.
     """
     _check_qkv(q, k, v)

@@ -192,3 +192,22 @@ def test_attention_rejects_bad_input(fn):
         fn(q, k, v, dropout_p=1.5)
     with pytest.raises(ValueError, match=r"does not broadcast to the scores shape \(\.\.\., L, S\) = \(2, 3, 5\)"):
         fn(q, k, v, torch.zeros(3, 4, dtype=torch.bool))
+
+
+def test_a_key_padding_shaped_mask_is_refused_even_when_B_equals_L():
+    """The seeds' silent bug: (B, S) broadcast as (L, S). With B == L the shapes agree, and still it must raise."""
+    scores = torch.randn(3, 3, 4)  # B = L = 3, S = 4
+    kpm = padding_mask([4, 2, 1])  # (B, S) = (3, 4)
+    with pytest.raises(ValueError, match=r"looks like a key padding mask \(B, S\).*mask\[:, None, :\].*mask\[None, \.\.\.\]"):
+        masked_softmax(scores, kpm)
+    torch.testing.assert_close(  # said explicitly, it works
+        masked_softmax(scores, kpm[:, None, :]), masked_softmax(scores, kpm[:, None, :].expand(3, 3, 4)))
+    q, k, v = torch.randn(3, 3, 2), torch.randn(3, 4, 2), torch.randn(3, 4, 2)
+    with pytest.raises(ValueError, match="looks like a key padding mask"):
+        scaled_dot_product_attention(q, k, v, kpm)
+
+
+def test_an_L_by_S_mask_still_broadcasts_when_it_cannot_be_a_padding_mask():
+    scores = torch.randn(2, 5, 5)  # B = 2 != L = 5
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(masked_softmax(scores, causal), masked_softmax(scores, causal.expand(2, 5, 5)))
