@@ -226,5 +226,6 @@ def compare(
     if got.keys() != want.keys():
         raise ValueError(f"a and b computed different things: {sorted(got)} and {sorted(want)}.")
     label = masks if isinstance(masks, str) else "custom"
-    setting = f"a vs b in {weight.dtype}: B={B}, L={L}, S={S}, masks={label!r}, need_weights={need_weights}"
+    setting = (f"a vs b in {weight.dtype}: B={B}, L={L}, S={S}\n"
+               f"masks={label!r}, need_weights={need_weights}")
     return ParityReport(setting, [Difference(name, got[name], want[name]) for name in got])
