@@ -27,8 +27,11 @@ ATOL = 1e-10
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference of two tensors of the same shape; NaN on one side only counts as inf."""
-    a, b = a.detach().to(DTYPE), b.detach().to(DTYPE)
+    """Largest absolute difference of two tensors of the same shape; NaN on one side only counts as inf.
+
+    Compared on the CPU: the checkers' tensors live there, a learner's answer may be on the GPU.
+    """
+    a, b = a.detach().to("cpu", DTYPE), b.detach().to("cpu", DTYPE)
     diff = (a - b).abs().nan_to_num(nan=float("inf")).masked_fill(a.isnan() & b.isnan(), 0.0)
     return float(diff.max()) if diff.numel() else 0.0
 
@@ -38,9 +41,10 @@ def close(a, b, atol: float = 1e-8) -> bool:
 
 
 def require_tensor(answer, name: str, what: str) -> torch.Tensor:
+    """``answer`` moved to the CPU, where the checkers' tensors are (a mask built on the GPU is a right answer too)."""
     if not isinstance(answer, torch.Tensor):
         raise ExerciseError(f"{what} must return a torch.Tensor for {name}, got {type(answer).__name__}.")
-    return answer
+    return answer.cpu()
 
 
 def require_shape(answer: torch.Tensor, expected: tuple, name: str, dims: str, hint: str = "") -> None:
@@ -50,6 +54,14 @@ def require_shape(answer: torch.Tensor, expected: tuple, name: str, dims: str, h
         )
 
 
+def device_hint(err: Exception) -> str:
+    """A hint for an error that mentions the GPU: the checkers pass CPU tensors."""
+    if "cuda" not in str(err).lower():
+        return ""
+    return (" The checker's tensors are on the CPU: create new tensors on the device of the inputs "
+            "(device=x.device), not on the notebook's `device`.")
+
+
 def call(fn, *args, what: str):
     """Run the learner's function; turn an exception into a message that names it."""
     try:
@@ -57,4 +69,4 @@ def call(fn, *args, what: str):
     except ExerciseError:
         raise
     except Exception as err:  # the learner's code may raise anything; report it, do not hide it
-        raise ExerciseError(f"{what} raised {type(err).__name__}: {err}") from err
+        raise ExerciseError(f"{what} raised {type(err).__name__}: {err}{device_hint(err)}") from err

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
+from . import DTYPE, ExerciseError, call, close, device_hint, max_diff, passed, require_shape, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: a stable softmax
@@ -149,7 +149,7 @@ def check_attention(fn) -> None:
         raise ExerciseError(
             f"your function raised {type(err).__name__} on a batch with L={L} queries and S={S} keys: "
             f"{str(err).rstrip('.')}."
-            f"{_why_it_raised(fn, q, k, v)}"
+            f"{_why_it_raised(fn, q, k, v)}{device_hint(err)}"
         ) from err
     if not isinstance(answer, tuple) or len(answer) != 2:
         raise ExerciseError(f"return a pair (output, weights); got {type(answer).__name__}.")

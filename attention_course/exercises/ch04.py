@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
+from . import DTYPE, ExerciseError, call, close, device_hint, max_diff, passed, require_shape, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: self-attention step by step
@@ -181,9 +181,9 @@ def check_in_proj_copy(fn) -> None:
                 "copying into a parameter in place raised RuntimeError (" + str(err).split("\n")[0] + "). "
                 "Parameters track gradients: do the copies inside `with torch.no_grad():`."
             ) from err
-        raise ExerciseError(f"your function raised RuntimeError: {err}") from err
+        raise ExerciseError(f"your function raised RuntimeError: {err}{device_hint(err)}") from err
     except Exception as err:
-        raise ExerciseError(f"your function raised {type(err).__name__}: {err}") from err
+        raise ExerciseError(f"your function raised {type(err).__name__}: {err}{device_hint(err)}") from err
 
     x = rand(B, L, D)
     kpm = torch.arange(L)[None, :] >= torch.tensor([5, 3])[:, None]  # (B, L): True at pads

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import DTYPE, ExerciseError, call, passed, require_tensor
+from . import DTYPE, ExerciseError, call, device_hint, passed, require_tensor
 
 # (B, L, D, h): the chapter's example first (B = h, L = d), then one where every size differs
 SHAPES = [(2, 4, 8, 2), (2, 3, 12, 4)]
@@ -110,9 +110,11 @@ def check_merge_heads(fn) -> None:
                     f"tensor is no longer contiguous in memory, and .view cannot merge axes that are not adjacent "
                     f"in memory. Use .reshape(B, L, D), or .contiguous().view(B, L, D)."
                 ) from err
-            raise ExerciseError(f"your function raised RuntimeError {setting}: {err}") from err
+            raise ExerciseError(f"your function raised RuntimeError {setting}: {err}{device_hint(err)}") from err
         except Exception as err:
-            raise ExerciseError(f"your function raised {type(err).__name__} {setting}: {err}") from err
+            raise ExerciseError(
+                f"your function raised {type(err).__name__} {setting}: {err}{device_hint(err)}"
+            ) from err
         got = require_tensor(got, "merged heads", "your function")
         shape = tuple(got.shape)
         if shape != (B, L, D):

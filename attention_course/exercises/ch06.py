@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ATOL, DTYPE, ExerciseError, call, close, max_diff, passed, require_tensor
+from . import ATOL, DTYPE, ExerciseError, call, close, device_hint, max_diff, passed, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: combine the masks
@@ -179,8 +179,8 @@ def check_multihead(cls) -> None:
     try:
         ours = cls(D, h)
     except Exception as err:
-        raise ExerciseError(f"{cls.__name__}({D}, {h}) raised {type(err).__name__}: {err}") from err
-    ours = ours.to(DTYPE)
+        raise ExerciseError(f"{cls.__name__}({D}, {h}) raised {type(err).__name__}: {err}{device_hint(err)}") from err
+    ours = ours.to("cpu", DTYPE)  # where the checker's tensors are, even if the layer moved itself to the GPU
     try:
         ours.load_state_dict(mha.state_dict())
     except RuntimeError as err:
