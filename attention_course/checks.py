@@ -11,6 +11,21 @@ from collections.abc import Sequence
 import torch
 
 
+def tracing() -> bool:
+    """True inside ``torch.jit.trace``, where the checks stand aside.
+
+    The tracer records every size it is asked for as a tensor, so that the trace works for other sizes; a check
+    that compared those sizes with Python numbers would freeze its answer into the trace (with a TracerWarning
+    each). A trace records the computation only; run the layer once eagerly to have its input checked.
+    """
+    return torch.jit.is_tracing()
+
+
+def _attribute(ref_name: str, attribute: str, value) -> str:
+    """``q.dtype`` when ``ref_name`` names a variable the learner has, else the value itself: runnable either way."""
+    return f"{ref_name}.{attribute}" if ref_name.isidentifier() else repr(value)
+
+
 def check_tensor(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}. Wrap it with torch.tensor(...).")
@@ -32,11 +47,14 @@ def check_shape(x: torch.Tensor, name: str, dims: Sequence[str], expected: Seque
 
     ``dims`` names the axes, e.g. ``("B", "L", "D")``; the message shows the expected shape in those names.
     """
+    if tracing():
+        return
     want = "(" + ", ".join(dims) + ")"
     if x.ndim != len(dims):
         raise ValueError(
             f"{name} must have {len(dims)} dimensions {want}, got {x.ndim} with shape {tuple(x.shape)}."
-            + (" Add a batch dimension with .unsqueeze(0)." if x.ndim == len(dims) - 1 else "")
+            + (f" Add a batch dimension with .unsqueeze({list(dims).index('B')})."
+               if x.ndim == len(dims) - 1 and "B" in dims else "")
         )
     if expected is None:
         return
@@ -51,7 +69,7 @@ def check_shape(x: torch.Tensor, name: str, dims: Sequence[str], expected: Seque
 def check_same_device(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
     if x.device != ref.device:
         raise ValueError(
-            f"{name} is on {x.device} but {ref_name} is on {ref.device}. Move it with {name}.to({ref_name}.device)."
+            f"{name} is on {x.device} but {ref_name} is on {ref.device}. Move it with {name}.to({_attribute(ref_name, 'device', str(ref.device))})."
         )
 
 
@@ -63,10 +81,12 @@ def check_device(x: torch.Tensor, name: str, device: torch.device, ref_name: str
 
 def check_same_dtype(x: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
     if x.dtype != ref.dtype:
-        raise TypeError(f"{name} is {x.dtype} but {ref_name} is {ref.dtype}. Convert it with {name}.to({ref_name}.dtype).")
+        raise TypeError(f"{name} is {x.dtype} but {ref_name} is {ref.dtype}. Convert it with {name}.to({_attribute(ref_name, 'dtype', ref.dtype)}).")
 
 
 def check_positive_int(n, name: str) -> int:
+    if tracing() and isinstance(n, torch.Tensor):  # a size recorded by jit.trace
+        return n
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"{name} must be a positive int, got {n!r}.")
     return n
@@ -101,7 +121,7 @@ def check_mask(
     if float_dtype is not None and mask.is_floating_point() and mask.dtype != float_dtype:
         raise TypeError(
             f"{name} is a float mask of dtype {mask.dtype} but {ref_name} is {float_dtype}. "
-            f"Convert it with {name}.to({ref_name}.dtype)."
+            f"Convert it with {name}.to({_attribute(ref_name, 'dtype', float_dtype)})."
         )
     if device is not None:
         check_device(mask, name, device, ref_name)

@@ -18,12 +18,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import check_dropout, check_floating, check_mask, check_same_device, check_same_dtype
+from .checks import check_dropout, check_floating, check_mask, check_same_device, check_same_dtype, tracing
 from .masks import fully_masked_rows
 
 
 def _check_mask_fits(mask: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     """``mask`` must be bool or of ``ref``'s float dtype, on its device, and broadcast to its (..., L, S) shape."""
+    if tracing():
+        return
     check_mask(mask, "mask", float_dtype=ref.dtype, device=ref.device, ref_name=ref_name)
     if mask.ndim == 2 and ref.ndim >= 3 and mask.shape == (ref.shape[0], ref.shape[-1]):
         # Shaped like a key padding mask (B, S). Broadcasting would read it as an (L, S) mask, silently so
@@ -60,16 +62,18 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
         return torch.softmax(scores, dim)
     _check_mask_fits(mask, scores, "scores")
     scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    blocked = fully_masked_rows(mask, dim)  # True on rows with nothing to attend to
-    if not blocked.any():
-        return torch.softmax(scores, dim)
-    # softmax over a row of -inf is 0/0 = NaN, in the forward and the backward pass: give those rows finite
-    # scores, then set their weights to zero. masked_fill sends no gradient to the entries it overwrites.
+    # softmax over a row of -inf is 0/0 = NaN, in the forward and the backward pass: give the rows with nothing to
+    # attend to finite scores, then set their weights to zero. masked_fill sends no gradient to the entries it
+    # overwrites. Always both steps, never `if blocked.any()`: a branch on the data would stop torch.compile,
+    # torch.export, vmap and jit.trace from seeing one graph.
+    blocked = fully_masked_rows(mask, dim)  # (..., L, 1): True on rows with nothing to attend to
     weights = torch.softmax(scores.masked_fill(blocked, 0.0), dim)
     return weights.masked_fill(blocked, 0.0)
 
 
 def _check_qkv(q, k, v) -> None:
+    if tracing():
+        return
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         check_floating(x, name)
         if x.ndim < 2:
@@ -121,7 +125,8 @@ def scaled_dot_product_attention(
     check_dropout(dropout_p, "dropout_p")
     if mask is not None:
         _check_mask_fits(mask, _scores_shape_probe(q, k), "scores")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if scale is None:  # under jit.trace the size d is a tensor, and math.sqrt would freeze it
+        scale = q.shape[-1] ** -0.5 if tracing() else 1.0 / math.sqrt(q.shape[-1])
     scores = (q * scale) @ k.transpose(-2, -1)  # (..., L, d) @ (..., d, S) -> (..., L, S)
     weights = masked_softmax(scores, mask)  # (..., L, S)
     if training and dropout_p > 0.0:
@@ -153,13 +158,12 @@ def fused_attention(
     if is_causal:
         raise ValueError("fused_attention takes either mask or is_causal=True; merge the causal mask into mask.")
     _check_mask_fits(mask, _scores_shape_probe(q, k), "scores")
-    blocked = fully_masked_rows(mask)  # (..., L|1, 1): rows with nothing to attend to
-    any_blocked = bool(blocked.any())
+    # Rows with nothing to attend to may attend everywhere inside the kernel (no NaN, in either pass); their output
+    # is zeroed afterwards. Branch-free, as in masked_softmax.
+    blocked = fully_masked_rows(mask)  # (..., L|1, 1)
     if mask.dtype == torch.bool:
-        sdpa_mask = ~mask  # torch's bool convention: True = MAY attend
-        if any_blocked:
-            sdpa_mask = sdpa_mask | blocked  # let empty rows attend everywhere; their output is zeroed below
+        sdpa_mask = ~mask | blocked  # torch's bool convention: True = MAY attend
     else:
-        sdpa_mask = mask.masked_fill(blocked, 0.0) if any_blocked else mask
+        sdpa_mask = mask.masked_fill(blocked, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    return out.masked_fill(blocked, 0.0) if any_blocked else out  # (..., L, dv)
+    return out.masked_fill(blocked, 0.0)  # (..., L, dv)

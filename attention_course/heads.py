@@ -8,7 +8,7 @@ With ``D = h * d``, head ``i`` owns the features ``i*d : (i+1)*d`` of every toke
 """
 import torch
 
-from .checks import check_positive_int, check_shape, check_tensor
+from .checks import check_positive_int, check_shape, check_tensor, tracing
 
 
 def head_dim(embed_dim: int, num_heads: int) -> int:
@@ -27,7 +27,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, L, D) -> (B, h, L, d)."""
     check_tensor(x, "x")
     check_shape(x, "x", ("B", "L", "D"))
-    d = head_dim(x.shape[-1], num_heads)
+    d = x.shape[-1] // num_heads if tracing() else head_dim(x.shape[-1], num_heads)
     return x.unflatten(-1, (num_heads, d)).transpose(1, 2)  # (B, L, h, d) -> (B, h, L, d)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_mask, check_tensor
+from .checks import check_mask, check_tensor, tracing
 
 
 def _check_bool(mask, name: str, fn: str) -> torch.Tensor:
@@ -135,6 +135,8 @@ def fully_masked_rows(mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def _check_key_padding_mask(mask: torch.Tensor, B: int, L: int, S: int) -> None:
+    if tracing():
+        return
     shape, want = tuple(mask.shape), (B, S)
     if shape == want:
         return
@@ -149,6 +151,8 @@ def _check_key_padding_mask(mask: torch.Tensor, B: int, L: int, S: int) -> None:
 
 
 def _check_attn_mask(mask: torch.Tensor, B: int, h: int, L: int, S: int) -> None:
+    if tracing():
+        return
     shape = tuple(mask.shape)
     if shape in ((L, S), (B * h, L, S)):
         return

@@ -20,8 +20,8 @@ def _check_input(x, module: nn.Module) -> None:
     check_floating(x, "x")
     check_shape(x, "x", ("B", "L", "D"), (None, None, module.embed_dim))
     weight = next(module.parameters())
-    check_same_device(x, "x", weight, "the module's weights")
-    check_same_dtype(x, "x", weight, "the module's weights")
+    check_same_device(x, "x", weight, "the module")
+    check_same_dtype(x, "x", weight, "the module")
 
 
 class AdditiveScore(nn.Module):
