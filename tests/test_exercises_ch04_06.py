@@ -1,6 +1,7 @@
 """The exercise checkers of chapters 4-6: each accepts a right answer and rejects each typical wrong answer
 with the diagnostic it promises (what is wrong and where to look), not just "wrong"."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -13,16 +14,27 @@ from attention_course.exercises import ch04
 
 
 def attention(x, W_q, W_k, W_v, key_padding_mask, *, fill=float("-inf"), scale=None, inverted=False,
-              mask_rows=False, no_mask=False, softmax_dim=-1, transpose_w=False, swap_qk=False, out_from_x=False):
+              mask_rows=False, no_mask=False, softmax_dim=-1, transpose_w=False, swap_qk=False, out_from_x=False,
+              after=None, k_dot_T=False, raw_mask=False, where=False):
     if transpose_w:
         W_q, W_k, W_v = W_q.T, W_k.T, W_v.T
     Q, K, V = x @ W_q, x @ W_k, x @ W_v
-    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K.transpose(-2, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # x.T on a 3-D tensor is deprecated
+        K_T = K.T if k_dot_T else K.transpose(-2, -1)
+    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K_T
     scores = scores / (math.sqrt(x.shape[-1]) if scale is None else scale)
     mask = key_padding_mask[:, :, None] if mask_rows else key_padding_mask[:, None, :]
-    if not no_mask:
+    mask = key_padding_mask if raw_mask else mask  # (B, S) where (B, 1, S) goes
+    if where:
+        scores = torch.where(mask, fill, scores)
+    elif not no_mask and after is None:
         scores = scores.masked_fill(~mask if inverted else mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
+    if after == "multiply":
+        weights = weights * ~mask
+    elif after is not None:  # the mask applied to the weights, after the softmax
+        weights = weights.masked_fill(mask, after)
     return weights @ (x if out_from_x else V), weights
 
 
@@ -44,6 +56,17 @@ def test_self_attention_accepts_a_right_answer(capsys):
     (dict(transpose_w=True), "you used x @ W.T"),
     (dict(swap_qk=True), "you computed K Q\\^T"),
     (dict(out_from_x=True), "output is weights @ x"),
+    (dict(after=0.0), r"the mask was applied AFTER the softmax \(weights differ by up to 0.83.*no longer sum to 1.*"
+                      r"Mask the SCORES before the softmax: scores.masked_fill\(key_padding_mask\[:, None, :\]"),
+    (dict(after="multiply"), "the mask was applied AFTER the softmax"),
+    (dict(after=float("-inf")), r"AFTER the softmax \(weights have -inf at 10 of 50 entries where the right "
+                                r"answer's are finite, outputs have NaN, inf and -inf"),
+    (dict(after=-1e9), "the mask was applied AFTER the softmax"),
+    (dict(k_dot_T=True), r"raised RuntimeError: The size of tensor a \(2\) must match .* -- K.T reverses ALL the "
+                         r"axes of a 3-D tensor.*Q @ K.transpose\(-2, -1\)"),
+    (dict(raw_mask=True), r"raised RuntimeError: .* -- the key_padding_mask \(B, S\) = \(2, 5\) was applied to the "
+                          r"\(B, L, S\) scores as it is.*key_padding_mask\[:, None, :\], \(B, 1, S\)"),
+    (dict(raw_mask=True, where=True), r"the key_padding_mask \(B, S\) = \(2, 5\) was applied .* as it is"),
 ])
 def test_self_attention_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
