@@ -247,20 +247,37 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 
+def safe_softmax(scores, dim):
+    empty = torch.isneginf(scores).all(dim, keepdim=True)
+    return torch.softmax(scores.masked_fill(empty, 0.0), dim).masked_fill(empty, 0.0)
+
+
+SOFTMAX = {
+    "torch": torch.softmax,
+    "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # no max subtracted: overflows
+    "safe": safe_softmax,  # the course's layer: zeros in rows with no key
+    "nan_to_num": lambda s, dim: torch.softmax(s, dim).nan_to_num(0.0),  # zeros forward, NaN backward
+}
+
+
 class MHA(nn.Module):
     """A correct multi-head layer, with switches for the typical mistakes."""
 
     def __init__(self, D, h, *, in_bias=True, out_bias=True, scale_D=False, no_transpose=False, flat_weights=False,
-                 no_average=False, use_L_for_keys=False, invert=False, detach=False, always_weights=False):
+                 no_average=False, use_L_for_keys=False, invert=False, detach=False, always_weights=False,
+                 fill=float("-inf"), softmax_dim=-1, softmax="torch", merge="reshape", dropout=0.0, drop=None,
+                 additive=False):
         super().__init__()
-        self.D, self.h = D, h
+        self.D, self.h, self.dropout = D, h, dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * D, D))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * D))
         self.out_proj = nn.Linear(D, D)
         nn.init.xavier_uniform_(self.in_proj_weight)
         self.opts = dict(in_bias=in_bias, out_bias=out_bias, scale_D=scale_D, no_transpose=no_transpose,
                          flat_weights=flat_weights, no_average=no_average, use_L_for_keys=use_L_for_keys,
-                         invert=invert, detach=detach, always_weights=always_weights)
+                         invert=invert, detach=detach, always_weights=always_weights, fill=fill,
+                         softmax_dim=softmax_dim, softmax=softmax, merge=merge, drop=drop,
+                         additive=additive)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True):
@@ -279,12 +296,17 @@ class MHA(nn.Module):
             if m is None:
                 continue
             m = m.view(shape) if shape else (m.view(B, h, L, S) if m.ndim == 3 else m)
-            if m.dtype == torch.bool:
-                scores = scores.masked_fill(~m if o["invert"] else m, float("-inf"))
+            if m.dtype == torch.bool and o["additive"]:  # bool masks as -inf added to the scores
+                scores = scores + torch.zeros(m.shape, dtype=scores.dtype).masked_fill(m, float("-inf"))
+            elif m.dtype == torch.bool:
+                scores = scores.masked_fill(~m if o["invert"] else m, o["fill"])
             else:
                 scores = scores + m
-        weights = torch.softmax(scores, dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(B, L, D)
+        weights = SOFTMAX[o["softmax"]](scores, o["softmax_dim"])
+        if o["drop"] is not None:  # "always": F.dropout's default training=True; "train": right
+            weights = F.dropout(weights, self.dropout, training=o["drop"] == "always" or self.training)
+        heads = (weights @ v).transpose(1, 2)
+        out = heads.view(B, L, D) if o["merge"] == "view" else heads.reshape(B, L, D)
         out = F.linear(out, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None)
         if not need_weights and not o["always_weights"]:
             return out, None
@@ -303,7 +325,21 @@ def test_multihead_accepts_a_right_layer(capsys):
     (dict(out_bias=False), "out_proj.bias is not used"),
     (dict(scale_D=True), r"divided by sqrt\(D\) = sqrt\(6\).*d = D / h = 2"),
     (dict(no_transpose=True), "split without the transpose"),
-    (dict(invert=True), "with a bool key_padding_mask: the mask is inverted"),
+    (dict(invert=True), "with a bool key_padding_mask: the mask polarity is inverted: in nn.MultiheadAttention a bool "
+                        "True must mean padding / ignore this key.*outputs have NaN at 24 of 48 entries where "
+                        "torch's are finite"),
+    (dict(invert=True, fill=-1e9), "the mask polarity is inverted.*Fill the scores with -inf where the mask is True"),
+    (dict(softmax_dim=-2), r"the softmax ran over the queries \(dim=-2.*softmax\(scores, dim=-1\)"),
+    (dict(softmax_dim=1), r"the softmax ran over the heads \(dim=1"),
+    (dict(softmax="naive"), r"large scores \(inputs scaled by 30, \|scores\| up to \d+\) your layer gives NaN.*"
+                            r"without subtracting the max overflows.*s - s.amax\(-1, keepdim=True\)"),
+    (dict(merge="view"), r"raised RuntimeError: view size is not compatible.*call .contiguous\(\) before .view, "
+                         r"or use .reshape"),
+    (dict(fill=-1e9), r"no key.*weights sum to 1.*a finite fill such as -1e9 gives a uniform average"),
+    (dict(softmax="nan_to_num", additive=True), r"no key get zero weights, but the gradients of in_proj_weight.* "
+                                                r"are NaN.*finite scores BEFORE the softmax"),
+    (dict(dropout=0.1, drop="always"), r"two identical calls of your layer in eval mode give different outputs.*"
+                                       r"dropout is active in eval mode.*training=self.training\), or an nn.Dropout"),
     (dict(flat_weights=True), r"shape \(6, 4, 4\).*flat \(B\*h, L, S\) layout.*\.mean\(dim=1\)"),
     (dict(no_average=True), r"shape \(2, 3, 4, 4\).*average over the heads"),
     (dict(use_L_for_keys=True), r"cross-attention.*raised RuntimeError.*split k and v with key.shape\[1\]"),
@@ -313,6 +349,20 @@ def test_multihead_accepts_a_right_layer(capsys):
 def test_multihead_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
         ch06.check_multihead(lambda D, h: MHA(D, h, **options))
+
+
+def test_multihead_accepts_the_safe_softmax_and_dropout_off_in_eval(capsys):
+    ch06.check_multihead(lambda D, h: MHA(D, h, softmax="safe"))
+    assert "Rows with no key get zero weights and finite gradients" in " ".join(capsys.readouterr().out.split())
+    ch06.check_multihead(lambda D, h, dropout=0.0: MHA(D, h, dropout=dropout, drop="train"))
+    assert "Rows with no key give NaN, as torch's do" in " ".join(capsys.readouterr().out.split())
+
+
+def test_multihead_tries_a_dropout_argument_in_eval_mode():
+    """A layer that takes dropout= is built with dropout=0.5: in eval mode it must not drop."""
+    with pytest.raises(ExerciseError, match=r"dropout=0.5\) in eval mode: two identical calls.*dropout is active in "
+                                            r"eval mode.*training=self.training"):
+        ch06.check_multihead(lambda D, h, dropout=0.0: MHA(D, h, dropout=dropout, drop="always"))
 
 
 def test_multihead_explains_missing_parameters():
