@@ -2,7 +2,8 @@
 
 * :func:`copy_weights` -- copy the weights of one layer into another (torch's or ours, either direction);
 * :func:`compare` -- run both layers on the same random inputs and masks, backpropagate the same loss, and
-  report the largest absolute and relative error (and where it is) for the outputs, weights and gradients;
+  report the largest absolute error (and where it is) and the largest error relative to the tolerance, as
+  ``torch.testing.assert_close`` judges it, for the outputs, weights and gradients;
 * :func:`assert_close_report` -- ``torch.testing.assert_close`` whose message shows the worst element.
 """
 from __future__ import annotations
@@ -58,24 +59,30 @@ def copy_weights(src: nn.Module, dst: nn.Module) -> None:
     dst.load_state_dict(src.state_dict())
 
 
-def _error_stats(actual: torch.Tensor, expected: torch.Tensor):
-    """(max abs error, its index, max relative error, its index); a NaN on one side only counts as inf."""
+def _error_stats(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float):
+    """(max abs error, its index, max error / tolerance, its index); a NaN on one side only counts as inf.
+
+    error / tolerance is ``|actual - expected| / (atol + rtol * |expected|)``, the measure of
+    ``torch.testing.assert_close``: <= 1 is close. Unlike ``|actual - expected| / |expected|`` it means something
+    where the expected value is exactly 0 (the gradient of the key bias, for one).
+    """
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     if actual.numel() == 0:
         return 0.0, (), 0.0, ()
-    both_nan = actual.isnan() & expected.isnan()
-    abs_err = (actual - expected).abs().nan_to_num(nan=float("inf")).masked_fill(both_nan, 0.0)
-    rel_err = (abs_err / expected.abs()).nan_to_num(nan=0.0)  # 0 / 0 -> 0
-    i, j = int(abs_err.argmax()), int(rel_err.argmax())
+    same = (actual == expected) | (actual.isnan() & expected.isnan())  # inf = inf, NaN = NaN
+    abs_err = (actual - expected).abs().nan_to_num(nan=float("inf"), posinf=float("inf")).masked_fill(same, 0.0)
+    ratio = abs_err / (atol + rtol * expected.abs())
+    ratio = ratio.masked_fill(abs_err == 0, 0.0)  # 0 / 0 with atol = rtol = 0: equal, so 0
+    i, j = int(abs_err.argmax()), int(ratio.argmax())
     as_index = lambda flat: tuple(int(n) for n in torch.unravel_index(torch.tensor(flat), actual.shape))  # noqa: E731
-    return abs_err.view(-1)[i].item(), as_index(i), rel_err.view(-1)[j].item(), as_index(j)
+    return abs_err.view(-1)[i].item(), as_index(i), ratio.view(-1)[j].item(), as_index(j)
 
 
 def assert_close_report(actual, expected, name: str = "tensor", atol: float | None = None, rtol: float | None = None):
     """Raise AssertionError unless ``|actual - expected| <= atol + rtol * |expected|`` everywhere.
 
     Like ``torch.testing.assert_close`` (same default tolerances per dtype; NaN only equals NaN), but the message
-    gives the largest absolute and relative errors, the index of each and the two values there.
+    gives the largest absolute error and the largest error / tolerance, the index of each and the two values there.
     """
     check_tensor(actual, "actual")
     check_tensor(expected, "expected")
@@ -89,14 +96,14 @@ def assert_close_report(actual, expected, name: str = "tensor", atol: float | No
     close = torch.isclose(actual.detach(), expected.detach().to(actual.device), rtol=rtol, atol=atol, equal_nan=True)
     if bool(close.all()):
         return
-    max_abs, i, max_rel, j = _error_stats(actual, expected)
+    max_abs, i, max_ratio, j = _error_stats(actual, expected, atol, rtol)
     raise AssertionError(
         f"{name} is not close: {int((~close).sum())} of {close.numel()} elements differ beyond "
         f"atol={atol:g} + rtol={rtol:g} * |expected|.\n"
         f"  greatest absolute error {max_abs:.3g} at index {i}: actual {actual[i].item():.8g}, "
         f"expected {expected[i].item():.8g}\n"
-        f"  greatest relative error {max_rel:.3g} at index {j}: actual {actual[j].item():.8g}, "
-        f"expected {expected[j].item():.8g}"
+        f"  greatest |actual - expected| / (atol + rtol * |expected|) {max_ratio:.3g} (> 1 fails) at index {j}: "
+        f"actual {actual[j].item():.8g}, expected {expected[j].item():.8g}"
     )
 
 
@@ -109,14 +116,24 @@ class Difference:
     expected: torch.Tensor = field(repr=False)
 
     def __post_init__(self):
-        self.max_abs, self.abs_index, self.max_rel, self.rel_index = _error_stats(self.actual, self.expected)
+        atol, rtol = _tolerances(self.expected.dtype, None, None)
+        self.max_abs, self.abs_index, self.max_ratio, self.ratio_index = _error_stats(
+            self.actual, self.expected, atol, rtol)
+
+    def ratio(self, atol: float | None = None, rtol: float | None = None) -> float:
+        """max |actual - expected| / (atol + rtol * |expected|), at the dtype's default tolerances unless given."""
+        atol, rtol = _tolerances(self.expected.dtype, atol, rtol)
+        return _error_stats(self.actual, self.expected, atol, rtol)[2]
 
     def ok(self, atol: float | None = None, rtol: float | None = None) -> bool:
         atol, rtol = _tolerances(self.expected.dtype, atol, rtol)
         return bool(torch.isclose(self.actual, self.expected, rtol=rtol, atol=atol, equal_nan=True).all())
 
+    def row(self, atol: float | None = None, rtol: float | None = None) -> str:
+        return f"{self.name:<26}{self.max_abs:>14.2e}{self.ratio(atol, rtol):>13.2e}  {self.abs_index}"
+
     def __str__(self) -> str:
-        return f"{self.name:<26}{self.max_abs:>14.2e}{self.max_rel:>15.2e}  {self.abs_index}"
+        return self.row()
 
 
 @dataclass
@@ -135,11 +152,21 @@ class ParityReport:
     def ok(self, atol: float | None = None, rtol: float | None = None) -> bool:
         return all(d.ok(atol, rtol) for d in self.differences)
 
-    def __str__(self) -> str:
-        rows = [self.setting, f"{'quantity':<26}{'max abs error':>14}{'max rel error':>15}  where (abs)"]
-        rows += [str(d) for d in self.differences]
-        rows.append(f"all close at the default tolerances of {self.differences[0].expected.dtype}: {self.ok()}")
+    def table(self, atol: float | None = None, rtol: float | None = None) -> str:
+        """The report; err/tol and "all close" at the given tolerances, else the dtype's defaults."""
+        dtype = self.differences[0].expected.dtype
+        a, r = _tolerances(dtype, atol, rtol)
+        which = f"{dtype}'s defaults" if atol is None and rtol is None else "given"
+        rows = [self.setting,
+                "err/tol = max |a - b| / (atol + rtol * |b|), <= 1 is close",
+                f"(as assert_close judges; atol={a:g}, rtol={r:g}, {which})",
+                f"{'quantity':<26}{'max abs error':>14}{'max err/tol':>13}  where (abs)"]
+        rows += [d.row(atol, rtol) for d in self.differences]
+        rows.append(f"all close at these tolerances: {self.ok(atol, rtol)}")
         return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
 
     __repr__ = __str__
 

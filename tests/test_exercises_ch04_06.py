@@ -1,6 +1,7 @@
 """The exercise checkers of chapters 4-6: each accepts a right answer and rejects each typical wrong answer
 with the diagnostic it promises (what is wrong and where to look), not just "wrong"."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -13,16 +14,27 @@ from attention_course.exercises import ch04
 
 
 def attention(x, W_q, W_k, W_v, key_padding_mask, *, fill=float("-inf"), scale=None, inverted=False,
-              mask_rows=False, no_mask=False, softmax_dim=-1, transpose_w=False, swap_qk=False, out_from_x=False):
+              mask_rows=False, no_mask=False, softmax_dim=-1, transpose_w=False, swap_qk=False, out_from_x=False,
+              after=None, k_dot_T=False, raw_mask=False, where=False):
     if transpose_w:
         W_q, W_k, W_v = W_q.T, W_k.T, W_v.T
     Q, K, V = x @ W_q, x @ W_k, x @ W_v
-    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K.transpose(-2, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # x.T on a 3-D tensor is deprecated
+        K_T = K.T if k_dot_T else K.transpose(-2, -1)
+    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K_T
     scores = scores / (math.sqrt(x.shape[-1]) if scale is None else scale)
     mask = key_padding_mask[:, :, None] if mask_rows else key_padding_mask[:, None, :]
-    if not no_mask:
+    mask = key_padding_mask if raw_mask else mask  # (B, S) where (B, 1, S) goes
+    if where:
+        scores = torch.where(mask, fill, scores)
+    elif not no_mask and after is None:
         scores = scores.masked_fill(~mask if inverted else mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
+    if after == "multiply":
+        weights = weights * ~mask
+    elif after is not None:  # the mask applied to the weights, after the softmax
+        weights = weights.masked_fill(mask, after)
     return weights @ (x if out_from_x else V), weights
 
 
@@ -44,6 +56,17 @@ def test_self_attention_accepts_a_right_answer(capsys):
     (dict(transpose_w=True), "you used x @ W.T"),
     (dict(swap_qk=True), "you computed K Q\\^T"),
     (dict(out_from_x=True), "output is weights @ x"),
+    (dict(after=0.0), r"the mask was applied AFTER the softmax \(weights differ by up to 0.83.*no longer sum to 1.*"
+                      r"Mask the SCORES before the softmax: scores.masked_fill\(key_padding_mask\[:, None, :\]"),
+    (dict(after="multiply"), "the mask was applied AFTER the softmax"),
+    (dict(after=float("-inf")), r"AFTER the softmax \(weights have -inf at 10 of 50 entries where the right "
+                                r"answer's are finite, outputs have NaN, inf and -inf"),
+    (dict(after=-1e9), "the mask was applied AFTER the softmax"),
+    (dict(k_dot_T=True), r"raised RuntimeError: The size of tensor a \(2\) must match .* -- K.T reverses ALL the "
+                         r"axes of a 3-D tensor.*Q @ K.transpose\(-2, -1\)"),
+    (dict(raw_mask=True), r"raised RuntimeError: .* -- the key_padding_mask \(B, S\) = \(2, 5\) was applied to the "
+                          r"\(B, L, S\) scores as it is.*key_padding_mask\[:, None, :\], \(B, 1, S\)"),
+    (dict(raw_mask=True, where=True), r"the key_padding_mask \(B, S\) = \(2, 5\) was applied .* as it is"),
 ])
 def test_self_attention_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
@@ -224,20 +247,37 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 
+def safe_softmax(scores, dim):
+    empty = torch.isneginf(scores).all(dim, keepdim=True)
+    return torch.softmax(scores.masked_fill(empty, 0.0), dim).masked_fill(empty, 0.0)
+
+
+SOFTMAX = {
+    "torch": torch.softmax,
+    "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # no max subtracted: overflows
+    "safe": safe_softmax,  # the course's layer: zeros in rows with no key
+    "nan_to_num": lambda s, dim: torch.softmax(s, dim).nan_to_num(0.0),  # zeros forward, NaN backward
+}
+
+
 class MHA(nn.Module):
     """A correct multi-head layer, with switches for the typical mistakes."""
 
     def __init__(self, D, h, *, in_bias=True, out_bias=True, scale_D=False, no_transpose=False, flat_weights=False,
-                 no_average=False, use_L_for_keys=False, invert=False, detach=False, always_weights=False):
+                 no_average=False, use_L_for_keys=False, invert=False, detach=False, always_weights=False,
+                 fill=float("-inf"), softmax_dim=-1, softmax="torch", merge="reshape", dropout=0.0, drop=None,
+                 additive=False):
         super().__init__()
-        self.D, self.h = D, h
+        self.D, self.h, self.dropout = D, h, dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * D, D))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * D))
         self.out_proj = nn.Linear(D, D)
         nn.init.xavier_uniform_(self.in_proj_weight)
         self.opts = dict(in_bias=in_bias, out_bias=out_bias, scale_D=scale_D, no_transpose=no_transpose,
                          flat_weights=flat_weights, no_average=no_average, use_L_for_keys=use_L_for_keys,
-                         invert=invert, detach=detach, always_weights=always_weights)
+                         invert=invert, detach=detach, always_weights=always_weights, fill=fill,
+                         softmax_dim=softmax_dim, softmax=softmax, merge=merge, drop=drop,
+                         additive=additive)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True):
@@ -256,12 +296,17 @@ class MHA(nn.Module):
             if m is None:
                 continue
             m = m.view(shape) if shape else (m.view(B, h, L, S) if m.ndim == 3 else m)
-            if m.dtype == torch.bool:
-                scores = scores.masked_fill(~m if o["invert"] else m, float("-inf"))
+            if m.dtype == torch.bool and o["additive"]:  # bool masks as -inf added to the scores
+                scores = scores + torch.zeros(m.shape, dtype=scores.dtype).masked_fill(m, float("-inf"))
+            elif m.dtype == torch.bool:
+                scores = scores.masked_fill(~m if o["invert"] else m, o["fill"])
             else:
                 scores = scores + m
-        weights = torch.softmax(scores, dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(B, L, D)
+        weights = SOFTMAX[o["softmax"]](scores, o["softmax_dim"])
+        if o["drop"] is not None:  # "always": F.dropout's default training=True; "train": right
+            weights = F.dropout(weights, self.dropout, training=o["drop"] == "always" or self.training)
+        heads = (weights @ v).transpose(1, 2)
+        out = heads.view(B, L, D) if o["merge"] == "view" else heads.reshape(B, L, D)
         out = F.linear(out, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None)
         if not need_weights and not o["always_weights"]:
             return out, None
@@ -280,7 +325,21 @@ def test_multihead_accepts_a_right_layer(capsys):
     (dict(out_bias=False), "out_proj.bias is not used"),
     (dict(scale_D=True), r"divided by sqrt\(D\) = sqrt\(6\).*d = D / h = 2"),
     (dict(no_transpose=True), "split without the transpose"),
-    (dict(invert=True), "with a bool key_padding_mask: the mask is inverted"),
+    (dict(invert=True), "with a bool key_padding_mask: the mask polarity is inverted: in nn.MultiheadAttention a bool "
+                        "True must mean padding / ignore this key.*outputs have NaN at 24 of 48 entries where "
+                        "torch's are finite"),
+    (dict(invert=True, fill=-1e9), "the mask polarity is inverted.*Fill the scores with -inf where the mask is True"),
+    (dict(softmax_dim=-2), r"the softmax ran over the queries \(dim=-2.*softmax\(scores, dim=-1\)"),
+    (dict(softmax_dim=1), r"the softmax ran over the heads \(dim=1"),
+    (dict(softmax="naive"), r"large scores \(inputs scaled by 30, \|scores\| up to \d+\) your layer gives NaN.*"
+                            r"without subtracting the max overflows.*s - s.amax\(-1, keepdim=True\)"),
+    (dict(merge="view"), r"raised RuntimeError: view size is not compatible.*call .contiguous\(\) before .view, "
+                         r"or use .reshape"),
+    (dict(fill=-1e9), r"no key.*weights sum to 1.*a finite fill such as -1e9 gives a uniform average"),
+    (dict(softmax="nan_to_num", additive=True), r"no key get zero weights, but the gradients of in_proj_weight.* "
+                                                r"are NaN.*finite scores BEFORE the softmax"),
+    (dict(dropout=0.1, drop="always"), r"two identical calls of your layer in eval mode give different outputs.*"
+                                       r"dropout is active in eval mode.*training=self.training\), or an nn.Dropout"),
     (dict(flat_weights=True), r"shape \(6, 4, 4\).*flat \(B\*h, L, S\) layout.*\.mean\(dim=1\)"),
     (dict(no_average=True), r"shape \(2, 3, 4, 4\).*average over the heads"),
     (dict(use_L_for_keys=True), r"cross-attention.*raised RuntimeError.*split k and v with key.shape\[1\]"),
@@ -290,6 +349,20 @@ def test_multihead_accepts_a_right_layer(capsys):
 def test_multihead_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
         ch06.check_multihead(lambda D, h: MHA(D, h, **options))
+
+
+def test_multihead_accepts_the_safe_softmax_and_dropout_off_in_eval(capsys):
+    ch06.check_multihead(lambda D, h: MHA(D, h, softmax="safe"))
+    assert "Rows with no key get zero weights and finite gradients" in " ".join(capsys.readouterr().out.split())
+    ch06.check_multihead(lambda D, h, dropout=0.0: MHA(D, h, dropout=dropout, drop="train"))
+    assert "Rows with no key give NaN, as torch's do" in " ".join(capsys.readouterr().out.split())
+
+
+def test_multihead_tries_a_dropout_argument_in_eval_mode():
+    """A layer that takes dropout= is built with dropout=0.5: in eval mode it must not drop."""
+    with pytest.raises(ExerciseError, match=r"dropout=0.5\) in eval mode: two identical calls.*dropout is active in "
+                                            r"eval mode.*training=self.training"):
+        ch06.check_multihead(lambda D, h, dropout=0.0: MHA(D, h, dropout=dropout, drop="always"))
 
 
 def test_multihead_explains_missing_parameters():

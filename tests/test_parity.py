@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from attention_course import MultiheadAttention, assert_close_report, causal_mask, compare, copy_weights
-from attention_course.parity import MASKS
+from attention_course.parity import MASKS, ParityReport
 
 
 @pytest.mark.parametrize("masks", MASKS)
@@ -111,7 +111,8 @@ def test_assert_close_report_passes_and_reports_the_worst_element():
     message = str(info.value)
     assert "output is not close: 2 of 4 elements" in message
     assert "greatest absolute error 0.5 at index (1, 0): actual 3.5, expected 3" in message
-    assert "greatest relative error 0.167 at index (1, 0)" in message
+    # the worst element relative to the tolerance: 0.5 / (1e-5 + 1.3e-6 * 3), float32's defaults
+    assert "greatest |actual - expected| / (atol + rtol * |expected|) 3.6e+04 (> 1 fails) at index (1, 0)" in message
 
 
 def test_assert_close_report_shapes_dtypes_and_nans():
@@ -143,3 +144,37 @@ def test_difference_of_empty_tensors():
 
     empty = Difference("nothing", torch.zeros(0), torch.zeros(0))
     assert empty.max_abs == 0.0 and empty.ok() and "nothing" in str(empty)
+
+
+def test_error_over_tolerance_is_finite_where_the_reference_is_exactly_zero(pair):
+    """The key bias does not change the softmax, so its gradient is exactly 0 in torch's layer and ~1e-17 in ours:
+    |a - b| / |b| would be inf (printed as 1.80e+308 beside "all close: True"); |a - b| / (atol + rtol |b|) is
+    assert_close's own measure, and <= 1 exactly when the element is close."""
+    ref, ours = pair(8, 2)
+    report = compare(ours, ref, masks="none", seed=0)
+    bias = report["grad in_proj_bias"]
+    zero = bias.expected == 0
+    assert (zero & (bias.actual != 0)).any()  # an exact zero, missed by rounding: the case in point
+    assert 0 < bias.max_ratio < 1e-6 and bias.ok() and report.ok()
+    text = str(report)
+    assert "e+308" not in text and "inf" not in text
+    assert "err/tol = max |a - b| / (atol + rtol * |b|), <= 1 is close" in text
+    assert "(as assert_close judges; atol=1e-07, rtol=1e-07, torch.float64's defaults)" in text
+    assert text.endswith("all close at these tolerances: True")
+    assert all(len(line) <= 79 for line in text.splitlines())
+
+
+def test_error_over_tolerance_agrees_with_ok():
+    from attention_course.parity import Difference
+
+    f64 = dict(dtype=torch.float64)  # defaults atol = rtol = 1e-7
+    d = Difference("grad key bias", torch.tensor([1e-17, 0.5, 2.0 + 6e-7], **f64), torch.tensor([0.0, 0.5, 2.0], **f64))
+    assert d.max_ratio == pytest.approx(6e-7 / (1e-7 + 1e-7 * 2.0)) and d.ratio_index == (2,)
+    assert d.max_ratio > 1 and not d.ok()
+    assert d.ratio(atol=1e-5, rtol=0) == pytest.approx(0.06) and d.ok(atol=1e-5, rtol=0)
+    assert Difference("x", torch.tensor([1e-17]), torch.tensor([0.0])).ratio(atol=0, rtol=0) == float("inf")
+    assert Difference("x", torch.tensor([0.0]), torch.tensor([0.0])).ratio(atol=0, rtol=0) == 0.0
+    inf = torch.tensor([float("inf")])
+    assert Difference("x", inf, inf.clone()).max_ratio == 0.0 and Difference("x", inf, inf.clone()).ok()
+    table = ParityReport("setting", [d]).table(atol=1e-5, rtol=0)
+    assert "atol=1e-05, rtol=0, given)" in table and table.endswith("all close at these tolerances: True")

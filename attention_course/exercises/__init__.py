@@ -6,6 +6,7 @@ wrong way round) and how to look for the fix -- not just that it is wrong.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 
 import torch
@@ -32,7 +33,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     Compared on the CPU: the checkers' tensors live there, a learner's answer may be on the GPU.
     """
     a, b = a.detach().to("cpu", DTYPE), b.detach().to("cpu", DTYPE)
-    diff = (a - b).abs().nan_to_num(nan=float("inf")).masked_fill(a.isnan() & b.isnan(), 0.0)
+    diff = (a - b).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))  # not the largest float: inf
+    diff = diff.masked_fill((a.isnan() & b.isnan()) | (a == b), 0.0)  # NaN = NaN, inf = inf
     return float(diff.max()) if diff.numel() else 0.0
 
 
@@ -62,6 +64,46 @@ def device_hint(err: Exception) -> str:
             "(device=x.device), not on the notebook's `device`.")
 
 
+def classic_hint(err: Exception) -> str:
+    """A hint for the errors every chapter meets: a device mismatch, .view on a transposed tensor."""
+    text = str(err)
+    if "view size is not compatible" in text:
+        return (" .view needs a tensor contiguous in memory, and transpose only swaps strides: call .contiguous() "
+                "before .view, or use .reshape.")
+    return device_hint(err)
+
+
+def raised(err: Exception, what: str) -> ExerciseError:
+    """The message for an exception raised by the learner's code: its type, its text and a hint."""
+    return ExerciseError(f"{what} raised {type(err).__name__}: {str(err).strip()}{classic_hint(err)}")
+
+
+def same_error(a: Exception, b: Exception) -> bool:
+    """Whether two exceptions are the same failure: same type, same numbers (sizes, dims) in their messages.
+
+    Used to name a mistake by rerunning the reference with that mistake applied: ``torch.where`` and
+    ``masked_fill`` word a broadcast error differently but name the same sizes.
+    """
+    numbers = lambda e: sorted(re.findall(r"\d+", str(e)))  # noqa: E731
+    return type(a) is type(b) and numbers(a) == numbers(b)
+
+
+def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -> str:
+    """How ``got`` differs from ``want``: "differ by up to 0.3", or "have NaN at 3 of 40 entries where torch's are
+    finite".
+
+    A difference "up to inf" would say nothing; NaN where the reference has numbers is the useful fact.
+    """
+    got, want = got.detach().to("cpu", DTYPE), want.detach().to("cpu", DTYPE)
+    bad = ~torch.isfinite(got) & torch.isfinite(want)
+    if bool(bad.any()):
+        found = (("NaN", got.isnan()), ("inf", got == float("inf")), ("-inf", got == float("-inf")))
+        kinds = [kind for kind, where in found if bool((where & bad).any())]
+        kinds = " and ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))  # "NaN, inf and -inf"
+        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} are finite"
+    return f"differ by up to {max_diff(got, want):.2g}"
+
+
 def call(fn, *args, what: str):
     """Run the learner's function; turn an exception into a message that names it."""
     try:
@@ -69,4 +111,4 @@ def call(fn, *args, what: str):
     except ExerciseError:
         raise
     except Exception as err:  # the learner's code may raise anything; report it, do not hide it
-        raise ExerciseError(f"{what} raised {type(err).__name__}: {err}{device_hint(err)}") from err
+        raise raised(err, what) from err

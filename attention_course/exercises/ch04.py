@@ -6,23 +6,28 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
 
-from . import DTYPE, ExerciseError, call, close, device_hint, max_diff, passed, require_shape, require_tensor
+from . import (DTYPE, ExerciseError, close, describe_diff, device_hint, max_diff, passed, raised, require_shape,
+               require_tensor, same_error)
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: self-attention step by step
 
 
 def _attention(x, W_q, W_k, W_v, key_padding_mask, *, scale="sqrt", transpose_w=False, swap_qk=False,
-               mask="keys", softmax_dim=-1):
+               mask="keys", softmax_dim=-1, k_dot_T=False):
     """Reference single-head attention, and the typical mistakes as options. Returns (out, weights)."""
     if transpose_w:
         W_q, W_k, W_v = W_q.T, W_k.T, W_v.T
     Q, K, V = x @ W_q, x @ W_k, x @ W_v  # (B, L, D) each
-    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K.transpose(-2, -1)  # (B, L, L)
+    with warnings.catch_warnings():  # K.T on a 3-D tensor warns (once per session: keep it for the learner)
+        warnings.simplefilter("ignore")
+        K_T = K.T if k_dot_T else K.transpose(-2, -1)  # K.T reverses every axis: (D, S, B)
+    scores = K @ Q.transpose(-2, -1) if swap_qk else Q @ K_T  # (B, L, L)
     D = x.shape[-1]
     scores = scores / {"sqrt": math.sqrt(D), "none": 1.0, "D": float(D)}[scale]
     blocked = {
@@ -30,9 +35,34 @@ def _attention(x, W_q, W_k, W_v, key_padding_mask, *, scale="sqrt", transpose_w=
         "inverted": ~key_padding_mask[:, None, :],
         "queries": key_padding_mask[:, :, None],  # (B, L, 1): whole rows of padded queries
         "none": torch.zeros_like(key_padding_mask[:, None, :]),
+        "after": torch.zeros_like(key_padding_mask[:, None, :]),  # masked below, after the softmax
+        "unexpanded": key_padding_mask,  # (B, S) against (B, L, S): lines up as (1, B, S)
     }[mask]
     weights = torch.softmax(scores.masked_fill(blocked, -1e9), dim=softmax_dim)
+    if mask == "after":
+        weights = weights.masked_fill(key_padding_mask[:, None, :], 0.0)
     return weights @ V, weights
+
+
+def _why_it_raised(err: Exception, *args) -> ExerciseError:
+    """Name the mistake whose reference raises the learner's error (same type, same sizes), else report it."""
+    B, L = args[-1].shape
+    D = args[0].shape[-1]
+    mistakes = [
+        (dict(k_dot_T=True), f"K.T reverses ALL the axes of a 3-D tensor, (B, S, D) -> (D, S, B) = ({D}, {L}, {B}), "
+                             f"so the batched Q @ K.T cannot line up. Transpose only the last two: "
+                             f"Q @ K.transpose(-2, -1) (or K.mT)."),
+        (dict(mask="unexpanded"), f"the key_padding_mask (B, S) = ({B}, {L}) was applied to the (B, L, S) scores as "
+                                  f"it is, and broadcasting lines it up as (1, B, S): its batch axis meets the "
+                                  f"queries' axis. Give it a query axis: key_padding_mask[:, None, :], (B, 1, S)."),
+    ]
+    for options, message in mistakes:
+        try:
+            _attention(*args, **options)
+        except Exception as ref_err:  # noqa: BLE001 -- the mistake applied to the reference raises: compare
+            if same_error(err, ref_err):
+                return ExerciseError(f"your function raised {type(err).__name__}: {str(err).strip()} -- {message}")
+    return raised(err, "your function")
 
 
 def check_self_attention(fn) -> None:
@@ -48,7 +78,10 @@ def check_self_attention(fn) -> None:
     W_q, W_k, W_v = (torch.randn(D, D, generator=gen, dtype=DTYPE) for _ in range(3))
     lengths = torch.tensor([5, 3])
     kpm = torch.arange(L)[None, :] >= lengths[:, None]  # (B, L): True at pads
-    answer = call(fn, x, W_q, W_k, W_v, kpm, what="your function")
+    try:
+        answer = fn(x, W_q, W_k, W_v, kpm)
+    except Exception as err:  # the learner's code may raise anything: name the mistake if a reference shows it
+        raise _why_it_raised(err, x, W_q, W_k, W_v, kpm) from err
     if not isinstance(answer, tuple) or len(answer) != 2:
         raise ExerciseError(f"return a pair (out, weights); got {type(answer).__name__}.")
     out, weights = (require_tensor(a, n, "your function") for a, n in zip(answer, ("out", "weights")))
@@ -58,7 +91,8 @@ def check_self_attention(fn) -> None:
     if close(out, want_out) and close(weights, want_w):
         passed("weights and output are softmax(mask(Q K^T / sqrt(D))) V.")
         return
-    diff = f"(weights differ by up to {max_diff(weights, want_w):.2g}, outputs by {max_diff(out, want_out):.2g})"
+    ref = "the right answer's"
+    diff = f"(weights {describe_diff(weights, want_w, ref)}, outputs {describe_diff(out, want_out, ref)})"
     col_sums = weights.sum(-2)  # (B, S); NaN where a whole column was masked
     finite = ~torch.isnan(col_sums)
     if bool(finite.any()) and close(col_sums[finite], torch.ones_like(col_sums[finite]), 1e-6) \
@@ -81,6 +115,16 @@ def check_self_attention(fn) -> None:
             f"Mask the padded KEYS (the columns: key_padding_mask[:, None, :]), never whole query rows."
         )
     pad_cols = kpm[:, None, :].expand(B, L, L)
+    _, w_unmasked = _attention(x, W_q, W_k, W_v, kpm, mask="none")
+    if close(weights[~pad_cols], w_unmasked[~pad_cols]) and not close(weights, w_unmasked):
+        sums = weights.sum(-1)[1].min().item()  # the padded sentence's lowest row sum
+        raise ExerciseError(
+            f"the mask was applied AFTER the softmax {diff}: the real keys' weights are those of a softmax over "
+            f"all keys, pads included, and only then were the pads' weights overwritten, so the rows of the padded "
+            f"sentence no longer sum to 1 (one row of sentence 1 sums to {sums:.3g}) and the pads' scores still "
+            f"shaped the weights. Mask the SCORES before the softmax: scores.masked_fill(key_padding_mask[:, None, "
+            f":], float('-inf')), then softmax(..., dim=-1)."
+        )
     if not close(weights.sum(-1), torch.ones(B, L, dtype=DTYPE), 1e-6):
         raise ExerciseError(f"the rows of your weights do not sum to 1 {diff}: apply softmax over the last dimension.")
     variants = [

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ATOL, DTYPE, ExerciseError, call, close, device_hint, max_diff, passed, require_tensor
+from . import ATOL, DTYPE, ExerciseError, call, close, describe_diff, max_diff, passed, raised, require_tensor
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: combine the masks
@@ -109,8 +109,14 @@ def check_combine_masks(fn) -> None:
 # Exercise: the whole layer
 
 
+def _naive_softmax(scores, dim=-1):
+    """exp / sum without subtracting the max: exp overflows to inf above ~88.7 in float32, ~709.8 in float64."""
+    e = scores.exp()
+    return e / e.sum(dim, keepdim=True)
+
+
 def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True, out_bias=True, scale="d",
-               transpose=True, out_proj=True, polarity="ignore"):
+               transpose=True, out_proj=True, polarity="ignore", softmax_dim=-1, softmax=torch.softmax):
     """Multi-head attention from torch's parameters; mask (B, h, L, S) bool ignore or None. Options = mistakes."""
     B, L, D = query.shape
     S, d = key.shape[1], D // h
@@ -125,7 +131,7 @@ def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True
     scores = q @ k.transpose(-2, -1) / math.sqrt(d if scale == "d" else D)  # (B, h, L, S)
     if mask is not None:
         scores = scores.masked_fill(~mask if polarity == "allow" else mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # (B, h, L, S)
+    weights = softmax(scores, dim=softmax_dim)  # (B, h, L, S)
     heads = (weights @ v).transpose(1, 2).reshape(B, L, D)
     out = F.linear(heads, params["out_proj.weight"], params["out_proj.bias"] if out_bias else None) if out_proj \
         else heads
@@ -162,6 +168,131 @@ def _as_ignore(mask):
     return None if mask is None else (mask if mask.dtype == torch.bool else torch.isneginf(mask))
 
 
+def _matches(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``got`` equals ``want`` wherever ``want`` is a number: a mistake made with a finite fill such as -1e9 gives
+    numbers where the same mistake with -inf gives NaN rows."""
+    defined = torch.isfinite(want)
+    return got.shape == want.shape and bool(defined.any()) and close(got[defined], want[defined], 1e-8)
+
+
+def _dropout_message(setting: str, spread: float) -> str:
+    return (f"{setting}: two identical calls of your layer in eval mode give different outputs (by up to "
+            f"{spread:.2g}): dropout is active in eval mode. F.dropout's training argument defaults to True: use "
+            f"F.dropout(weights, p, training=self.training), or an nn.Dropout module, which .eval() turns off.")
+
+
+def _forward(layer, query, key, value, setting: str, **kwargs):
+    """(output, weights) of the learner's layer on the CPU, any exception reported with its likely cause."""
+    try:
+        answer = call(lambda: layer(query, key, value, **kwargs), what=f"your layer {setting}")
+    except ExerciseError as err:
+        if key.shape[1] != query.shape[1] and "view size" not in str(err):
+            raise ExerciseError(f"{str(err).rstrip('.')}. Keys and values have S = {key.shape[1]} positions, "
+                                f"queries L = {query.shape[1]}: split k and v with key.shape[1], not the query's "
+                                f"L.") from err
+        raise
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise ExerciseError(f"your layer must return a pair (output, weights) like torch's; got "
+                            f"{type(answer).__name__} {setting}.")
+    out = require_tensor(answer[0], "the output", "your layer").detach()
+    weights = None if answer[1] is None else require_tensor(answer[1], "the weights", "your layer").detach()
+    return out, weights
+
+
+def _check_large_logits(ours, mha, params, gen, B, L, D, h) -> None:
+    """Scores of a few thousand: exp overflows unless the softmax subtracts each row's max first."""
+    x = 30.0 * torch.randn(B, L, D, generator=gen, dtype=DTYPE)
+    kpm = torch.arange(L)[None, :] >= torch.tensor([L, 2])[:, None]
+    q, k = F.linear(x, params["in_proj_weight"][:D]), F.linear(x, params["in_proj_weight"][D:2 * D])
+    top = float((q.view(B, L, h, -1).transpose(1, 2) @ k.view(B, L, h, -1).permute(0, 2, 3, 1)).abs().max())
+    top /= math.sqrt(D // h)
+    setting = f"with large scores (inputs scaled by 30, |scores| up to {top:.0f})"
+    out, weights = _forward(ours, x, x, x, setting, key_padding_mask=kpm)
+    with torch.no_grad():
+        want_out, want_w = mha(x, x, x, key_padding_mask=kpm)
+    scale = float(want_out.abs().max())
+    if max_diff(out, want_out) <= 1e-9 * scale and max_diff(weights, want_w) <= 1e-9:
+        return
+    diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
+    naive_out, _ = _reference(params, x, x, x, kpm.view(B, 1, 1, L).expand(B, h, L, L), h, softmax=_naive_softmax)
+    if not torch.isfinite(out).all() and (naive_out.isnan() == out.isnan()).all():
+        raise ExerciseError(
+            f"{setting} your layer gives NaN or inf where torch's is finite {diff}: a softmax computed as exp(s) / "
+            f"exp(s).sum() without subtracting the max overflows (exp(s) is inf above s = 88.7 in float32, 709.8 "
+            f"in float64, and inf / inf = NaN). Subtract each row's max first, s - s.amax(-1, keepdim=True), or use "
+            f"torch.softmax(scores, dim=-1), which does."
+        )
+    raise ExerciseError(f"{setting} your layer differs from nn.MultiheadAttention {diff}, though it agrees on "
+                        f"ordinary inputs: look at how the softmax handles scores in the thousands.")
+
+
+def _check_empty_rows(ours, mha, gen, B, D) -> str:
+    """Queries with no key: torch gives NaN there (with weights), the course's layer zeros. Either is accepted."""
+    L = 4
+    x = torch.randn(B, L, D, generator=gen, dtype=DTYPE)
+    kpm = torch.tensor([[True, True, False, False], [False] * L])  # 2 pads on the left
+    causal = torch.ones(L, L, dtype=torch.bool).triu(1)
+    empty = (kpm[:, None, :] | causal).all(-1)  # (B, L): queries 0 and 1 of sentence 0 see only pads
+    setting = "with left padding and a causal mask (queries 0 and 1 of sentence 0 may see no key)"
+    out, weights = _forward(ours, x, x, x, setting, key_padding_mask=kpm, attn_mask=causal)
+    with torch.no_grad():
+        want_out, want_w = mha(x, x, x, key_padding_mask=kpm, attn_mask=causal)
+    if not close(out[~empty], want_out[~empty]) or not close(weights[~empty], want_w[~empty]):
+        where = "NaN reaches rows that have keys" if out[~empty].isnan().any() else "the rows that have keys differ"
+        raise ExerciseError(f"{setting}: {where} (outputs {describe_diff(out[~empty], want_out[~empty])}, weights "
+                            f"{describe_diff(weights[~empty], want_w[~empty])}). A row with no key must not "
+                            f"change the others.")
+    if out[empty].isnan().all() and weights[empty].isnan().all():
+        return " Rows with no key give NaN, as torch's do; the course's layer gives them zeros (safe softmax)."
+    zero_rows = close(weights[empty], torch.zeros_like(weights[empty]))
+    bias = mha.out_proj.bias.detach().expand(int(empty.sum()), D)
+    if not zero_rows or not close(out[empty], bias):
+        sums = weights[empty].nan_to_num(nan=float("inf")).sum(-1).max()
+        raise ExerciseError(
+            f"{setting}: in the rows with no key your weights sum to {float(sums):.2g} and the output is not "
+            f"out_proj.bias. A query with nothing to attend to gets NaN in torch (softmax of all -inf is 0 / 0) and "
+            f"all-zero weights in the course's layer; a finite fill such as -1e9 gives a uniform average over keys "
+            f"it must not see instead. Fill with float('-inf') and, for zeros, a safe softmax: find the empty rows "
+            f"with torch.isneginf(scores).all(-1, keepdim=True), fill their scores with 0 before the softmax and "
+            f"their weights with 0 after."
+        )
+    x_in = x.clone().requires_grad_()
+    ours.zero_grad()
+    out, _ = call(lambda: ours(x_in, x_in, x_in, key_padding_mask=kpm, attn_mask=causal),
+                  what=f"your layer {setting}, for the gradients")
+    out[~kpm].pow(2).sum().backward()
+    bad = [n for n, p in ours.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if not torch.isfinite(x_in.grad).all():
+        bad.append("the input")
+    if bad:
+        raise ExerciseError(
+            f"{setting}: the rows with no key get zero weights, but the gradients of {', '.join(bad)} are NaN, "
+            f"although the loss leaves those rows out. Zeroing the weights after a softmax that made "
+            f"NaN (nan_to_num, torch.where) does not stop backward from multiplying with the NaN: give the empty "
+            f"rows finite scores BEFORE the softmax (scores.masked_fill(empty, 0.0)), then zero their weights."
+        )
+    return " Rows with no key get zero weights and finite gradients."
+
+
+def _check_dropout(cls, mha, query, kpm, D, h) -> None:
+    """A layer built with dropout=0.5, in eval mode, must compute what torch's does (no dropout)."""
+    try:
+        noisy = cls(D, h, dropout=0.5)
+    except TypeError:  # the exercise does not ask for a dropout argument
+        return
+    noisy = noisy.to("cpu", DTYPE).eval()
+    noisy.load_state_dict(mha.state_dict())
+    setting = f"with {cls.__name__}({D}, {h}, dropout=0.5) in eval mode"
+    first, _ = _forward(noisy, query, query, query, setting, key_padding_mask=kpm)
+    second, _ = _forward(noisy, query, query, query, setting, key_padding_mask=kpm)
+    if max_diff(first, second) > 0:
+        raise ExerciseError(_dropout_message(setting, max_diff(first, second)))
+    want, _ = mha(query, query, query, key_padding_mask=kpm)
+    if max_diff(first, want) > ATOL:
+        raise ExerciseError(f"{setting}, your output {describe_diff(first, want)} from torch's: in eval mode "
+                            f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
+
+
 def check_multihead(cls) -> None:
     """Check a multi-head attention class against ``nn.MultiheadAttention(batch_first=True)``.
 
@@ -169,18 +300,19 @@ def check_multihead(cls) -> None:
     ``in_proj_bias`` (3D,), ``out_proj`` an ``nn.Linear``), and ``forward(query, key, value,
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` must return
     ``(output (B, L, D), weights)`` like torch's: (B, L, S) averaged, (B, h, L, S) per head, None without weights.
-    Checked in float64 to 1e-10 with random non-zero weights and biases, for self- and cross-attention, bool and
-    float masks, outputs, weights and gradients.
+    Checked in float64 to 1e-10 with random non-zero weights and biases, in eval mode, for self- and
+    cross-attention, bool and float masks, outputs, weights and gradients; then scores in the thousands, queries
+    with no key (torch's NaN or the course's zeros), and, if ``cls`` takes ``dropout=``, dropout off in eval mode.
     """
     gen = torch.Generator().manual_seed(7)
     B, L, S, D, h = 2, 4, 5, 6, 3
     d = D // h
-    mha = _torch_layer(D, h, gen)
+    mha = _torch_layer(D, h, gen).eval()
     try:
         ours = cls(D, h)
     except Exception as err:
-        raise ExerciseError(f"{cls.__name__}({D}, {h}) raised {type(err).__name__}: {err}{device_hint(err)}") from err
-    ours = ours.to("cpu", DTYPE)  # where the checker's tensors are, even if the layer moved itself to the GPU
+        raise raised(err, f"{cls.__name__}({D}, {h})") from err
+    ours = ours.to("cpu", DTYPE).eval()  # where the checker's tensors are; eval: dropout, if any, is off
     try:
         ours.load_state_dict(mha.state_dict())
     except RuntimeError as err:
@@ -191,22 +323,14 @@ def check_multihead(cls) -> None:
             f"Use the same names and shapes (out_proj is an nn.Linear(D, D)), biases included."
         ) from err
     params = {name: p.detach() for name, p in mha.named_parameters()}
-    for name, query, key, value, kpm, attn_mask, average in _layer_cases(gen, B, L, S, D):
+    cases = _layer_cases(gen, B, L, S, D)
+    for name, query, key, value, kpm, attn_mask, average in cases:
         setting = f"with {name}"
         kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, average_attn_weights=average)
-        try:
-            answer = call(lambda: ours(query, key, value, **kwargs), what=f"your layer {setting}")
-        except ExerciseError as err:
-            if key.shape[1] != query.shape[1]:
-                raise ExerciseError(f"{err} Keys and values have S = {key.shape[1]} positions, queries L = "
-                                    f"{query.shape[1]}: split k and v with key.shape[1], not the query's L.") from err
-            raise
-        if not isinstance(answer, tuple) or len(answer) != 2:
-            raise ExerciseError(f"your layer must return a pair (output, weights) like torch's; got "
-                                f"{type(answer).__name__} {setting}.")
-        out, weights = answer
-        out = require_tensor(out, "the output", "your layer")
-        weights = require_tensor(weights, "the weights", "your layer")
+        out, weights = _forward(ours, query, key, value, setting, **kwargs)
+        if weights is None:
+            raise ExerciseError(f"your layer returned None for the weights {setting}; with need_weights=True "
+                                f"(the default) torch returns them.")
         want_out, want_w = mha(query, key, value, **kwargs)
         Lq, Sk = query.shape[1], key.shape[1]
         if tuple(out.shape) != (B, Lq, D):
@@ -227,7 +351,10 @@ def check_multihead(cls) -> None:
         diff_out, diff_w = max_diff(out, want_out), max_diff(weights, want_w)
         if diff_out <= ATOL and diff_w <= ATOL:
             continue
-        diff = f"(outputs differ by up to {diff_out:.2g}, weights by {diff_w:.2g})"
+        again, _ = _forward(ours, query, key, value, setting, **kwargs)
+        if max_diff(again, out) > 0:
+            raise ExerciseError(_dropout_message(setting, max_diff(again, out)))
+        diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
         mask = None
         if kpm is not None or attn_mask is not None:
             mask = torch.zeros(B, h, Lq, Sk, dtype=torch.bool)
@@ -236,7 +363,13 @@ def check_multihead(cls) -> None:
             if attn_mask is not None:
                 mask = mask | _as_ignore(attn_mask)
         variants = [
-            (dict(polarity="allow"), "the mask is inverted: bool True means BLOCKED in nn.MultiheadAttention."),
+            (dict(polarity="allow"), "the mask polarity is inverted: in nn.MultiheadAttention a bool True must mean "
+                                     "padding / ignore this key, False attend. Fill the scores with -inf where the "
+                                     "mask is True (masked_fill(mask, float('-inf'))), not where it is False."),
+            (dict(softmax_dim=-2), "the softmax ran over the queries (dim=-2 of the (B, h, L, S) scores): each "
+                                   "query's weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
+            (dict(softmax_dim=1), "the softmax ran over the heads (dim=1 of the (B, h, L, S) scores): each query's "
+                                  "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
             (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
                               f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
             (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
@@ -248,14 +381,14 @@ def check_multihead(cls) -> None:
         ]
         for options, message in variants:
             v_out, v_w = _reference(params, query, key, value, mask, h, average=average, **options)
-            if close(out, v_out, 1e-8) and close(weights, v_w, 1e-8):
+            if _matches(out, v_out) and _matches(weights, v_w):
                 raise ExerciseError(f"{setting}: {message} {diff}")
         if diff_out > ATOL and diff_w <= ATOL:
             raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
                                 f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
         raise ExerciseError(f"{setting}, your layer differs from nn.MultiheadAttention {diff}.")
     # Gradients, once forward agrees: of the inputs and of every parameter.
-    name, query, key, value, kpm, attn_mask, average = _layer_cases(gen, B, L, S, D)[5]
+    name, query, key, value, kpm, attn_mask, average = cases[5]
     grads = {}
     for label, layer in (("yours", ours), ("torch", mha)):
         layer.zero_grad()
@@ -274,9 +407,13 @@ def check_multihead(cls) -> None:
                                 f"look for .detach(), .data or in-place writes in forward.")
     # need_weights=False
     out, weights = call(lambda: ours(query, key, value, key_padding_mask=kpm, need_weights=False),
-                         what="your layer with need_weights=False")
+                        what="your layer with need_weights=False")
     if weights is not None:
         raise ExerciseError("with need_weights=False torch returns None for the weights; yours returned a tensor.")
     if max_diff(out, mha(query, key, value, key_padding_mask=kpm, need_weights=False)[0]) > ATOL:
         raise ExerciseError("with need_weights=False your output changes: the flag should only drop the weights.")
-    passed("outputs, weights and gradients = torch's, to 1e-10 in float64.")
+    _check_large_logits(ours, mha, params, gen, B, L, D, h)
+    empty_rows = _check_empty_rows(ours, mha, gen, B, D)
+    _check_dropout(cls, mha, *cases[1][1:5:3], D, h)  # query and key_padding_mask of the self-attention case
+    passed("outputs, weights and gradients = torch's, to 1e-10 in float64; scores in the thousands are safe."
+           + empty_rows)
