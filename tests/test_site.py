@@ -505,3 +505,40 @@ def test_colab_rendition_numbers_match_the_site():
                          json.loads((SITE / RENDITIONS / f"{page}.ipynb").read_text())["cells"])
         missing = [n for n in shown if (f"\\tag{{{n}}}" if n[0].isdigit() else n) not in text]
         assert not missing, f"{RENDITIONS}/{page}.ipynb lacks the site's numbers {sorted(missing)}"
+
+
+def test_rendition_of_a_hand_made_notebook():
+    """The converter alone (book/_ext/colab_rendition.py), on MyST of every kind the chapters use."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colab_rendition", ROOT / "book" / "_ext" / "colab_rendition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    md = lambda text: {"cell_type": "markdown", "id": f"m{len(text)}", "metadata": {}, "source": text}  # noqa: E731
+    code = lambda text: {"cell_type": "code", "id": f"c{len(text)}", "metadata": {}, "source": text,  # noqa: E731
+                         "outputs": [], "execution_count": None}
+    source = {"metadata": {}, "nbformat": 4, "nbformat_minor": 5, "cells": [
+        md("# Scores\n\n(sec-a)=\n## Exercises\n\n$$\na = b\n$$ (eq-a)\n\n```{prf:theorem} Law\n:label: thm-a\n\n"
+           "True by {eq}`eq-a`.\n```\n\n```{prf:proof}\nClear.\n```\n\n:::{note}\nMind {prf:ref}`the law <thm-a>`.\n:::"),
+        code("import sys  # setup"),
+        md("```{exercise} Do it\n:label: ex-a\n\nSee [softmax](02_softmax.ipynb#eq-b) and {doc}`02_softmax`.\n```"),
+        md("```{solution-start} ex-a\n:class: dropdown\n```\n\nAs {prf:ref}`thm-a` says."),
+        code("def answer():\n    return 1"),
+        md("```{solution-end}\n```\n\n## Summary\n\n{ref}`sec-a`, {eq}`eq-a`.")]}
+    ctx = module.Context({"eq-a": "(1.1)", "thm-a": "Theorem 1.1", "ex-a": "Exercise 1.1", "sec-a": "Exercises"},
+                         {"02_softmax": "From scores"}, lambda name: f"https://colab.example/{name}.ipynb", "1")
+    out = module.render_notebook(source, ctx)
+    text = "\n---\n".join("".join(c["source"]) for c in out["cells"])
+    for expected in ["# 1. Scores", "$$\na = b\n\\tag{1.1}\n$$", "**Theorem 1.1 (Law).** True by (1.1).",
+                     "**Proof.** Clear. ∎", "> **Note**\n>\n> Mind the law.", "### Exercise 1.1 (Do it)",
+                     "[softmax](https://colab.example/02_softmax.ipynb)",
+                     "[From scores](https://colab.example/02_softmax.ipynb)",
+                     "### Solution to Exercise 1.1 (click to show)", "As Theorem 1.1 says.", "Exercises, (1.1)."]:
+        assert expected in text, f"{expected!r} not in the rendition:\n{text}"
+    assert not RAW_MYST.search(text), RAW_MYST.search(text)
+    codes = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert ["".join(c["source"]) for c in codes] == ["import sys  # setup", f"{SOLUTION_TITLE}\ndef answer():\n    return 1"]
+    assert codes[1]["metadata"]["cellView"] == "form" and "cellView" not in codes[0]["metadata"]
+    heading = next(c for c in out["cells"] if "".join(c["source"]).startswith("### Solution"))
+    assert out["metadata"]["colab"]["collapsed_sections"] == [heading["id"]]
+    assert RAW_MYST.search("```{exercise} x\n:label: y\n```") and RAW_MYST.search("see {eq}`a`")
