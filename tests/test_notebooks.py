@@ -82,3 +82,234 @@ def test_code_lines_fit_the_page(path):
         if cell["cell_type"] == "code":
             for line in "".join(cell["source"]).splitlines():
                 assert len(line) <= 79, f"{path.name} cell {i}: {len(line)} characters: {line!r}"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Conventions that keep a notebook readable outside the website (JupyterLab with jupyterlab-myst, Colab):
+#   (a) solution code is hidden: every code cell between a markdown cell with {solution-start} and the matching
+#       {solution-end} has metadata jupyter.source_hidden = true (JupyterLab and Notebook 7 fold it away);
+#   (b) references stay inside their notebook: no {doc} role, and {eq} / {prf:ref} / {ref} / {numref} only to labels
+#       the same notebook defines (one notebook is rendered alone there); another chapter is reached by a relative
+#       link `NN_name.ipynb` or `NN_name.ipynb#anchor` to a notebook that exists, whose anchor it defines;
+#   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees.
+# Each rule is a function from notebook(s) to a list of problems, checked on the chapters and on hand-made notebooks.
+SOLUTION_MARK = re.compile(r"\{solution-(start|end)\}")
+LABEL_DEFINITIONS = [
+    re.compile(r"^\s*:label:\s*(\S+)", re.M),  # directive option: exercises, theorems, figures, math
+    re.compile(r"^\s*\(([^()\s]+)\)=\s*$", re.M),  # a target line: (label)=
+    re.compile(r"\$\$\s*\(([^()\s]+)\)\s*$", re.M),  # a numbered equation: $$ ... $$ (label)
+]
+REFERENCE = re.compile(r"\{(prf:ref|ref|numref|eq|doc)\}`([^`]*)`")
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+CHAPTER_LINK = re.compile(r"^(\d\d_[A-Za-z0-9_]+)\.ipynb(?:#([A-Za-z0-9_.:-]+))?$")
+NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-raises-exception", "nbval-skip", "raises-exception"}
+
+
+def markdown_of(notebook) -> str:
+    return "\n\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
+
+
+def heading_slugs(notebook) -> set:
+    """The anchors MyST gives headings (myst_heading_anchors style: lower case, words joined by '-')."""
+    slugs = set()
+    for line in markdown_of(notebook).splitlines():
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            text = re.sub(r"[^\w\s-]", "", match.group(1).lower()).strip()
+            slugs.add(re.sub(r"[\s]+", "-", text))
+    return slugs
+
+
+def labels_of(notebook) -> set:
+    text = markdown_of(notebook)
+    return {label for pattern in LABEL_DEFINITIONS for label in pattern.findall(text)}
+
+
+def anchors_of(notebook) -> set:
+    """What `NN_name.ipynb#anchor` may point at: a label (equations also as equation-label) or a heading."""
+    labels = labels_of(notebook)
+    return labels | {f"equation-{label}" for label in labels} | heading_slugs(notebook)
+
+
+def hidden_solution_problems(notebook) -> list[str]:
+    """(a) Code cells inside a solution that are not marked jupyter.source_hidden."""
+    problems, inside, opened_at = [], False, None
+    for i, cell in enumerate(notebook["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for mark in SOLUTION_MARK.findall(source):
+                if mark == "start" and inside:
+                    problems.append(f"cell {i}: a {{solution-start}} inside the solution opened in cell {opened_at}")
+                if mark == "end" and not inside:
+                    problems.append(f"cell {i}: a {{solution-end}} with no {{solution-start}} before it")
+                inside, opened_at = mark == "start", i if mark == "start" else opened_at
+        elif cell["cell_type"] == "code" and inside:
+            if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is not True:
+                first = source.splitlines()[0] if source else ""
+                problems.append(f"cell {i} (solution code, {first!r}): metadata jupyter.source_hidden is not true")
+    if inside:
+        problems.append(f"the solution opened in cell {opened_at} has no {{solution-end}}")
+    return problems
+
+
+def reference_problems(name: str, notebooks: dict) -> list[str]:
+    """(b) {doc} roles, references to labels this notebook does not define, and broken links to other chapters.
+
+    ``notebooks`` maps a file name (01_scores.ipynb) to its notebook; ``name`` is the one checked.
+    """
+    notebook, problems = notebooks[name], []
+    own = labels_of(notebook)
+    for i, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        source = "".join(cell["source"])
+        for role, content in REFERENCE.findall(source):
+            target = re.search(r"<([^<>]+)>\s*$", content)
+            target = (target.group(1) if target else content).strip()
+            if role == "doc":
+                problems.append(f"cell {i}: {{doc}}`{content}`: link the chapter as [title]({target.split('/')[-1]}"
+                                ".ipynb) instead (a notebook front end cannot resolve {doc})")
+            elif target not in own:
+                where = [other for other, nb in notebooks.items() if other != name and target in labels_of(nb)]
+                fix = (f"defined in {where[0]}: link it as [text]({where[0]}#{target})" if where
+                       else "defined in no notebook")
+                problems.append(f"cell {i}: {{{role}}}`{content}`: the label {target!r} is {fix}")
+        for href in LINK.findall(source):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", href) or href.startswith("#"):
+                continue  # another site (https:, mailto:) or an anchor of this page
+            match = CHAPTER_LINK.match(href)
+            if not match:
+                problems.append(f"cell {i}: link {href!r}: link another chapter as NN_name.ipynb or NN_name.ipynb#anchor")
+            elif f"{match.group(1)}.ipynb" not in notebooks:
+                problems.append(f"cell {i}: link {href!r}: there is no notebook {match.group(1)}.ipynb")
+            elif match.group(2) and match.group(2) not in anchors_of(notebooks[f"{match.group(1)}.ipynb"]):
+                problems.append(f"cell {i}: link {href!r}: {match.group(1)}.ipynb defines no anchor {match.group(2)!r}")
+    return problems
+
+
+def nbval_marker_problems(notebook) -> list[str]:
+    """(c) `# NBVAL_...` comments in code cells, and nbval tags with a typo (nbval would ignore them)."""
+    problems = []
+    for i, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            if "NBVAL_" in line:
+                tag = re.search(r"NBVAL_(\w+)", line).group(1).lower().replace("_", "-")
+                problems.append(f"cell {i}: {line.strip()!r}: use the cell tag 'nbval-{tag}' instead")
+        for tag in cell.get("metadata", {}).get("tags", []):
+            if tag.startswith("nbval") and tag not in NBVAL_TAGS:
+                problems.append(f"cell {i}: unknown nbval tag {tag!r} (known: {sorted(NBVAL_TAGS)})")
+    return problems
+
+
+CHAPTERS = {path.name: load(path) for path in NOTEBOOKS}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_solution_code_is_hidden(path):
+    problems = hidden_solution_problems(CHAPTERS[path.name])
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_references_stay_inside_the_notebook(path):
+    problems = reference_problems(path.name, CHAPTERS)
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_are_cell_tags(path):
+    problems = nbval_marker_problems(CHAPTERS[path.name])
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------------------- the rules on hand-made notebooks
+def md(text):
+    return {"cell_type": "markdown", "metadata": {}, "source": text.splitlines(keepends=True)}
+
+
+def code(text, hidden=False, tags=()):
+    metadata = {"jupyter": {"source_hidden": True}} if hidden else {}
+    if tags:
+        metadata["tags"] = list(tags)
+    return {"cell_type": "code", "metadata": metadata, "source": text.splitlines(keepends=True), "outputs": [],
+            "execution_count": None}
+
+
+def notebook(*cells):
+    return {"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+SOLUTION = ("```{solution-start} ex-one\n:class: dropdown\n```\n", "```{solution-end}\n```\n")
+GOOD_ONE = notebook(
+    md("# One\n\n(sec-one)=\n## Scores\n\n$$\ns = q^\\top k\n$$ (eq-one)\n\n```{exercise} Do it\n:label: ex-one\n\nGo.\n```"),
+    code("x = 1"),
+    md(SOLUTION[0] + "\nThe text of the solution."),
+    code("def answer():\n    return 1", hidden=True),
+    code("answer()", hidden=True, tags=["nbval-check-output"]),
+    md(SOLUTION[1] + "\nSee {eq}`eq-one`, {ref}`sec-one`, {prf:ref}`the exercise <ex-one>`, [two](02_two.ipynb),"
+       " [its law](02_two.ipynb#thm-two), [its equation](02_two.ipynb#equation-eq-two), [the top](02_two.ipynb#two)"
+       " and [PyTorch](https://pytorch.org)."),
+)
+GOOD_TWO = notebook(md("# Two\n\n```{prf:theorem} A law\n:label: thm-two\n\nTrue.\n```\n\n$$\na\n$$ (eq-two)"))
+
+
+def test_rules_pass_a_good_notebook():
+    chapters = {"01_one.ipynb": GOOD_ONE, "02_two.ipynb": GOOD_TWO}
+    assert labels_of(GOOD_ONE) == {"sec-one", "eq-one", "ex-one"}
+    assert hidden_solution_problems(GOOD_ONE) == []
+    assert reference_problems("01_one.ipynb", chapters) == []
+    assert reference_problems("02_two.ipynb", chapters) == []
+    assert nbval_marker_problems(GOOD_ONE) == []
+
+
+def test_visible_solution_code_is_caught():
+    bad = notebook(md(SOLUTION[0]), code("def answer():\n    return 1"), md(SOLUTION[1]), code("answer()"))
+    problems = hidden_solution_problems(bad)
+    assert len(problems) == 1 and "cell 1" in problems[0] and "def answer" in problems[0]
+    unclosed = notebook(md(SOLUTION[0]), code("x", hidden=True))
+    assert "has no {solution-end}" in hidden_solution_problems(unclosed)[0]
+    assert "no {solution-start}" in hidden_solution_problems(notebook(md(SOLUTION[1])))[0]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("As in {doc}`02_two`.", "[title](02_two.ipynb)"),
+    ("By {prf:ref}`thm-two`.", "defined in 02_two.ipynb: link it as [text](02_two.ipynb#thm-two)"),
+    ("By {prf:ref}`the law <thm-two>`.", "defined in 02_two.ipynb"),
+    ("See {eq}`eq-two`.", "defined in 02_two.ipynb"),
+    ("See {numref}`fig-nowhere`.", "defined in no notebook"),
+    ("See [two](../notebooks/02_two.ipynb).", "link another chapter as NN_name.ipynb"),
+    ("See [two](02_two.html).", "link another chapter as NN_name.ipynb"),
+    ("See [three](03_three.ipynb).", "no notebook 03_three.ipynb"),
+    ("See [two](02_two.ipynb#eq-nowhere).", "defines no anchor 'eq-nowhere'"),
+])
+def test_references_across_notebooks_are_caught(text, expected):
+    chapters = {"01_one.ipynb": notebook(md(text)), "02_two.ipynb": GOOD_TWO}
+    problems = reference_problems("01_one.ipynb", chapters)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_nbval_comments_and_misspelt_tags_are_caught():
+    bad = notebook(code("# NBVAL_CHECK_OUTPUT\nprint(1)"), code("x = 2", tags=["nbval-check-outputs"]))
+    problems = nbval_marker_problems(bad)
+    assert len(problems) == 2
+    assert "cell 0" in problems[0] and "'nbval-check-output'" in problems[0]
+    assert "cell 1" in problems[1] and "unknown nbval tag 'nbval-check-outputs'" in problems[1]
+
+
+def test_jupyterlab_loads_jupyterlab_myst():
+    """The MyST renderer the requirements install is one the installed JupyterLab accepts (not marked X)."""
+    import shutil
+    import subprocess
+    import sys
+
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or shutil.which("jupyter")
+    if jupyter is None:
+        pytest.skip("no jupyter command: pip install -e .")
+    listing = subprocess.run([jupyter, "labextension", "list"], capture_output=True, text=True, timeout=120)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", listing.stdout + listing.stderr)
+    line = next((ln for ln in text.splitlines() if "jupyterlab-myst" in ln and " v" in ln), None)
+    assert line is not None, f"jupyterlab-myst is not installed as a JupyterLab extension:\n{text}"
+    assert "enabled" in line and line.split("enabled", 1)[1].strip().startswith("OK"), (
+        f"JupyterLab does not load jupyterlab-myst (see requirements.txt):\n{text}")

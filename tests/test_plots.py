@@ -74,3 +74,92 @@ def test_plot_mask_can_leave_out_the_legend():
     from attention_course.plots import plot_mask
     assert plot_mask(torch.eye(3, dtype=torch.bool)).get_legend() is not None
     assert plot_mask(torch.eye(3, dtype=torch.bool), legend=False).get_legend() is None
+
+
+# ------------------------------------------------------------------------------------ readable cell labels
+from attention_course.plots import (  # noqa: E402
+    MIN_LABEL_POINTS, annotate_cells, contrast_ratio, plot_heatmap, relative_luminance, text_color_on)
+
+
+def cell_labels(ax):
+    """(text artist, colour of the cell under it) for every label written on the Axes' heatmap."""
+    image = ax.images[0]
+    colors = image.to_rgba(image.get_array())
+    pairs = []
+    for text in ax.texts:
+        x, y = text.get_position()
+        pairs.append((text, colors[int(round(y)), int(round(x))]))
+    return pairs
+
+
+def assert_labels_readable(ax):
+    """Every label contrasts with its own cell (WCAG 4.5:1), is at least 8 pt, and fits inside its cell."""
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (x0, y0), (x1, y1) = ax.transData.transform([(0, 0), (1, 1)])
+    cell_width = abs(x1 - x0)
+    pairs = cell_labels(ax)
+    assert pairs, "no cell labels drawn"
+    for text, cell in pairs:
+        where = f"label {text.get_text()!r} at {text.get_position()}"
+        ratio = contrast_ratio(text.get_color(), cell)
+        assert ratio >= 4.5, f"{where}: {text.get_color()} on {cell} has contrast {ratio:.2f} < 4.5"
+        assert text.get_fontsize() >= MIN_LABEL_POINTS, f"{where}: {text.get_fontsize()} pt"
+        width = text.get_window_extent(renderer).width
+        assert width <= cell_width, f"{where}: {width:.0f} px wide in a {cell_width:.0f} px cell"
+
+
+def test_luminance_and_contrast_follow_wcag():
+    assert relative_luminance("black") == 0 and relative_luminance("white") == pytest.approx(1)
+    assert contrast_ratio("black", "white") == pytest.approx(21)
+    assert contrast_ratio("#777777", "#777777") == pytest.approx(1)
+    assert text_color_on("yellow") == "black" and text_color_on("#fde725") == "black"  # viridis' top
+    assert text_color_on("navy") == "white" and text_color_on("#440154") == "white"  # viridis' bottom
+
+
+@pytest.mark.parametrize("cmap", ["viridis", "Blues", "RdBu", "magma", "cividis"])
+def test_every_label_contrasts_with_its_own_cell(cmap):
+    values = torch.linspace(-3, 5, 20).reshape(4, 5)  # the whole colour map, light and dark ends
+    ax = plot_heatmap(values, cmap=cmap, fmt="{:.1f}")
+    assert len(ax.texts) == 20
+    assert {t.get_color() for t in ax.texts} == {"black", "white"}  # both are needed on these maps
+    assert_labels_readable(ax)
+
+
+def test_attention_labels_are_readable_in_a_row_of_panels():
+    """As the chapters draw them: three sentences side by side, 5 tokens each, in a 12-inch figure."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), layout="constrained")
+    tokens = ["the", "cat", "sat", "on", "<pad>"]
+    for ax in axes:
+        plot_attention(torch.softmax(3 * torch.randn(5, 5), -1), tokens, tokens, ax=ax)
+        assert_labels_readable(ax)
+
+
+def test_word_labels_with_a_small_font_asked_for_are_raised_to_the_minimum():
+    weights = torch.softmax(4 * torch.randn(3, 6), -1)
+    words = [["good", "film", "bad", "plot", "ok", "end"]] * 3
+    fig, ax = plt.subplots(figsize=(6, 2.2), layout="constrained")
+    image = ax.imshow(weights.numpy(), cmap="Blues", vmin=0, vmax=1)
+    texts = annotate_cells(ax, image, labels=words, fontsize=6)
+    assert [t.get_text() for t in texts[:6]] == words[0]
+    assert all(t.get_fontsize() == MIN_LABEL_POINTS for t in texts)
+    assert_labels_readable(ax)
+
+
+def test_annotate_cells_checks_the_labels_shape():
+    fig, ax = plt.subplots()
+    image = ax.imshow(torch.rand(2, 3).numpy())
+    with pytest.raises(ValueError, match="2 x 3 nested list"):
+        annotate_cells(ax, image, labels=[["a", "b", "c"]])
+
+
+def test_the_contrast_check_catches_white_on_yellow():
+    """The check above fails on the old way: white text on every cell of a viridis map."""
+    fig, ax = plt.subplots()
+    ax.imshow(torch.arange(4.0).reshape(2, 2).numpy(), cmap="viridis")
+    for i in range(2):
+        for j in range(2):
+            ax.text(j, i, "0.0", color="white", fontsize=8, ha="center", va="center")
+    with pytest.raises(AssertionError, match="contrast"):
+        assert_labels_readable(ax)

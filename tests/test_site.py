@@ -34,6 +34,7 @@ CONFIG = yaml.safe_load((BOOK / "_config.yml").read_text())
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
 TIMEOUT_MS = 60_000  # generous: the machine running the tests may be busy
+RENDITIONS = "_colab"  # the site's folder of Colab renditions (book/_ext/colab_rendition.py)
 
 HOW_TO_GET_A_BROWSER = (
     "no Chromium found for the browser tests ($CHROMIUM, chromium, chromium-browser, google-chrome). Install one "
@@ -245,6 +246,50 @@ OVERFLOW = """(width) => {
 }"""
 
 
+# Visible search boxes: the sidebar's search field, a header bar's, a bare <input type=search>. Zero-size or hidden
+# ones (the theme's mobile copies, the search dialog's field before it opens) do not count.
+SEARCH_BOXES = """() => [...document.querySelectorAll('input[type=search], .search-button-field, form.bd-search')]
+  .filter((e) => !e.closest('.search-button__wrapper') || e.closest('.search-button__wrapper.show'))
+  .filter((e) => { const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+                   return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; })
+  .map((e) => e.tagName.toLowerCase() + [...e.classList].map((c) => '.' + c).join('')
+              + ' in ' + (e.closest('[id], header, nav, aside')?.id || e.closest('header, nav, aside')?.tagName || '?'))"""
+
+# Display math and tables wider than the text column they sit in. MathJax's display math is an
+# mjx-container[display] (inside a div.math); a table scrolls inside its wrapper, so both are measured against the
+# article's text column. Each offender: its text, so that a failure names the equation or table.
+WIDER_THAN_TEXT = """(slack) => {
+  const column = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const limit = column.getBoundingClientRect().right + slack;
+  const describe = (e) => {
+    const id = e.closest('[id]')?.id || '';
+    const label = (e.closest('div.math') || e).querySelector('.eqno')?.textContent?.replace('#', '').trim() || '';
+    const text = (e.getAttribute('aria-label') || e.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 60);
+    return `${e.tagName.toLowerCase()}${label ? ' ' + label : ''}${id ? ' #' + id : ''}: ${text}`;
+  };
+  const wide = [];
+  for (const e of document.querySelectorAll('mjx-container[display], div.math, table')) {
+    if (e.closest('.cell_output, .output')) continue;  // program output scrolls in its own box
+    const box = e.getBoundingClientRect();
+    const container = e.parentElement;
+    const tooWide = e.scrollWidth > container.clientWidth + slack || box.right > limit;
+    if (tooWide) wide.push(`${describe(e)} (${Math.round(Math.max(e.scrollWidth, box.width))} px in ` +
+                          `${container.clientWidth} px)`);
+  }
+  return wide;
+}"""
+
+# Testing machinery that must not reach a reader: nbval's markers (# NBVAL_CHECK_OUTPUT comments in shown code,
+# nbval-* tags printed as text). Class names (tag_nbval-...) are not text and do not count.
+HARNESS_MARKERS = """() => {
+  const text = document.body.innerText;
+  return [...text.matchAll(/.{0,30}(NBVAL_\\w*|nbval-[\\w-]*).{0,30}/g)].map((m) => m[0].trim());
+}"""
+
+# The column a chapter's text sits in, at desktop widths: the site has one search box there.
+DESKTOPS = [DESKTOP, {"width": 1600, "height": 1000}]
+
+
 @functools.lru_cache(maxsize=None)
 def ids_in(path: Path) -> frozenset:
     text = path.read_text(errors="replace") if path.exists() else ""
@@ -276,18 +321,26 @@ def link_problems(tab, site_url: str, here: str) -> list[str]:
     return problems
 
 
+def colab_rendition_url(page: str) -> str:
+    """Where the Colab button of a chapter opens its rendition: on GitHub, in the branch the site is published to."""
+    repo = CONFIG["repository"]
+    branch = CONFIG["sphinx"]["config"].get("colab_rendition_branch", "gh-pages")
+    org_repo = urlsplit(repo["url"]).path.strip("/")
+    return f"{CONFIG['launch_buttons']['colab_url']}/github/{org_repo}/blob/{branch}/{RENDITIONS}/{page}.ipynb"
+
+
 def notebook_button_problems(tab, page: str) -> list[str]:
-    """A notebook page's Colab button opens its notebook from the repository; its download button serves it."""
+    """A notebook page's Colab button opens its Colab rendition (published with the site); download serves the source."""
     source = BOOK / f"{page}.ipynb"
     if not source.exists():
         return []
-    repo = CONFIG["repository"]
-    path = f"{repo.get('path_to_book') or ''}/{page}.ipynb".lstrip("/")
-    colab = f"{CONFIG['launch_buttons']['colab_url']}/github/{urlsplit(repo['url']).path.strip('/')}/blob/{repo['branch']}/{path}"
+    colab = colab_rendition_url(page)
     problems = []
     hrefs = tab.evaluate("() => [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)")
     if not hrefs or any(h != colab for h in hrefs):
         problems.append(f"Colab button: expected {colab}, found {hrefs}")
+    if not (SITE / RENDITIONS / f"{page}.ipynb").is_file():
+        problems.append(f"Colab button: its notebook {RENDITIONS}/{page}.ipynb is missing from the site {SITE}")
     downloads = tab.evaluate("() => [...document.querySelectorAll('a.btn-download-source-button')].map(a => a.href)")
     if len(downloads) != 1 or not downloads[0].endswith(f"_sources/{page}.ipynb"):
         problems.append(f"download button: expected one link to _sources/{page}.ipynb, found {downloads}")
@@ -314,6 +367,7 @@ def test_page(site, visit, page):
     problems += [f"image did not load: {src}" for src in tab.evaluate(BROKEN_IMAGES)]
     problems += link_problems(tab, site["url"], f"{page}.html")
     problems += notebook_button_problems(tab, page)
+    problems += [f"harness marker visible in the page text: {m!r}" for m in tab.evaluate(HARNESS_MARKERS)]
     v.screenshot(slug(page))
     v.resize(PHONE)
     overflow = tab.evaluate(OVERFLOW, PHONE["width"])
@@ -322,6 +376,21 @@ def test_page(site, visit, page):
     v.screenshot(f"{slug(page)}-phone")
     site["pages"][page] = {"title": page_title(page), "seconds": round(time.perf_counter() - start, 2),
                            "problems": len(problems), "blocked": len(site["blocked"]) - blocked_before}
+    assert not problems, f"{page}.html:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("viewport", DESKTOPS, ids=lambda v: f"{v['width']}px")
+@pytest.mark.parametrize("page", PAGES)
+def test_desktop_layout(site, visit, page, viewport):
+    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column."""
+    v = visit(f"{page}.html")
+    v.resize(viewport)
+    problems = []
+    boxes = v.tab.evaluate(SEARCH_BOXES)
+    if len(boxes) != 1:
+        problems.append(f"{len(boxes)} visible search boxes at {viewport['width']} px, expected 1: {boxes}")
+    problems += [f"wider than the text column at {viewport['width']} px: {w}" for w in v.tab.evaluate(WIDER_THAN_TEXT, 2)]
+    problems += v.close()  # console errors, failed requests
     assert not problems, f"{page}.html:\n" + "\n".join(problems)
 
 
@@ -372,3 +441,104 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
         assert picture.inner_html() != before, f"{page}: the {widget} picture did not change when a control moved"
         view.screenshot(path=str(SCREENSHOTS / f"widget-{widget}.png"))
         assert not v.close()
+
+
+# ------------------------------------------------------------------------------------------------ Colab renditions
+NOTEBOOK_PAGES = [page for page in PAGES if (BOOK / f"{page}.ipynb").exists()]
+RAW_MYST = re.compile(r"[`:]{3,}\{[\w:-]+\}|^\s*:label:|^\s*:class:|\{(eq|prf:ref|prf:[a-z]+|ref|numref|doc|solution"
+                      r"-start|solution-end|exercise)\}|^\s*\([^()\s]+\)=\s*$|\$\$\s*\([^()\s]+\)", re.M)
+SOLUTION_TITLE = "#@title Solution (click to show)"
+
+
+def _cells(notebook, kind):
+    return [c for c in notebook["cells"] if c["cell_type"] == kind]
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_colab_rendition(page):
+    """What Colab shows: no MyST syntax left, the notebook's code cells in order, solution code in forms."""
+    path = SITE / RENDITIONS / f"{page}.ipynb"
+    assert path.is_file(), f"no Colab rendition {path}: rebuild the site (book/_ext/colab_rendition.py writes it)"
+    rendition, source = json.loads(path.read_text()), json.loads((BOOK / f"{page}.ipynb").read_text())
+    problems = []
+    for i, cell in enumerate(_cells(rendition, "markdown")):
+        for match in RAW_MYST.finditer("".join(cell["source"])):
+            problems.append(f"markdown cell {i}: MyST left: {match.group(0).strip()!r}")
+    solution_codes, inside = [], False
+    for cell in source["cells"]:  # the source's solution code cells, by the same marks
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for mark in re.findall(r"\{solution-(start|end)\}", text):
+                inside = mark == "start"
+        elif cell["cell_type"] == "code":
+            solution_codes.append(inside)
+    code_out, code_in = _cells(rendition, "code"), _cells(source, "code")
+    if len(code_out) != len(code_in):
+        problems.append(f"{len(code_out)} code cells, the notebook has {len(code_in)}")
+    for k, (out, original, is_solution) in enumerate(zip(code_out, code_in, solution_codes)):
+        text, wanted = "".join(out["source"]), "".join(original["source"])
+        if is_solution:
+            if out["metadata"].get("cellView") != "form" or not text.startswith(SOLUTION_TITLE + "\n"):
+                problems.append(f"code cell {k} (a solution) is not a Colab form titled {SOLUTION_TITLE!r}")
+            text = text.removeprefix(SOLUTION_TITLE + "\n")
+        elif out["metadata"].get("cellView") == "form":
+            problems.append(f"code cell {k} is folded away as a form but is no solution")
+        if text != wanted:
+            problems.append(f"code cell {k} differs from the notebook's: {text[:60]!r} vs {wanted[:60]!r}")
+    if code_out and "".join(code_out[0]["source"]) != "".join(code_in[0]["source"]):
+        problems.append("the setup cell (first code cell) was changed")
+    headings = [c for c in _cells(rendition, "markdown") if "".join(c["source"]).lstrip("#").lstrip().startswith("Solution")]
+    if len(headings) != sum(1 for c in _cells(source, "markdown") for _ in re.findall(r"\{solution-start\}", "".join(c["source"]))):
+        problems.append(f"{len(headings)} solution headings, one per {{solution-start}} expected")
+    collapsed = set(rendition["metadata"].get("colab", {}).get("collapsed_sections", []))
+    problems += [f"solution heading {h['id']} is not stored collapsed" for h in headings if h["id"] not in collapsed]
+    assert not problems, f"{RENDITIONS}/{page}.ipynb:\n" + "\n".join(problems)
+
+
+def test_colab_rendition_numbers_match_the_site():
+    """Equations, exercises and theorems carry in the rendition the numbers the website shows."""
+    for page in NOTEBOOK_PAGES:
+        shown = set(re.findall(r'<span class="eqno">\((\d+\.\d+)\)', page_html(page)))
+        shown |= {f"{kind} {n}" for kind, n in
+                  re.findall(r'<span class="caption-number">(Exercise|Theorem|Lemma|Definition) (\d+\.\d+) ', page_html(page))}
+        text = "\n".join("".join(c["source"]) for c in
+                         json.loads((SITE / RENDITIONS / f"{page}.ipynb").read_text())["cells"])
+        missing = [n for n in shown if (f"\\tag{{{n}}}" if n[0].isdigit() else n) not in text]
+        assert not missing, f"{RENDITIONS}/{page}.ipynb lacks the site's numbers {sorted(missing)}"
+
+
+def test_rendition_of_a_hand_made_notebook():
+    """The converter alone (book/_ext/colab_rendition.py), on MyST of every kind the chapters use."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colab_rendition", ROOT / "book" / "_ext" / "colab_rendition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    md = lambda text: {"cell_type": "markdown", "id": f"m{len(text)}", "metadata": {}, "source": text}  # noqa: E731
+    code = lambda text: {"cell_type": "code", "id": f"c{len(text)}", "metadata": {}, "source": text,  # noqa: E731
+                         "outputs": [], "execution_count": None}
+    source = {"metadata": {}, "nbformat": 4, "nbformat_minor": 5, "cells": [
+        md("# Scores\n\n(sec-a)=\n## Exercises\n\n$$\na = b\n$$ (eq-a)\n\n```{prf:theorem} Law\n:label: thm-a\n\n"
+           "True by {eq}`eq-a`.\n```\n\n```{prf:proof}\nClear.\n```\n\n:::{note}\nMind {prf:ref}`the law <thm-a>`.\n:::"),
+        code("import sys  # setup"),
+        md("```{exercise} Do it\n:label: ex-a\n\nSee [softmax](02_softmax.ipynb#eq-b) and {doc}`02_softmax`.\n```"),
+        md("```{solution-start} ex-a\n:class: dropdown\n```\n\nAs {prf:ref}`thm-a` says."),
+        code("def answer():\n    return 1"),
+        md("```{solution-end}\n```\n\n## Summary\n\n{ref}`sec-a`, {eq}`eq-a`.")]}
+    ctx = module.Context({"eq-a": "(1.1)", "thm-a": "Theorem 1.1", "ex-a": "Exercise 1.1", "sec-a": "Exercises"},
+                         {"02_softmax": "From scores"}, lambda name: f"https://colab.example/{name}.ipynb", "1")
+    out = module.render_notebook(source, ctx)
+    text = "\n---\n".join("".join(c["source"]) for c in out["cells"])
+    for expected in ["# 1. Scores", "$$\na = b\n\\tag{1.1}\n$$", "**Theorem 1.1 (Law).** True by (1.1).",
+                     "**Proof.** Clear. ∎", "> **Note**\n>\n> Mind the law.", "### Exercise 1.1 (Do it)",
+                     "[softmax](https://colab.example/02_softmax.ipynb)",
+                     "[From scores](https://colab.example/02_softmax.ipynb)",
+                     "### Solution to Exercise 1.1 (click to show)", "As Theorem 1.1 says.", "Exercises, (1.1)."]:
+        assert expected in text, f"{expected!r} not in the rendition:\n{text}"
+    assert not RAW_MYST.search(text), RAW_MYST.search(text)
+    codes = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert ["".join(c["source"]) for c in codes] == ["import sys  # setup", f"{SOLUTION_TITLE}\ndef answer():\n    return 1"]
+    assert codes[1]["metadata"]["cellView"] == "form" and "cellView" not in codes[0]["metadata"]
+    heading = next(c for c in out["cells"] if "".join(c["source"]).startswith("### Solution"))
+    assert out["metadata"]["colab"]["collapsed_sections"] == [heading["id"]]
+    assert RAW_MYST.search("```{exercise} x\n:label: y\n```") and RAW_MYST.search("see {eq}`a`")
