@@ -75,6 +75,11 @@ def classic_hint(err: Exception) -> str:
 
 def raised(err: Exception, what: str) -> ExerciseError:
     """The message for an exception raised by the learner's code: its type, its text and a hint."""
+    if type(err) is NotImplementedError and not str(err):  # the student edition's stub
+        return ExerciseError(
+            f"{what} raised NotImplementedError: it is still the exercise's stub (# YOUR CODE HERE). Write its body "
+            f"in place of `raise NotImplementedError()`, run that cell, then this one again."
+        )
     return ExerciseError(f"{what} raised {type(err).__name__}: {str(err).strip()}{classic_hint(err)}")
 
 

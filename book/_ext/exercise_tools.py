@@ -1,0 +1,74 @@
+"""Sphinx extension (``_config.yml``'s ``local_extensions``): the exercises' nbgrader marks, as readers see them.
+
+1. ``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines mark, for nbgrader, the part of a solution cell that the
+   student edition replaces with a stub. They mean nothing to a reader of the website: they are dropped from the
+   code shown (the notebooks keep them).
+2. With ``hide_solutions`` (the student edition), the outputs of the graded test cells are dropped too: they were
+   computed with the solutions and would only say "Correct" to a student whose notebook still holds the stub.
+3. The directive ``exercise-list`` writes the table of every exercise (chapter, label, auto-checked, points),
+   read from the notebooks by ``instructor/exercises.py``: the instructor guide never lists them by hand.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def drop_marks(app, doctree) -> None:
+    for cell in doctree.findall(lambda n: isinstance(n, nodes.container) and n.get("nb_element") == "cell_code"):
+        meta = cell.get("cell_metadata", {}).get("nbgrader", {})
+        for block in cell.findall(nodes.literal_block):
+            text = block.astext()
+            if any(mark in text for mark in MARKS):
+                kept = [line for line in text.splitlines() if line.strip() not in MARKS]
+                block.children = [nodes.Text("\n".join(kept))]
+        if meta.get("grade") and app.config.hide_solutions:
+            for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
+                                            and n.get("nb_element") == "cell_code_output")):
+                output.parent.remove(output)
+
+
+class ExerciseList(SphinxDirective):
+    """A table of every exercise of the book, from the notebooks."""
+
+    def run(self):
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from instructor.exercises import catalogue, chapters
+
+        for path in chapters():
+            self.env.note_dependency(str(path))
+        header = ["chapter", "label", "exercise", "auto-checked", "points"]
+        rows = [[ex.chapter, ex.label, ex.title, "yes" if ex.checked else "no", f"{ex.points:g}"]
+                for ex in catalogue()]
+        return [table(header, rows)]
+
+
+def table(header: list[str], rows: list[list[str]]) -> nodes.table:
+    """A docutils table: a header row, then the rows (the label column in code font)."""
+    group = nodes.tgroup(cols=len(header))
+    group += [nodes.colspec(colwidth=1) for _ in header]
+
+    def row(cells, code_column=None):
+        entries = nodes.row()
+        for i, text in enumerate(cells):
+            paragraph = nodes.paragraph()
+            paragraph += nodes.literal(text=text) if i == code_column else nodes.Text(text)
+            entries += nodes.entry("", paragraph)
+        return entries
+
+    group += nodes.thead("", row(header))
+    group += nodes.tbody("", *(row(cells, code_column=1) for cells in rows))
+    return nodes.table("", group, classes=["exercise-list"])
+
+
+def setup(app):
+    app.connect("doctree-read", drop_marks)
+    app.add_directive("exercise-list", ExerciseList)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

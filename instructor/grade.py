@@ -1,0 +1,199 @@
+"""``make grade SUBMISSIONS=<dir>``: grade a class's notebooks with nbgrader.
+
+``<dir>/<student>/<chapter>.ipynb`` holds the submissions (``<chapter>`` as in ``notebooks/``, e.g.
+``03_masks.ipynb``). Each is autograded by nbgrader in a fresh kernel of the project's environment, with a time
+limit per cell (the cell is interrupted and the next one runs), a time limit for the whole notebook and a memory
+limit (the kernel is killed; every exercise of that notebook is then reported with the reason). Nothing a
+submission does stops the run. Written under ``_build/grades/``:
+
+* ``grades.csv``: one row per student and exercise: student, notebook, exercise, passed (1/0), points, message
+  (the checker's diagnosis, the error's type and last line, "timed out", or the kernel's death);
+* ``feedback/<student>/<chapter>.html``: nbgrader's feedback, the graded notebook with its scores;
+* ``course/gradebook.db``: nbgrader's gradebook (SQLite); ``course/`` is an nbgrader course folder.
+
+This is not a sandbox: a submission runs as the instructor's user, with the instructor's files in reach.
+
+Run with nbgrader's environment (``make`` creates it): ``.venv-grader/bin/python -m instructor.grade <dir>``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from nbgrader.api import Gradebook, MissingEntry
+
+from .exercises import ROOT, chapters, exercises, load, save, strip_solution_prose
+
+OUT = ROOT / "_build" / "grades"
+KERNEL = "attention-course-grader"
+NBGRADER = ROOT / ".venv-grader" / "bin" / "nbgrader"
+CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
+PYTHON = ROOT / ".venv" / "bin" / "python"  # the kernel runs in the project's environment
+
+
+def to_bytes(size: str) -> int:
+    """"4G" -> 4294967296 (prlimit wants bytes: it reads "4G" as 4 and the kernel cannot even start)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    size = size.strip().upper().removesuffix("B")
+    return int(float(size[:-1]) * units[size[-1]]) if size[-1] in units else int(size)
+
+
+def write_kernel(out: Path, notebook_limit: int, memory: str) -> None:
+    """A kernelspec that runs the project's Python with a memory limit (prlimit --as) and kills it after the
+    notebook's time limit (timeout), so that no submission outlives its budget."""
+    folder = out / "kernels" / KERNEL
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = ["timeout", "-s", "KILL", str(notebook_limit), "prlimit", f"--as={to_bytes(memory)}", "--",
+            str(PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "attention-course (grading)", "language": "python"}
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
+def nbgrader(course: Path, out: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{NBGRADER.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+           "JUPYTER_PATH": str(out)}  # finds the grading kernel
+    command = [str(NBGRADER), *args, f"--CourseDirectory.root={course}", "--log-level=WARN"]
+    return subprocess.run(command, env=env, cwd=course, capture_output=True, text=True, timeout=timeout)
+
+
+def prepare(course: Path, out: Path, names: set[str]) -> None:
+    """The assignments (one per chapter) in nbgrader's gradebook, from the chapter notebooks."""
+    course.mkdir(parents=True, exist_ok=True)
+    shutil.copy(CONFIG, course / "nbgrader_config.py")
+    for path in chapters():
+        if path.stem not in names:
+            continue
+        folder = course / "source" / path.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        save(strip_solution_prose(load(path)), folder / path.name)
+        run = nbgrader(course, out, "generate_assignment", path.stem, "--force")
+        if run.returncode:
+            raise SystemExit(f"nbgrader generate_assignment {path.stem} failed:\n{run.stderr[-3000:]}")
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def error_of(cell: dict | None) -> str | None:
+    """A cell's error as one line: "timed out", the checker's diagnosis (ExerciseError), or "Type: message"."""
+    for output in (cell or {}).get("outputs", []):
+        if output["output_type"] == "error":
+            if output["ename"] == "CellTimeoutError" or "KeyboardInterrupt" in output["ename"]:
+                return "timed out"
+            value = " ".join(output["evalue"].split())
+            return value if output["ename"] == "ExerciseError" else f"{output['ename']}: {value}"
+    return None
+
+
+def cell_message(test: dict | None, answers: list[dict]) -> str:
+    """What a graded test cell says: its error, with the error of the exercise's own cell when that is the cause
+    (a NameError after the answer cell failed), or what it printed when it passed."""
+    if test is None:
+        return "the test cell is missing from the graded notebook"
+    error = error_of(test)
+    if error is not None:
+        cause = next(filter(None, map(error_of, answers)), None)
+        return error if cause is None else f"{error} (the exercise's own cell failed first: {cause})"
+    streams = [o.get("text", "") for o in test.get("outputs", []) if o["output_type"] == "stream"]
+    return " ".join("".join(t if isinstance(t, str) else "".join(t) for t in streams).split()) or "passed"
+
+
+def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout: int, limit: int):
+    """Autograde one notebook; returns None, or why the whole notebook could not be graded."""
+    args = ["autograde", chapter, f"--student={student}", "--force", f"--Execute.timeout={cell_timeout}",
+            f"--Execute.kernel_name={KERNEL}"]
+    try:
+        run = nbgrader(course, out, *args, timeout=limit + 120)
+    except subprocess.TimeoutExpired:
+        return "timed out (the whole notebook)"
+    graded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
+    if run.returncode or not graded.exists():
+        text = run.stderr + run.stdout
+        if "kernel died" in text.lower() or "DeadKernelError" in text:
+            return (f"not graded: the kernel died (the submission crashed it, or went over the memory limit or "
+                    f"the {limit} s limit for the whole notebook)")
+        errors = [line for line in text.splitlines() if "Error" in line and "AutogradeApp" not in line]
+        return f"not graded: {(errors or [last_line(text)])[-1].strip() or 'nbgrader autograde failed'}"
+    return None
+
+
+def rows_for(course: Path, gradebook: Gradebook, student: str, chapter: str, failure: str | None):
+    graded_path = course / "autograded" / student / chapter / f"{chapter}.ipynb"
+    graded = load(graded_path) if graded_path.exists() and failure is None else None
+    cells = {} if graded is None else {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in graded["cells"]}
+    answers = lambda label: [c for gid, c in cells.items() if gid and (gid == label or  # noqa: E731
+                                                                     gid.startswith(f"{label}-") and gid[-1].isdigit())]
+    for exercise in exercises(ROOT / "notebooks" / f"{chapter}.ipynb"):
+        if not exercise.checked:
+            continue
+        grade_id = f"{exercise.label}-check"
+        if graded is None:
+            yield [student, chapter, exercise.label, 0, 0, failure]
+            continue
+        try:
+            grade = gradebook.find_grade(grade_id, chapter, chapter, student)
+            points = grade.score
+        except MissingEntry:
+            points = 0.0
+        passed = int(points >= exercise.points > 0)
+        yield [student, chapter, exercise.label, passed, f"{points:g}", cell_message(cells.get(grade_id), answers(exercise.label))]
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m instructor.grade", description=__doc__.split("\n")[0])
+    parser.add_argument("submissions", type=Path, help="<dir>/<student>/<chapter>.ipynb")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
+    parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
+    parser.add_argument("--memory", default="4G", help="memory limit of a submission's kernel (default 4G)")
+    args = parser.parse_args(argv)
+    known = {path.stem for path in chapters()}
+    submissions = sorted(
+        (student.name, path.stem, path)
+        for student in args.submissions.iterdir() if student.is_dir()
+        for path in student.glob("*.ipynb") if path.stem in known
+    )
+    if not submissions:
+        raise SystemExit(f"no submissions found: expected {args.submissions}/<student>/<chapter>.ipynb, with "
+                         f"<chapter> one of {sorted(known)}")
+    course = args.out / "course"
+    write_kernel(args.out, args.notebook_timeout, args.memory)
+    prepare(course, args.out, {chapter for _, chapter, _ in submissions})
+    for student, chapter, path in submissions:
+        folder = course / "submitted" / student / chapter
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        shutil.copy(path, folder / f"{chapter}.ipynb")
+    table = [["student", "notebook", "exercise", "passed", "points", "message"]]
+    failures = {}
+    for student, chapter, _ in submissions:
+        failures[student, chapter] = grade_one(course, args.out, student, chapter, args.cell_timeout,
+                                               args.notebook_timeout)
+        print(f"graded {student}/{chapter}: {failures[student, chapter] or 'ok'}", flush=True)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student, chapter, _ in submissions:
+            table.extend(rows_for(course, gradebook, student, chapter, failures[student, chapter]))
+    for student, chapter, _ in submissions:
+        if failures[student, chapter] is None:
+            nbgrader(course, args.out, "generate_feedback", chapter, f"--student={student}", "--force")
+            html = course / "feedback" / student / chapter / f"{chapter}.html"
+            if html.exists():
+                (args.out / "feedback" / student).mkdir(parents=True, exist_ok=True)
+                shutil.copy(html, args.out / "feedback" / student / f"{chapter}.html")
+    grades = args.out / "grades.csv"
+    with grades.open("w", newline="") as f:
+        csv.writer(f).writerows(table)
+    print(f"{len(table) - 1} rows in {grades}; feedback in {args.out / 'feedback'}; gradebook "
+          f"{course / 'gradebook.db'}")
+    return grades
+
+
+if __name__ == "__main__":
+    main()
