@@ -14,10 +14,11 @@ function make(tag, attrs = {}, ...children) {
 const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, Home: -Infinity, End: Infinity };
 
 // A labelled range input showing its value; onInput(int) is called while it moves.
-// Its keys stay with it: in JupyterLab and Notebook 7 the notebook's shortcuts listen on the document and take the
-// arrow keys to move between cells. data-lm-suppress-shortcuts tells Lumino (the notebook's command system) to
-// leave keys typed in this input alone, whether it listens as they go down or as they come back up; the keydown
-// listener below steps the value itself and stops the event there, for any listener that is still above it.
+// Its keys stay with it: in JupyterLab 4 and Notebook 7 the notebook's shortcuts listen on the document and take the
+// arrow keys to move between cells. Notebook 7 listens in the capture phase, before any listener here can run, so
+// only data-lm-suppress-shortcuts (Lumino, their command system, then leaves keys typed in this input alone) helps
+// there; JupyterLab 4 listens as the key bubbles up, and the keydown listener below stops it (and so does any other
+// page that listens above the widget). The listener also takes the step itself, once, and sends "input".
 function slider(label, name, onInput) {
   const input = make("input", { type: "range", name, step: "1", "data-lm-suppress-shortcuts": "true" });
   const shown = make("output", {});
