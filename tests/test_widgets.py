@@ -38,7 +38,7 @@ def test_mask_defaults_match_the_package():
 @given(data=st.data())
 def test_mask_state_matches_merge_masks(data):
     B = data.draw(st.integers(1, 4))
-    L = data.draw(st.integers(2, 8))
+    L = data.draw(st.integers(1, 8))
     lengths = data.draw(st.lists(st.integers(1, L), min_size=B, max_size=B))
     causal, h = data.draw(st.booleans()), data.draw(st.integers(1, 4))
     w = MaskBroadcastWidget(batch_size=B, max_len=L, lengths=lengths, causal=causal, num_heads=h)
@@ -81,7 +81,7 @@ def test_batch_size_and_max_len_keep_lengths_valid():
     assert w.lengths == [3, 3, 2, 3]  # clamped
     w.batch_size = 1
     assert (w.lengths, w.example) == ([3], 0)
-    w.set_state({"batch_size": 2, "lengths": [1, 2]})
+    w.update(batch_size=2, lengths=[1, 2])
     assert (w.batch_size, w.lengths) == (2, [1, 2])
 
 
@@ -92,7 +92,8 @@ def test_batch_size_and_max_len_keep_lengths_valid():
         ({"lengths": [0, 1, 1]}, "at least one real token"),
         ({"lengths": [1, 1]}, "one length per sentence (batch_size=3), got 2"),
         ({"batch_size": 5}, "batch_size must be an integer from 1 to 4"),
-        ({"max_len": 9}, "max_len must be an integer from 2 to 8"),
+        ({"max_len": 9}, "max_len must be an integer from 1 to 8"),
+        ({"max_len": 0}, "max_len must be an integer from 1 to 8"),
         ({"num_heads": 0}, "num_heads must be an integer from 1 to 4"),
         ({"example": 3}, "example must be an integer from 0 to 2"),
     ],
@@ -107,9 +108,96 @@ def test_mask_rejects_bad_settings(change, message):
 
 
 def test_mask_constructor_checks_lengths():
-    with pytest.raises(traitlets.TraitError, match="raise max_len first"):
+    with pytest.raises(traitlets.TraitError, match=r"at most max_len\. To make the batch longer as well: "
+                                                   r"w\.update\(max_len=5, lengths=\[5, 3, 2\]\)"):
         MaskBroadcastWidget(max_len=4, lengths=(5, 3, 2))
     assert MaskBroadcastWidget(batch_size=2).lengths == [5, 3]
+
+
+def test_mask_shrinking_the_batch_clamps_the_example_first():
+    w = MaskBroadcastWidget(batch_size=4, example=3)
+    sent = record_messages(w)
+    w.batch_size = 1  # ipywidgets sends the new batch_size before the observer clamps the rest
+    assert (w.example, w.lengths) == (0, [5])
+    assert [set(m["state"]) for m in sent] == [{"batch_size"}, {"example", "lengths"}]  # the rest together
+
+
+# ---------------------------------------------------------------- update(**settings), both widgets
+def record_messages(widget) -> list[dict]:
+    """The messages the widget sends to the front end from now on (the comm is a stand-in: there is no kernel)."""
+    sent = []
+    widget._send = lambda msg, buffers=None: sent.append(msg)
+    return sent
+
+
+def test_update_is_not_a_name_ipywidgets_or_anywidget_use():
+    import anywidget
+    import ipywidgets
+
+    for base in (anywidget.AnyWidget, ipywidgets.DOMWidget, ipywidgets.Widget, traitlets.HasTraits):
+        assert not hasattr(base, "update"), base
+    assert {"update", "state"}.isdisjoint(MaskBroadcastWidget.class_trait_names())
+
+
+@pytest.mark.parametrize(
+    ("widget", "settings_", "expected_message"),
+    [
+        (MaskBroadcastWidget(example=2), {"batch_size": 2, "lengths": [4, 1], "causal": True},
+         {"batch_size": 2, "lengths": [4, 1], "causal": True, "example": 1}),  # example clamped by the widget
+        (MaskBroadcastWidget(), {"max_len": 1, "lengths": [1, 1, 1]}, {"max_len": 1, "lengths": [1, 1, 1]}),
+        (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "seq_len": 1},
+         {"embed_dim": 9, "num_heads": 3, "seq_len": 1}),  # neither alone is valid from D=8, h=2
+    ],
+    ids=["mask-batch", "mask-L1", "head-D-and-h"],
+)
+def test_update_sets_everything_in_one_message(widget, settings_, expected_message):
+    sent = record_messages(widget)
+    widget.update(**settings_)
+    assert {name: getattr(widget, name) for name in expected_message} == expected_message
+    assert len(sent) == 1 and sent[0]["method"] == "update"
+    assert sent[0]["state"] == expected_message
+
+
+@pytest.mark.parametrize(
+    ("widget", "settings_", "error", "message"),
+    [
+        (MaskBroadcastWidget(), {"heads": 2}, TypeError,
+         "got 'heads', which it does not have; its settings are batch_size, max_len, lengths, causal, num_heads, example"),
+        (HeadReshapeWidget(), {"D": 6}, TypeError, "its settings are batch_size, seq_len, embed_dim, num_heads"),
+        (MaskBroadcastWidget(), {"batch_size": 2, "lengths": [1, 1, 1]}, traitlets.TraitError,
+         "To change both at once: w.update(batch_size=3, lengths=[1, 1, 1])"),
+        (MaskBroadcastWidget(), {"causal": True, "lengths": [6, 1, 1]}, traitlets.TraitError,
+         "w.update(max_len=6, lengths=[6, 1, 1])"),
+        (MaskBroadcastWidget(), {"num_heads": 2, "example": 3}, traitlets.TraitError,
+         "example must be an integer from 0 to 2"),
+        (HeadReshapeWidget(), {"embed_dim": 7}, traitlets.TraitError,
+         "embed_dim 7 is not divisible by num_heads 2: choose num_heads among 1, 7. "
+         "To change both at once: w.update(embed_dim=7, num_heads=1)"),
+        (HeadReshapeWidget(), {"num_heads": 12}, traitlets.TraitError, "choose num_heads among 1, 2, 4, 8"),
+        (HeadReshapeWidget(), {"batch_size": 2, "seq_len": "4"}, traitlets.TraitError, "seq_len"),
+    ],
+    ids=["unknown-mask", "unknown-head", "count", "too-long", "example", "D-prime", "h-too-big", "type"],
+)
+def test_update_rejects_bad_settings_and_changes_nothing(widget, settings_, error, message):
+    before = {name: getattr(widget, name) for name in widget.SETTINGS}
+    sent = record_messages(widget)
+    with pytest.raises(error) as raised:
+        widget.update(**settings_)
+    assert message in str(raised.value)
+    assert {name: getattr(widget, name) for name in widget.SETTINGS} == before
+    assert sent == []
+
+
+def test_hints_name_update_not_set_state():
+    import attention_course.widgets as package
+    from attention_course.widgets import _base, head_reshape, mask_broadcast
+
+    for module in (package, _base, head_reshape, mask_broadcast):
+        source = open(module.__file__).read()
+        assert "set_state(" not in source.replace("w.set_state(...)", ""), module.__name__  # only the warning
+    for cls in (MaskBroadcastWidget, HeadReshapeWidget):
+        assert "w.update(" in cls.__doc__
+        assert "set_state" in cls.update.__doc__ and "ipywidgets 7" in cls.update.__doc__
 
 
 # ---------------------------------------------------------------- HeadReshapeWidget
@@ -151,7 +239,7 @@ def test_head_count_must_divide_embed_dim():
     with pytest.raises(traitlets.TraitError, match="embed_dim 7 is not divisible by num_heads 2"):
         w.embed_dim = 7
     assert (w.embed_dim, w.num_heads) == (8, 2)
-    w.set_state({"embed_dim": 6, "num_heads": 3})
+    w.update(embed_dim=6, num_heads=3)
     assert w.state["shape"]["d"] == 2 and w.valid_num_heads == [1, 2, 3, 6]
     with pytest.raises(traitlets.TraitError, match="choose num_heads among 1, 2, 3, 6"):
         HeadReshapeWidget(embed_dim=6, num_heads=4)
@@ -190,6 +278,13 @@ RENDER = """async ([esm, css, traits]) => {
   const style = document.createElement("style");
   style.textContent = css;
   document.head.append(style);
+  // A message from the kernel, applied as the ipywidgets 7 and 8 front ends do (Backbone's model.set(state)):
+  // every trait of the message first, then one change event per trait.
+  window.applyState = async (state) => {
+    Object.assign(traits, state);
+    for (const k of Object.keys(state)) (listeners["change:" + k] || []).forEach((f) => f());
+    await new Promise((resolve) => setTimeout(resolve, 0));  // the widget redraws in a microtask
+  };
   const module = await import(URL.createObjectURL(new Blob([esm], { type: "text/javascript" })));
   const el = document.createElement("div");
   document.body.append(el);
@@ -284,3 +379,211 @@ def test_mask_widget_shows_the_shortest_sentence_by_default():
     assert MaskBroadcastWidget().example == 2                       # lengths (5, 3, 2)
     assert MaskBroadcastWidget(lengths=(2, 5, 5)).example == 0
     assert MaskBroadcastWidget(example=1).example == 1
+
+
+def apply(page, message):
+    """Hand the front end one update message from Python, as a kernel would."""
+    assert message["method"] == "update"
+    page.evaluate("(state) => window.applyState(state)", message["state"])
+
+
+def panel_titles(page):
+    return page.locator(".ac-panel h4").all_inner_texts()
+
+
+# ---------------------------------------------------------------- update(...) reaches the picture in one message
+@pytest.mark.parametrize(
+    ("widget", "settings_"),
+    [
+        (MaskBroadcastWidget(example=2), {"batch_size": 2, "lengths": [4, 1], "causal": True, "num_heads": 2}),
+        (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "batch_size": 1}),
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, dict) else "",
+)
+def test_update_message_redraws_the_picture(page, widget, settings_):
+    render(page, widget)
+    before = page.locator(".ac-picture").inner_html()
+    sent = record_messages(widget)
+    widget.update(**settings_)
+    [message] = sent
+    apply(page, message)
+    assert page.locator(".ac-picture").inner_html() != before
+    assert_same_state(js_state(page), widget.state)
+
+
+# ---------------------------------------------------------------- shrinking the batch below the shown sentence
+def test_mask_js_batch_shrinks_below_the_shown_sentence_from_python(page):
+    w = MaskBroadcastWidget(batch_size=4, max_len=5, example=3)
+    render(page, w)
+    assert "5. Sentence 3" in panel_titles(page)[-1]
+    sent = record_messages(w)
+    w.batch_size = 1
+    apply(page, sent[0])  # batch_size alone: the picture must not look up sentence 3 (the page fixture checks errors)
+    assert panel_titles(page)[-1].startswith("5. Sentence 0 (length 5)")
+    for message in sent[1:]:
+        apply(page, message)
+    assert_same_state(js_state(page), w.state)
+
+
+def test_mask_js_batch_slider_shrinks_below_the_shown_sentence(page):
+    widget = render(page, MaskBroadcastWidget(batch_size=4, example=3))
+    widget.locator("input[name=batch_size]").fill("2")
+    traits = page.evaluate("window.traits")
+    assert (traits["batch_size"], traits["example"], traits["lengths"]) == (2, 1, [5, 3])
+    assert panel_titles(page)[-1].startswith("5. Sentence 1 (length 3)")
+
+
+# ---------------------------------------------------------------- keyboard
+def listen_above(page):
+    """Keydown listeners on the widget's ancestors, as the notebook's command handling has: what reaches them."""
+    page.evaluate("""() => {
+      window.heard = [];
+      for (const node of [document, document.body, document.querySelector(".ac-widget").parentElement])
+        node.addEventListener("keydown", (event) => window.heard.push(event.key));
+    }""")
+
+
+@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
+def test_sliders_keep_their_keys(page, cls):
+    widget = render(page, cls(num_heads=2))
+    for node in widget.locator("input[type=range]").all():
+        assert node.get_attribute("data-lm-suppress-shortcuts") == "true"
+    listen_above(page)
+    name = "num_heads" if cls is MaskBroadcastWidget else "embed_dim"
+    slider = widget.locator(f"input[name={name}]")
+    start = page.evaluate("window.traits")[name]
+    slider.focus()
+    before = widget.locator(".ac-picture").inner_html()
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("window.traits")[name] == start + 1
+    assert slider.input_value() == str(start + 1)
+    assert widget.locator(".ac-picture").inner_html() != before
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    assert page.evaluate("window.traits")[name] == start - 1
+    page.keyboard.press("End")
+    assert page.evaluate("window.traits")[name] == int(slider.get_attribute("max"))
+    page.keyboard.press("Tab")  # other keys still travel: the notebook keeps its shortcuts there
+    assert page.evaluate("window.heard") == ["Tab"] * 3
+
+
+# ---------------------------------------------------------------- the mask widget's panels
+def colour(page, selector, prop="fill"):
+    """The fill (or stroke) of the first element matching selector, as the browser draws it: (r, g, b) in 0..255."""
+    rgb = page.evaluate("([selector, prop]) => getComputedStyle(document.querySelector(selector))[prop]",
+                        [selector, prop])
+    return tuple(int(c) for c in rgb[rgb.index("(") + 1:-1].split(",")[:3])
+
+
+def contrast(a, b):
+    """The WCAG 2 contrast ratio of two sRGB colours."""
+    def luminance(rgb):
+        c = [x / 255 for x in rgb]
+        c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_contrast_helper_matches_known_ratios():
+    assert contrast((255, 255, 255), (0, 0, 0)) == pytest.approx(21)
+    assert contrast((118, 118, 118), (255, 255, 255)) == pytest.approx(4.54, abs=0.01)  # #767676, WCAG's AA grey
+
+
+def test_mask_masked_and_kept_cells_contrast(page):
+    render(page, MaskBroadcastWidget(causal=True, lengths=(5, 3, 2)))
+    kept, pad, future = (colour(page, f".ac-picture rect.{cls}") for cls in ("ac-ok", "ac-pad", "ac-fut"))
+    cross, light_text = colour(page, ".ac-picture path.ac-x", "stroke"), colour(page, ".ac-picture text.ac-light")
+    assert contrast(kept, pad) >= 3 and contrast(kept, future) >= 3
+    for masked in (pad, future):  # the cross and the "T" / "−∞" drawn on a masked cell
+        assert contrast(masked, cross) >= 3 and contrast(masked, light_text) >= 4.5
+    assert contrast(kept, colour(page, ".ac-picture text.ac-num:not(.ac-light)")) >= 4.5
+    from attention_course.widgets import mask_broadcast  # figure() draws with the same fills
+
+    for cls, rgb in (("ac-ok", kept), ("ac-pad", pad), ("ac-fut", future)):
+        value = {"ac-ok": mask_broadcast.KEPT, "ac-pad": mask_broadcast.PAD, "ac-fut": mask_broadcast.FUTURE}[cls]
+        assert tuple(int(value[i:i + 2], 16) for i in (1, 3, 5)) == rgb, cls
+
+
+def test_mask_panels_name_keys_and_queries(page):
+    widget = render(page, MaskBroadcastWidget(causal=True, num_heads=2))
+    titles = panel_titles(page)
+    assert titles[0].startswith("1. Key padding mask (B, S) = (3, 5)") and "(B, L)" not in titles[0]
+    assert "(B, 1, S) → (B, L, S)" in titles[1] and "(B·h, L, S)" in titles[3]
+    for panel in widget.locator(".ac-panel").all():  # every panel says what its rows and its columns are
+        axes = panel.locator("text.ac-axis").all_text_contents()
+        assert axes[:2] in (["keys (S)", "sentences"], ["keys", "queries"]), axes
+
+
+def test_mask_allows_a_single_token(page):
+    w = MaskBroadcastWidget(max_len=1, lengths=[1, 1, 1], causal=True, num_heads=2)
+    assert w.state["weights"] == [[[1.0]]] * 3
+    widget = render(page, w)
+    assert widget.locator("input[name=max_len]").get_attribute("min") == "1"
+    assert_same_state(js_state(page), w.state)
+    widget.locator("input[name=max_len]").fill("3")
+    widget.locator("input[name=max_len]").fill("1")
+    assert page.evaluate("window.traits")["lengths"] == [1, 1, 1]
+
+
+# ---------------------------------------------------------------- the head widget: D, tooltips, colour key
+def test_head_js_D_keeps_h_or_says_why_it_moved(page):
+    widget = render(page, HeadReshapeWidget(embed_dim=8, num_heads=4))
+    notice = widget.locator(".ac-notice")
+    widget.locator("input[name=embed_dim]").fill("12")  # 4 divides 12: kept, nothing to say
+    assert page.evaluate("window.traits")["num_heads"] == 4 and notice.inner_text() == ""
+    widget.locator("input[name=embed_dim]").fill("10")  # 4 does not divide 10: the nearest divisor, said
+    assert page.evaluate("window.traits")["num_heads"] == 5
+    assert notice.is_visible()
+    assert notice.inner_text() == "h = 4 does not divide D = 10: h is now 5, the nearest head count that does."
+    widget.locator("input[name=embed_dim]").focus()
+    page.keyboard.press("ArrowRight")  # D = 11, a prime: h = 1, said
+    assert page.evaluate("window.traits")["num_heads"] == 1 and "h is now 1" in notice.inner_text()
+    page.keyboard.press("ArrowRight")  # D = 12 keeps h = 1: the notice goes
+    assert page.evaluate("window.traits")["num_heads"] == 1 and notice.inner_text() == ""
+    assert not notice.is_visible()
+
+
+def test_nearest_divisor_matches_the_js():
+    from attention_course.widgets.head_reshape import nearest_divisor
+
+    assert [nearest_divisor(D, 4) for D in (8, 9, 10, 11, 12)] == [4, 3, 5, 1, 4]
+    assert nearest_divisor(9, 2) == 1  # a tie (1 and 3): the smaller
+
+
+def test_head_tooltip_is_on_the_number(page):
+    widget = render(page, HeadReshapeWidget(batch_size=1, seq_len=2, embed_dim=4, num_heads=2))
+    numbers = widget.locator(".ac-picture text.ac-num")
+    assert numbers.count() == 5 * 8  # five panels of 8 numbers
+    for n in (0, 13, 39):
+        number = numbers.nth(n)
+        box = number.bounding_box()
+        title = page.evaluate("""([x, y]) => {  // what the reader points at, and the tooltip it shows
+          const under = document.elementFromPoint(x, y);
+          const cell = under.closest("g.ac-cell");
+          return { tag: under.tagName, title: cell && cell.querySelector(":scope > title").textContent };
+        }""", [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2])
+        v = int(number.text_content())
+        token, head = (v - 1) // 4, (v - 1) % 4 // 2
+        assert title == {"tag": "text", "title": f"{v}: sentence 0, token {token}, head {head}"}
+
+
+@pytest.mark.parametrize("settings_", [{}, {"batch_size": 3, "seq_len": 3, "embed_dim": 12, "num_heads": 6},
+                                       {"embed_dim": 5, "num_heads": 1}])
+def test_head_colour_key_is_what_is_drawn(page, settings_):
+    w = HeadReshapeWidget(**settings_)
+    widget = render(page, w)
+    B, L, D, h, d = (w.state["shape"][k] for k in "BLDhd")
+    key = widget.locator(".ac-key rect.ac-keycell")
+    fills = [node.get_attribute("style") for node in key.all()]
+    assert len(fills) == B * L * h and len(set(fills)) == B * L * h  # one colour per (token, head), all different
+    cells = page.evaluate("""() => [...document.querySelectorAll(".ac-picture g.ac-cell")]
+      .filter((g) => g.querySelector("rect.ac-el:not(.ac-keycell)"))
+      .map((g) => [Number(g.querySelector("text").textContent), g.querySelector("rect").getAttribute("style")])""")
+    assert len(cells) == 5 * B * L * D
+    for v, style in cells:
+        token, head = (v - 1) // D, (v - 1) % D // d
+        assert style == fills[token * h + head], v
+    text = widget.locator(".ac-key-text").inner_text()
+    assert "Hue: its token" in text and "Shade: its head" in text and f"{B * L} tokens" in text
+

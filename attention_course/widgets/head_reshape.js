@@ -17,6 +17,15 @@ function computeState({ batch_size: B, seq_len: L, embed_dim: D, num_heads: h })
 
 const divisors = (D) => range(D).map((i) => i + 1).filter((k) => D % k === 0);
 
+// The head count nearest h that divides D, the smaller on a tie (head_reshape.nearest_divisor in Python).
+const nearestDivisor = (D, h) => divisors(D).reduce((best, k) => (Math.abs(k - h) < Math.abs(best - h) ? k : best));
+
+// The fill of a number from token t (of the whole batch: t = b·L + l) and head k: hue = token, shade = head.
+function fill(t, k, h) {
+  const light = h === 1 ? 78 : 88 - (30 * k) / (h - 1);
+  return `fill: hsl(${(t * 137.5 + 15) % 360}, 62%, ${light}%)`;
+}
+
 // Where the number v of arange(1, B*L*D + 1) came from: sentence, token, head.
 function origin(v, { L, D, d }) {
   const t = Math.floor((v - 1) / D), f = (v - 1) % D;
@@ -27,9 +36,7 @@ function draw(st) {
   const { B, L, D, h, d } = st.shape;
   const colour = (v) => {
     const o = origin(v, st.shape);
-    const light = h === 1 ? 78 : 88 - (30 * o.k) / (h - 1);
-    return { cls: "ac-el", style: `fill: hsl(${(o.t * 137.5 + 15) % 360}, 62%, ${light}%)`, text: v,
-             title: `${v}: sentence ${o.b}, token ${o.l}, head ${o.k}` };
+    return { cls: "ac-el", style: fill(o.t, o.k, h), text: v, title: `${v}: sentence ${o.b}, token ${o.l}, head ${o.k}` };
   };
   const tokens = range(L).map((l) => `t${l}`);
   const cell = 22;
@@ -66,7 +73,19 @@ function draw(st) {
     st.mixed_rows.length
       ? `${st.mixed_rows.length} of ${total} rows of the direct reshape (red boxes) hold another token's or another head's features: the label says whose.`
       : `All ${total} rows agree: ${h === 1 ? "with one head there is nothing to mix" : "nothing is mixed"}.`,
-    `<div>Colour = token (hue) and head (shade, darker = later head); hover a number for its origin.</div></div>`);
+    `</div>`);
+  // The colour key: the colours drawn above, one per (token, head), so the legend cannot say other than the picture.
+  const tokenNames = range(B * L).map((t) => `s${Math.floor(t / L)} t${t % L}`);
+  out.push(`<div class="ac-legend ac-key">`,
+    grid(B * L, h, (t, k) => ({ cls: "ac-el ac-keycell", style: fill(t, k, h),
+                                title: `sentence ${Math.floor(t / L)}, token ${t % L}, head ${k}: ` +
+                                       `numbers ${t * D + k * d + 1} to ${t * D + (k + 1) * d}` }),
+         { size: 16, font: 10, rowLabels: tokenNames, labelWidth: 40, colLabels: range(h).map((k) => `h${k}`),
+           xTitle: "head", yTitle: "token" }),
+    `<div class="ac-key-text">Colour of a number = where it came from. <b>Hue: its token</b> — sentence s, position t;` +
+    ` each of the batch's ${B * L} tokens has its own hue. <b>Shade: its head</b> — the group of d = ${d} features` +
+    ` it falls in${h === 1 ? " (one head: one shade)" : `, lightest for h0, darkest for h${h - 1}`}.` +
+    ` Hover a number for its sentence, token and head.</div></div>`);
   return out.join("");
 }
 
@@ -75,8 +94,12 @@ function render({ model, el }) {
   el.dataset.acWidget = "head-reshape";
   const names = ["batch_size", "seq_len", "embed_dim", "num_heads"];
   const get = () => Object.fromEntries(names.map((k) => [k, model.get(k)]));
+  // A new D keeps h when h divides it; otherwise h moves to the nearest head count that does, and the widget says so
+  // (shown while D and h stay as the slider left them).
+  let moved = null;
   const setD = (D) => {
-    const h = Math.max(...divisors(D).filter((k) => k <= get().num_heads));
+    const before = get().num_heads, h = D % before === 0 ? before : nearestDivisor(D, before);
+    moved = h === before ? null : { D, from: before, h };
     commit(model, { embed_dim: D, num_heads: h });
   };
   const controls = {
@@ -85,12 +108,18 @@ function render({ model, el }) {
     embed_dim: slider("embedding D", "embed_dim", setD),
   };
   const heads = make("span", { class: "ac-choices", role: "group" });
+  const notice = make("output", { class: "ac-notice", role: "status", "aria-live": "polite" });
   const picture = make("div", { class: "ac-picture" });
   el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls),
-                           make("span", { class: "ac-control" }, make("span", {}, "heads h (divides D)"), heads)), picture);
+                           make("span", { class: "ac-control" }, make("span", {}, "heads h (divides D)"), heads),
+                           notice), picture);
 
   const redraw = () => {
     const p = get();
+    if (moved && (moved.D !== p.embed_dim || moved.h !== p.num_heads)) moved = null;
+    notice.textContent = moved
+      ? `h = ${moved.from} does not divide D = ${moved.D}: h is now ${moved.h}, the nearest head count that does.`
+      : "";
     controls.batch_size.update(p.batch_size, 1, 3);
     controls.seq_len.update(p.seq_len, 1, 6);
     controls.embed_dim.update(p.embed_dim, 2, 12);
@@ -100,9 +129,10 @@ function render({ model, el }) {
       button.addEventListener("click", () => commit(model, { num_heads: k }));
       return button;
     }));
-    if (p.embed_dim % p.num_heads !== 0) {  // only reachable by setting the traits from outside
+    if (p.embed_dim % p.num_heads !== 0) {  // only reachable by setting the traits from outside, one at a time
       picture.innerHTML = `<div class="ac-legend ac-bad">D = ${p.embed_dim} is not divisible by h = ${p.num_heads}: ` +
-                          `choose h among ${divisors(p.embed_dim).join(", ")}.</div>`;
+                          `choose h among ${divisors(p.embed_dim).join(", ")}. From Python, change both at once: ` +
+                          `w.update(embed_dim=${p.embed_dim}, num_heads=${nearestDivisor(p.embed_dim, p.num_heads)}).</div>`;
       return;
     }
     const st = computeState(p);

@@ -5,20 +5,27 @@ reshape (B, L, D) -> (B*h, L, d), keeps the memory order, so a "head" row gets t
 another head. The picture is drawn by ``head_reshape.js``; :attr:`HeadReshapeWidget.state` computes the same
 tensors with torch.
 """
-import anywidget
 import torch
 import traitlets
 
 from ..heads import head_dim
-from ._base import CSS, check_range, esm
+from ._base import CSS, CourseWidget, call, check_range, esm
 
 
-class HeadReshapeWidget(anywidget.AnyWidget):
+def nearest_divisor(D: int, h: int) -> int:
+    """The head count nearest ``h`` that divides ``D`` (the smaller on a tie), as the D slider picks it."""
+    return min((k for k in range(1, D + 1) if D % k == 0), key=lambda k: (abs(k - h), k))
+
+
+class HeadReshapeWidget(CourseWidget):
     """Pick B (1-3), L (1-6), D (2-12) and h (a divisor of D); see each element of arange(1, B*L*D+1) move.
 
-    ``num_heads`` must divide ``embed_dim``: a setting that breaks this raises with the valid choices. To change
-    both at once: ``w.set_state({"embed_dim": 6, "num_heads": 3})``.
+    Settings: ``batch_size``, ``seq_len``, ``embed_dim``, ``num_heads``. ``num_heads`` must divide ``embed_dim``: a
+    setting that breaks this raises with the valid choices. To change both at once, and to redraw on every Jupyter
+    (ipywidgets 7 and 8): ``w.update(embed_dim=6, num_heads=3)``.
     """
+
+    SETTINGS = ("batch_size", "seq_len", "embed_dim", "num_heads")
 
     _esm = esm("head_reshape.js")
     _css = CSS
@@ -46,12 +53,14 @@ class HeadReshapeWidget(anywidget.AnyWidget):
             check_range(value, "embed_dim", 2, 12)
         D = value if name == "embed_dim" else self.embed_dim
         h = value if name == "num_heads" else self.num_heads
-        check_range(h, "num_heads", 1, D)
+        check_range(h, "num_heads", 1, D, f"It must divide embed_dim {D}: choose num_heads among "
+                    f"{', '.join(str(k) for k in range(1, D + 1) if D % k == 0)}.")
         try:
             head_dim(D, h)
         except ValueError as error:
+            heads = nearest_divisor(D, h)
             raise traitlets.TraitError(
-                f"{error} To change both at once: w.set_state({{'embed_dim': {D}, 'num_heads': ...}})."
+                f"{error} To change both at once: {call({'embed_dim': D, 'num_heads': heads})}."
             ) from None
         return value
 

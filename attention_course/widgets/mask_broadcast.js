@@ -30,40 +30,45 @@ function computeState({ batch_size: B, max_len: L, lengths, causal, num_heads: h
 const maskCell = (padded, future) => ({
   cls: padded ? "ac-pad" : future ? "ac-fut" : "ac-ok", cross: padded || future,
 });
+// Every small (L, S) grid: its rows are the queries, its columns the keys; the first of a panel says so.
+const small = (size, first) => (first ? { size, xTitle: "keys", yTitle: "queries" } : { size });
 
 function draw(p, st) {
   const { batch_size: B, max_len: L, num_heads: h, example: ex } = p;
   const out = [];
   const pos = range(L).map(String);
-  // 1. the key padding mask, one row per sentence
-  out.push(`<div class="ac-panel"><h4>1. Key padding mask (B, L) = (${B}, ${L}), viewed as (B, 1, L)</h4>`,
-    grid(B, L, (b, j) => ({ cls: st.key_padding_mask[b][j] ? "ac-pad" : "ac-ok", text: st.key_padding_mask[b][j] ? "T" : "F",
-                            title: `sentence ${b}, key ${j}: ${st.key_padding_mask[b][j] ? "pad" : "token"}` }),
-         { size: 22, rowLabels: range(B).map((b) => `s${b}`), colLabels: pos, right: (b) => `len ${p.lengths[b]}`,
-           rightWidth: 40 }),
+  // 1. the key padding mask, one row per sentence; S = L: the keys are the sentence's own tokens
+  out.push(`<div class="ac-panel"><h4>1. Key padding mask (B, S) = (${B}, ${L}): a row per sentence, a column per key;` +
+           ` viewed as (B, 1, S)</h4>`,
+    grid(B, L, (b, j) => {
+      const pad = st.key_padding_mask[b][j];
+      return { cls: pad ? "ac-pad" : "ac-ok", text: pad ? "T" : "F", textCls: pad ? "ac-num ac-light" : "ac-num",
+               title: `sentence ${b}, key ${j}: ${pad ? "pad" : "token"}` };
+    }, { size: 22, rowLabels: range(B).map((b) => `s${b}`), colLabels: pos, right: (b) => `len ${p.lengths[b]}`,
+         rightWidth: 40, xTitle: "keys (S)", yTitle: "sentences" }),
     `</div>`);
   // 2. broadcast over the query rows
-  out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, L) → (B, L, L) = (${B}, ${L}, ${L}), every query row a copy</h4>`,
+  out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, S) → (B, L, S) = (${B}, ${L}, ${L}), every query row a copy</h4>`,
     `<div class="ac-multiples">`,
-    ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false), { size: 13 }),
+    ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false), small(13, b === 0)),
                                `s${b}`)),
     `</div></div>`);
   // 3. causal and combined
   if (p.causal) {
-    out.push(`<div class="ac-panel"><h4>3. Combined = padding OR causal, (B, L, L)</h4><div class="ac-multiples">`,
-      fig(grid(L, L, (i, j) => maskCell(false, st.causal_mask[i][j]), { size: 13 }), "causal (L, L)"),
+    out.push(`<div class="ac-panel"><h4>3. Combined = padding OR causal, (B, L, S)</h4><div class="ac-multiples">`,
+      fig(grid(L, L, (i, j) => maskCell(false, st.causal_mask[i][j]), small(13, true)), "causal (L, S)"),
       `<span class="ac-op">OR</span>`,
       ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], st.causal_mask[i][j]),
-                                      { size: 13 }), `s${b} combined`)),
+                                      small(13, false)), `s${b} combined`)),
       `</div></div>`);
   } else {
     out.push(`<div class="ac-panel ac-note"><h4>3. Combined mask</h4>Causal is off: the combined mask is the broadcast padding mask.</div>`);
   }
   // 4. one copy per head
-  out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, L) = (${B}, ${h}, ${L}, ${L}) → ` +
-           `(B·h, L, L) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
+  out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, S) = (${B}, ${h}, ${L}, ${L}) → ` +
+           `(B·h, L, S) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
     ...range(B * h).map((n) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[Math.floor(n / h)][i][j],
-                                                                 st.causal_mask[i][j]), { size: 10 }),
+                                                                 st.causal_mask[i][j]), small(10, n === 0)),
                                    `[${n}] s${Math.floor(n / h)} head ${n % h}`)),
     `</div></div>`);
   // 5. scores and weights of one sentence
@@ -72,9 +77,10 @@ function draw(p, st) {
   out.push(`<div class="ac-panel"><h4>5. Sentence ${ex} (length ${p.lengths[ex]}): scores, then softmax over the keys it may attend</h4>`,
     `<div class="ac-multiples">`,
     fig(grid(L, L, (i, j) => blocked[i][j]
-               ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞" }
+               ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞", textCls: "ac-num ac-light" }
                : { cls: "ac-ok", text: st.scores[ex][i][j].toFixed(1) },
-             { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery }),
+             { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery,
+               xTitle: "keys", yTitle: "queries" }),
         "scores, masked_fill(mask, −∞)"),
     fig(grid(L, L, (i, j) => {
           const w = st.weights[ex][i][j];
@@ -82,15 +88,17 @@ function draw(p, st) {
             : { cls: "ac-w", style: `fill: rgba(33, 102, 172, ${(0.08 + 0.92 * w).toFixed(3)})`, text: w.toFixed(2),
                 textCls: w > 0.5 ? "ac-num ac-light" : "ac-num" };
         }, { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery,
+             xTitle: "keys", yTitle: "queries",
              right: (i) => `Σ ${st.weights[ex][i].reduce((a, b) => a + b, 0).toFixed(2)}`, rightWidth: 40 }),
         "weights: masked cells get 0"),
     `</div></div>`);
   out.push(`<div class="ac-legend">`,
-    `<span><i class="ac-sw ac-ok"></i>F: may attend</span>`,
+    `<span><i class="ac-sw ac-ok"></i>F: may attend (kept)</span>`,
     `<span><i class="ac-sw ac-pad">×</i>T: padding, may NOT attend</span>`,
     `<span><i class="ac-sw ac-fut">×</i>T: future key (causal)</span>`,
     `<span><i class="ac-sw ac-shade-sw"></i>pad query row: computed, ignored downstream</span>`,
-    `<div>Polarity: <b>True = may NOT attend</b>, as in nn.MultiheadAttention's key_padding_mask and attn_mask.</div>`,
+    `<div>Polarity: <b>True = may NOT attend</b>, as in nn.MultiheadAttention's key_padding_mask and attn_mask.` +
+    ` Self-attention: the keys are the sentence's own tokens, so S = L.</div>`,
     `</div>`);
   return out.join("");
 }
@@ -100,9 +108,9 @@ function render({ model, el }) {
   el.dataset.acWidget = "mask-broadcast";
   const get = () => Object.fromEntries(["batch_size", "max_len", "lengths", "causal", "num_heads", "example"]
     .map((k) => [k, model.get(k)]));
-  const setBatch = (B) => {
+  const setBatch = (B) => {  // the example first: it must index a sentence of the new batch
     const p = get();
-    commit(model, { batch_size: B, lengths: fitLengths(p.lengths, B, p.max_len), example: Math.min(p.example, B - 1) });
+    commit(model, { example: Math.min(p.example, B - 1), lengths: fitLengths(p.lengths, B, p.max_len), batch_size: B });
   };
   const setMaxLen = (L) => commit(model, { max_len: L, lengths: fitLengths(get().lengths, get().batch_size, L) });
   const setLength = (b, n) => {
@@ -122,9 +130,13 @@ function render({ model, el }) {
   el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls)), lengthRow, picture);
 
   const redraw = () => {
+    // Trait changes can arrive one message at a time (Python's w.batch_size = 1 sends batch_size before the
+    // lengths and example it clamps): draw from settings made consistent first, never index a sentence not there.
     const p = get();
+    p.lengths = fitLengths(p.lengths, p.batch_size, p.max_len);
+    p.example = Math.min(Math.max(p.example, 0), p.batch_size - 1);
     controls.batch_size.update(p.batch_size, 1, 4);
-    controls.max_len.update(p.max_len, 2, 8);
+    controls.max_len.update(p.max_len, 1, 8);
     controls.num_heads.update(p.num_heads, 1, 4);
     controls.causal.update(p.causal);
     controls.example.update(p.example, 0, p.batch_size - 1);

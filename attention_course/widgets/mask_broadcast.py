@@ -1,17 +1,20 @@
 """MaskBroadcastWidget: a key padding mask (B, S), broadcast over queries and heads, combined with a causal mask.
 
+It shows self-attention, so the keys are the batch's own tokens: S = L. The mask's rows are sentences, its columns
+keys; the broadcast copies a sentence's row to every query row, giving (B, L, S).
+
 Polarity everywhere: True = may NOT attend (the "ignore mask" of nn.MultiheadAttention). The picture is drawn by
 ``mask_broadcast.js`` from the traits; :attr:`MaskBroadcastWidget.state` computes the same numbers with torch.
 """
-import anywidget
 import torch
 import traitlets
 
 from ..functional import masked_softmax
 from ..masks import causal_mask, padding_mask
-from ._base import CSS, check_range, esm
+from ._base import CSS, CourseWidget, call, check_range, esm
 
 DEFAULT_LENGTHS = (5, 3, 2, 4)  # lengths of the sentences a new batch size adds
+KEPT, PAD, FUTURE = "#eef5fc", "#6e7781", "#bc4c00"  # the fills of widgets.css, for figure()
 
 
 def demo_scores(batch_size: int, seq_len: int) -> torch.Tensor:
@@ -28,16 +31,18 @@ def fit_lengths(lengths, batch_size: int, max_len: int) -> list[int]:
     return [min(max(int(n), 1), max_len) for n in lengths]
 
 
-class MaskBroadcastWidget(anywidget.AnyWidget):
+class MaskBroadcastWidget(CourseWidget):
     """Pick a batch of sentence lengths, causal on/off and a head count; see every mask the attention layer builds.
 
-    Traits (each a control in the picture): ``batch_size`` 1-4, ``max_len`` (L) 2-8, ``lengths`` one per sentence in
-    1..max_len, ``causal``, ``num_heads`` 1-4, ``example`` the sentence whose scores and weights are shown.
+    Settings (each a control in the picture): ``batch_size`` 1-4, ``max_len`` (L = S) 1-8, ``lengths`` one per
+    sentence in 1..max_len, ``causal``, ``num_heads`` 1-4, ``example`` the sentence whose scores and weights are shown.
 
     Setting ``lengths`` to a wrong count or a length outside 1..max_len raises; changing ``batch_size`` or
-    ``max_len`` alone keeps ``lengths`` valid (cut, extended or clamped). To change several at once:
-    ``w.set_state({"batch_size": 2, "lengths": [4, 1]})``.
+    ``max_len`` alone keeps ``lengths`` and ``example`` valid (cut, extended or clamped). To change several at once,
+    and to redraw on every Jupyter (ipywidgets 7 and 8): ``w.update(batch_size=2, lengths=[4, 1])``.
     """
+
+    SETTINGS = ("batch_size", "max_len", "lengths", "causal", "num_heads", "example")
 
     _esm = esm("mask_broadcast.js")
     _css = CSS
@@ -64,7 +69,7 @@ class MaskBroadcastWidget(anywidget.AnyWidget):
 
     @traitlets.validate("max_len")
     def _valid_max_len(self, proposal):
-        return check_range(proposal.value, "max_len", 2, 8)
+        return check_range(proposal.value, "max_len", 1, 8)
 
     @traitlets.validate("num_heads")
     def _valid_num_heads(self, proposal):
@@ -78,26 +83,32 @@ class MaskBroadcastWidget(anywidget.AnyWidget):
     def _valid_lengths(self, proposal):
         lengths = list(proposal.value)
         if len(lengths) != self.batch_size:
+            hint = f" To change both at once: {call({'batch_size': len(lengths), 'lengths': lengths})}." \
+                if 1 <= len(lengths) <= 4 else " A batch holds 1 to 4 sentences."
             raise traitlets.TraitError(
                 f"lengths must hold one length per sentence (batch_size={self.batch_size}), got {len(lengths)}: "
-                f"{lengths}. To change both: w.set_state({{'batch_size': {len(lengths)}, 'lengths': {lengths}}})."
+                f"{lengths}.{hint}"
             )
         for b, n in enumerate(lengths):
-            check_range(n, f"lengths[{b}]", 1, self.max_len,
-                        "A sentence has at least one real token and at most max_len (raise max_len first).")
+            hint = "A sentence has at least one real token and at most max_len."
+            if isinstance(n, int) and self.max_len < n <= 8:
+                hint += f" To make the batch longer as well: {call({'max_len': max(lengths), 'lengths': lengths})}."
+            check_range(n, f"lengths[{b}]", 1, self.max_len, hint)
         return lengths
 
     @traitlets.observe("batch_size", "max_len")
     def _keep_lengths_valid(self, change):
-        self.lengths = fit_lengths(self.lengths, self.batch_size, self.max_len)
-        self.example = min(self.example, self.batch_size - 1)
+        # example first: a picture drawn between the two changes must not look up a sentence the batch lost
+        with self.hold_sync():
+            self.example = min(self.example, self.batch_size - 1)
+            self.lengths = fit_lengths(self.lengths, self.batch_size, self.max_len)
 
     @property
     def state(self) -> dict:
         """Every mask and matrix of the picture, as nested lists (True = may NOT attend)."""
         B, L, h = self.batch_size, self.max_len, self.num_heads
-        key_padding = padding_mask(self.lengths, L)  # (B, L): True at the pads
-        broadcast = key_padding[:, None, :].expand(B, L, L)  # (B, 1, L) -> (B, L, L): one copy per query row
+        key_padding = padding_mask(self.lengths, L)  # (B, S), S = L: True at the pad keys
+        broadcast = key_padding[:, None, :].expand(B, L, L)  # (B, 1, S) -> (B, L, S): one copy per query row
         future = causal_mask(L) if self.causal else torch.zeros(L, L, dtype=torch.bool)  # (L, L)
         combined = broadcast | future  # (B, L, L)
         per_head = combined.repeat_interleave(h, dim=0)  # (B*h, L, L), row b*h + head
@@ -119,27 +130,33 @@ class MaskBroadcastWidget(anywidget.AnyWidget):
         """A static matplotlib picture: the key padding mask, the combined mask and the example's weights."""
         import matplotlib.pyplot as plt
         import numpy as np
+        from matplotlib.colors import ListedColormap
 
         state, b, L = self.state, self.example, self.max_len
+        cells = ListedColormap([KEPT, PAD, FUTURE])  # 0 kept, 1 pad key, 2 future key: the widget's colours
+        pad, future = np.array(state["key_padding_mask"], dtype=bool), np.array(state["causal_mask"], dtype=bool)
+        kinds = [np.where(pad, 1, 0), np.where(pad[b][None, :], 1, np.where(future, 2, 0))]  # panels 1 and 2
         fig, axes = plt.subplots(1, 3, figsize=(11, 4))
         panels = [
-            (state["key_padding_mask"], f"key_padding_mask ({self.batch_size}, {L})", "sentence"),
-            (state["combined_mask"][b], f"combined mask, sentence {b}", "query"),
-            (state["combined_mask"][b], f"weights, sentence {b}\n(grey rows: pad queries)", "query"),
+            (state["key_padding_mask"], f"key_padding_mask (B, S) = ({self.batch_size}, {L})", "sentence"),
+            (state["combined_mask"][b], f"combined mask (L, S), sentence {b}", "query (L)"),
+            (state["combined_mask"][b], f"weights, sentence {b}\n(grey rows: pad queries)", "query (L)"),
         ]
         for panel, (ax, (mask, title, rows)) in enumerate(zip(axes, panels)):
             if panel < 2:
-                ax.imshow(np.array(mask, dtype=float), cmap="Greys", vmin=0, vmax=1.6)
+                ax.imshow(kinds[panel], cmap=cells, vmin=0, vmax=2)
             else:
-                ax.imshow(np.array(state["weights"][b]), cmap="Blues", vmin=0, vmax=1)
+                ax.imshow(np.ma.masked_array(state["weights"][b], mask), cmap="Blues", vmin=0, vmax=1)
+                ax.imshow(np.ma.masked_array(kinds[1], ~np.array(mask)), cmap=cells, vmin=0, vmax=2)
             for i, row in enumerate(mask):
                 for j, blocked in enumerate(row):
                     text = "×" if blocked else ("" if panel < 2 else f"{state['weights'][b][i][j]:.2f}")
+                    dark = blocked or (panel == 2 and state["weights"][b][i][j] > 0.5)
                     ax.text(j, i, text, ha="center", va="center", fontsize=8 if panel == 2 else 12,
-                            color="0.35" if blocked else "black")
+                            color="white" if dark else "black")
                 if panel == 2 and state["query_is_pad"][b][i]:
-                    ax.axhspan(i - 0.5, i + 0.5, color="0.85", alpha=0.8)
-            ax.set(title=title, xlabel="key", ylabel=rows, xticks=range(L), yticks=range(len(mask)))
+                    ax.axhspan(i - 0.5, i + 0.5, color="0.55", alpha=0.3)
+            ax.set(title=title, xlabel="key (S)", ylabel=rows, xticks=range(L), yticks=range(len(mask)))
         fig.suptitle("True (×) = may NOT attend, the nn.MultiheadAttention convention", fontsize=10)
         fig.tight_layout()
         return fig
