@@ -13,12 +13,18 @@ SITE   := _build/html
 # `make test` reports the package's line coverage and fails below 95%.
 COVERAGE := --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95
 
-.PHONY: book test venv clean help
+GRADER := .venv-grader
+# nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv).
+NBGRADER ?= nbgrader>=0.9.5,<0.10
+
+.PHONY: book test venv clean help student grade
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
 	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; screenshots in _build/screenshots/)"
-	@echo "make clean  remove _build/ (keeps .venv/)"
+	@echo "make student  the student edition into _build/student/ (website and notebooks without solutions)"
+	@echo "make grade SUBMISSIONS=<dir>  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
+	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.txt
@@ -42,7 +48,22 @@ _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js
 	rm -rf _build/.jupyter_cache
 	mkdir -p _build && touch $@
 
-test: book
+$(GRADER)/.installed: Makefile
+	test -x $(GRADER)/bin/python || $(PYTHON) -m venv $(GRADER)
+	$(GRADER)/bin/python -m pip install --disable-pip-version-check -q "$(NBGRADER)"
+	touch $@
+
+# The student edition (book/instructors.md): nbgrader's generate_assignment on every chapter, and the website built
+# with hide_solutions from the notebooks the book just executed.
+student: book $(GRADER)/.installed
+	$(BIN)/python -m instructor.student
+
+# make grade SUBMISSIONS=<dir> [GRADE_FLAGS="--cell-timeout 60 --notebook-timeout 600 --memory 4G"]
+grade: venv $(GRADER)/.installed
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir>, with <dir>/<student>/<chapter>.ipynb"; exit 2; }
+	$(GRADER)/bin/python -m instructor.grade "$(SUBMISSIONS)" $(GRADE_FLAGS)
+
+test: book student
 	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(COVERAGE)
 
 clean:

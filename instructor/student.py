@@ -3,8 +3,8 @@
 1. ``notebooks/``: every chapter as nbgrader's ``generate_assignment`` makes it, after the prose of the gated
    solutions is cut (nbgrader replaces the answers in code cells with ``# YOUR CODE HERE`` /
    ``raise NotImplementedError()``; it knows nothing of sphinx-exercise's gates, so the prose is cut here).
-2. ``html/``: the website built with sphinx-exercise's ``hide_solutions`` (solutions, including the code cells of
-   gated solutions, are not in the pages nor in the search index); ``_sources/`` and the download button serve the
+2. ``html/``: the website without solutions (``student_edition`` in book/_ext/exercise_tools.py: solutions,
+   including the code cells of gated solutions, are in neither the pages nor the search index); ``_sources/`` and the download button serve the
    student notebooks; no Colab button (it would open the full notebook from the repository).
 
 Run it with the project's virtual environment: ``.venv/bin/python -m instructor.student`` (nbgrader is called from
@@ -35,19 +35,20 @@ def nbgrader(course: Path, *args: str) -> None:
     subprocess.run(command, check=True, env=env, cwd=course)
 
 
-def release(course: Path, target: Path) -> list[Path]:
-    """Student notebooks of every chapter into ``target`` (one nbgrader assignment per chapter)."""
+def release(course: Path, target: Path, paths: list[Path] | None = None) -> list[Path]:
+    """Student notebooks of every chapter (or of ``paths``) into ``target``, one nbgrader assignment each."""
+    paths = chapters() if paths is None else paths
     shutil.rmtree(course, ignore_errors=True)
     course.mkdir(parents=True)
     shutil.copy(CONFIG, course / "nbgrader_config.py")
-    for path in chapters():
+    for path in paths:
         folder = course / "source" / path.stem
         folder.mkdir(parents=True)
         save(strip_solution_prose(load(path)), folder / path.name)
         nbgrader(course, "generate_assignment", path.stem, "--force", "--log-level=WARN")
     target.mkdir(parents=True, exist_ok=True)
     released = []
-    for path in chapters():
+    for path in paths:
         shutil.copy(course / "release" / path.stem / path.name, target / path.name)
         released.append(target / path.name)
     return released
@@ -59,7 +60,11 @@ def student_config(out: Path) -> Path:
     config["title"] = f"{config['title']} (student edition)"
     config.setdefault("launch_buttons", {})["colab_url"] = ""
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
-    sphinx["hide_solutions"] = True
+    sphinx["student_edition"] = True  # book/_ext/exercise_tools.py removes every solution
+    # this file lives elsewhere, so the paths it holds (relative to the repository) become absolute
+    extensions = config["sphinx"].get("local_extensions", {})
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / path) for name, path in extensions.items()}
+    sphinx["html_static_path"] = [str(ROOT / path) for path in sphinx.get("html_static_path", [])]
     # the executed notebooks (with solutions) are cached by the full build; reuse them instead of running again
     config.setdefault("execute", {})["cache"] = str(ROOT / "_build" / ".jupyter_cache")
     path = out / "_config.yml"
@@ -67,12 +72,18 @@ def student_config(out: Path) -> Path:
     return path
 
 
-def build_site(out: Path, notebooks: list[Path]) -> None:
-    config = student_config(out)
+def build_site(html: Path, notebooks: list[Path]) -> None:
+    """The student website into ``html``. Sphinx works in _build/.student-build (its executed notebooks hold the
+    solutions); only the pages come out."""
+    work = ROOT / "_build" / ".student-build"
+    work.mkdir(parents=True, exist_ok=True)
+    config = student_config(work)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    subprocess.run([str(jupyter_book), "build", str(ROOT), "--config", str(config), "--path-output", str(out),
+    subprocess.run([str(jupyter_book), "build", str(ROOT), "--config", str(config), "--path-output", str(work),
                     "-W", "-n", "--keep-going"], check=True)
-    sources = out / "_build" / "html" / "_sources" / "notebooks"
+    shutil.rmtree(html, ignore_errors=True)
+    shutil.copytree(work / "_build" / "html", html)
+    sources = html / "_sources" / "notebooks"
     for path in notebooks:  # the download button serves _sources/: the student notebook, not the full one
         shutil.copy(path, sources / path.name)
 
@@ -82,13 +93,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-site", dest="site", action="store_false", help="the notebooks only")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    notebooks = release(args.out / "course", args.out / "notebooks")
+    shutil.rmtree(args.out, ignore_errors=True)
+    notebooks = release(ROOT / "_build" / ".student-course", args.out / "notebooks")
     if args.site:
-        build_site(args.out, notebooks)
-        html = args.out / "html"
-        shutil.rmtree(html, ignore_errors=True)
-        shutil.move(args.out / "_build" / "html", html)
+        build_site(args.out / "html", notebooks)
     print(f"student notebooks in {args.out / 'notebooks'}" + (f", website in {args.out / 'html'}" if args.site else ""))
 
 

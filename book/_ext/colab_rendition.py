@@ -307,6 +307,8 @@ def _context(app, docname: str) -> Context:
 def write_renditions(app, exception) -> None:
     if exception or getattr(app.builder, "format", None) != "html":
         return
+    if not app.config.html_theme_options.get("launch_buttons", {}).get("colab_url", ""):
+        return  # no Colab button (the student edition): no renditions, which would carry the solutions
     for docname in _notebook_docs(app):
         source = json.loads(Path(app.env.doc2path(docname)).read_text())
         target = Path(app.outdir) / RENDITION_DIR / f"{docname}.ipynb"

@@ -3,8 +3,11 @@
 1. ``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines mark, for nbgrader, the part of a solution cell that the
    student edition replaces with a stub. They mean nothing to a reader of the website: they are dropped from the
    code shown (the notebooks keep them).
-2. With ``hide_solutions`` (the student edition), the outputs of the graded test cells are dropped too: they were
-   computed with the solutions and would only say "Correct" to a student whose notebook still holds the stub.
+2. With ``student_edition: true`` (``make student``), every solution is removed after sphinx-exercise has merged
+   the gated ones (so the code cells between ``{solution-start}`` and ``{solution-end}`` go with them), and the
+   outputs of the graded test cells are dropped: they were computed with the solutions and would only say
+   "Correct" to a student whose notebook still holds the stub. (sphinx-exercise's own ``hide_solutions`` drops
+   only the start of a gated solution: its code cells stay on the page and the build fails on the orphaned end.)
 3. The directive ``exercise-list`` writes the table of every exercise (chapter, label, auto-checked, points),
    read from the notebooks by ``instructor/exercises.py``: the instructor guide never lists them by hand.
 """
@@ -14,7 +17,9 @@ import sys
 from pathlib import Path
 
 from docutils import nodes
+from sphinx.transforms import SphinxTransform
 from sphinx.util.docutils import SphinxDirective
+from sphinx_exercise.nodes import solution_node
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -28,10 +33,21 @@ def drop_marks(app, doctree) -> None:
             if any(mark in text for mark in MARKS):
                 kept = [line for line in text.splitlines() if line.strip() not in MARKS]
                 block.children = [nodes.Text("\n".join(kept))]
-        if meta.get("grade") and app.config.hide_solutions:
+        if meta.get("grade") and app.config.student_edition:
             for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
                                             and n.get("nb_element") == "cell_code_output")):
                 output.parent.remove(output)
+
+
+class RemoveSolutions(SphinxTransform):
+    """The student edition: no solution node, gated ones included (after sphinx-exercise's merge, priority 10)."""
+
+    default_priority = 50
+
+    def apply(self):
+        if self.config.student_edition:
+            for node in list(self.document.findall(solution_node)):
+                node.parent.remove(node)
 
 
 class ExerciseList(SphinxDirective):
@@ -69,6 +85,8 @@ def table(header: list[str], rows: list[list[str]]) -> nodes.table:
 
 
 def setup(app):
-    app.connect("doctree-read", drop_marks)
+    app.add_config_value("student_edition", False, "env")
+    app.add_transform(RemoveSolutions)
+    app.connect("doctree-read", drop_marks)  # after the transforms
     app.add_directive("exercise-list", ExerciseList)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

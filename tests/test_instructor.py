@@ -1,0 +1,207 @@
+"""The instructors' side: exercises marked for nbgrader, a student edition without a trace of the solutions, and
+grading a folder of submissions (`make student` builds the edition before the tests run; grading needs the
+nbgrader environment `make` creates, .venv-grader/)."""
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from instructor import leaks  # noqa: E402
+from instructor.exercises import (  # noqa: E402
+    BEGIN_MARK, END_MARK, catalogue, chapters, exercises, load, nbgrader, solution_spans, source,
+    strip_solution_prose,
+)
+
+STUDENT = ROOT / "_build" / "student"
+GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
+needs_edition = pytest.mark.skipif(not (STUDENT / "html").exists(), reason="run `make student` first")
+needs_nbgrader = pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")
+
+
+# --- the marks in the chapters ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.name)
+def test_solutions_are_marked_for_nbgrader(path):
+    nb, ids = load(path), []
+    for index, (cell, label) in enumerate(zip(nb["cells"], solution_spans(nb))):
+        meta = nbgrader(cell)
+        where = f"{path.name} cell {index}"
+        if cell["cell_type"] == "code" and label:
+            assert meta.get("solution") is True and not meta.get("grade"), f"{where}: a solution cell needs solution: true"
+            assert re.fullmatch(re.escape(label) + r"(-\d+)?", meta.get("grade_id", "")), f"{where}: grade_id {label}"
+            text = source(cell)
+            assert text.count(BEGIN_MARK) == text.count(END_MARK) >= 1, f"{where}: {BEGIN_MARK} ... {END_MARK}"
+            assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, where
+        elif meta.get("grade"):
+            assert cell["cell_type"] == "code" and label is None, f"{where}: a test cell stands after the solution"
+            assert meta.get("locked") is True and meta.get("points", 0) > 0, f"{where}: locked, with points"
+            assert meta["grade_id"].endswith("-check") and re.search(r"^check_\w+\(", source(cell), re.M), where
+        else:
+            assert BEGIN_MARK not in source(cell), f"{where}: solution marks in a cell not marked as a solution"
+        if meta.get("grade_id"):
+            ids.append(meta["grade_id"])
+    assert len(ids) == len(set(ids)), f"{path.name}: grade_ids must be unique"
+
+
+def test_every_exercise_has_a_solution_and_the_checked_ones_a_test():
+    found = catalogue()
+    assert len({ex.label for ex in found}) == len(found) >= 18
+    assert sum(ex.checked for ex in found) >= 10
+    for ex in found:
+        assert ex.label.startswith(f"ex-ch{int(ex.chapter[:2])}-"), ex.label
+        if ex.checked:
+            assert ex.solution_cells and ex.solution_cells[0] < ex.test_cells[0], ex.label
+
+
+def test_solution_prose_is_cut_between_the_gates():
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": "Intro.\n\n```{exercise} T\n:label: ex-ch9-a\n\nDo it.\n```\n"},
+        {"cell_type": "markdown", "metadata": {}, "source": "```{solution-start} ex-ch9-a\n:class: dropdown\n```\n\nSECRET one"},
+        {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": None},
+        {"cell_type": "markdown", "metadata": {}, "source": "SECRET two\n\n```{solution-end}\n```\n\nAfter."},
+    ]
+    stripped = strip_solution_prose({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    text = json.dumps(stripped)
+    assert "SECRET" not in text and "solution-start" not in text and "solution-end" not in text
+    assert "Do it." in text and "After." in text and "x = 1" in text  # code is nbgrader's to clear
+
+
+# --- no leaks -----------------------------------------------------------------------------------------------------
+
+def test_fingerprints_are_the_answers_not_the_scaffolding():
+    prints = leaks.fingerprints()
+    assert len(prints) > 50
+    joined = "\n".join(prints)
+    assert "positions >= torch.tensor(lengths)" in joined  # ex-ch3-padding-mask's answer
+    assert not any(p.startswith("def ") for p in prints)  # the def line stays in the student's copy
+
+
+@needs_edition
+def test_the_student_edition_holds_no_solution():
+    found = leaks.find(STUDENT)
+    assert not found, "solution text in the student edition:\n" + "\n".join(found[:20])
+
+
+@needs_edition
+def test_the_student_edition_has_what_students_need():
+    notebooks = sorted((STUDENT / "notebooks").glob("*.ipynb"))
+    assert [p.name for p in notebooks] == [p.name for p in chapters()]
+    student = load(STUDENT / "notebooks" / "03_masks.ipynb")
+    stub = next(c for c in student["cells"] if nbgrader(c).get("grade_id") == "ex-ch3-padding-mask")
+    assert source(stub).startswith("def batch_padding_mask(lengths, max_len):")
+    assert "# YOUR CODE HERE" in source(stub) and "raise NotImplementedError()" in source(stub)
+    page = (STUDENT / "html" / "notebooks" / "03_masks.html").read_text()
+    assert "ex-ch3-padding-mask" in page and "check_padding_mask" in page  # the exercise and its test stay
+    assert "colab.research.google.com" not in page  # the Colab button would open the full notebook
+    assert not (STUDENT / "html" / "_colab").exists()
+    download = STUDENT / "html" / "_sources" / "notebooks" / "03_masks.ipynb"
+    assert load(download) == student  # the download button serves the student notebook
+
+
+@needs_edition
+def test_a_planted_solution_is_found(tmp_path):
+    """The leak check must fail on a solution planted anywhere: a page, a notebook's metadata, the search index."""
+    answer = "positions >= torch.tensor(lengths)[:, None]"
+    assert answer in "\n".join(leaks.fingerprints())
+    page = tmp_path / "page.html"
+    page.write_text('<pre><span class="n">pads</span> = <span>positions</span> &gt;= torch.tensor(lengths)'
+                    '[:, <span class="kc">None</span>]</pre>')
+    notebook = tmp_path / "nb.ipynb"
+    nb = load(STUDENT / "notebooks" / "03_masks.ipynb")
+    nb["cells"][0]["metadata"]["note"] = f"pads = {answer}"
+    notebook.write_text(json.dumps(nb))
+    index = tmp_path / "searchindex.js"
+    word = sorted(leaks.solution_words())[0]
+    index.write_text('Search.setIndex({"terms": {"%s": [1]}, "titleterms": {}})' % leaks.stems({word}).pop())
+    found = leaks.find(tmp_path)
+    assert any(f.startswith(str(page)) for f in found), found
+    assert any(f.startswith(str(notebook)) for f in found), found
+    assert any(f.startswith(str(index)) for f in found), found
+    assert not leaks.find(tmp_path, prints=[], words=set())  # and nothing without solutions to look for
+
+
+@needs_nbgrader
+def test_an_answer_copied_into_an_unmarked_cell_reaches_the_student_and_is_caught(tmp_path):
+    """nbgrader clears only what is marked: the same answer in an ordinary cell goes out to students. The leak
+    check, which reads the answers from the marked cells, finds the copy."""
+    from instructor import student
+
+    nb = load(ROOT / "notebooks" / "03_masks.ipynb")
+    answer_cell = next(c for c in nb["cells"] if nbgrader(c).get("grade_id") == "ex-ch3-padding-mask")
+    planted = {"cell_type": "code", "execution_count": None, "id": "planted", "metadata": {}, "outputs": [],
+               "source": [line for line in answer_cell["source"] if "### " not in line]}
+    nb["cells"].insert(5, planted)
+    chapter = tmp_path / "chapter" / "03_masks.ipynb"
+    chapter.parent.mkdir()
+    chapter.write_text(json.dumps(nb))
+    released = student.release(tmp_path / "course", tmp_path / "edition", paths=[chapter])
+    assert released and "raise NotImplementedError()" in json.dumps(load(released[0]))
+    found = leaks.find(tmp_path / "edition", prints=leaks.fingerprints([chapter]), words=set())
+    assert any("positions >= torch.tensor(lengths)" in f for f in found), found
+
+
+# --- grading ------------------------------------------------------------------------------------------------------
+
+def fill(nb, answers):
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        grade_id = nbgrader(cell).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return nb
+
+
+@needs_edition
+@needs_nbgrader
+def test_grading_a_class(tmp_path):
+    released = load(STUDENT / "notebooks" / "03_masks.ipynb")
+    good = {
+        "ex-ch3-padding-mask": "def batch_padding_mask(lengths, max_len):\n"
+                               "    positions = torch.arange(max_len)[None, :]\n"
+                               "    return (positions >= torch.tensor(lengths)[:, None])[:, None, :]\n",
+        "ex-ch3-masked-softmax": "def my_masked_softmax(scores, mask):\n"
+                                 "    w = torch.softmax(scores.masked_fill(mask, float('-inf')), -1)\n"
+                                 "    return w.masked_fill(mask.all(-1, keepdim=True), 0.0)\n",
+    }
+    classes = {
+        "alice": good,  # correct
+        "bob": dict(good, **{"ex-ch3-padding-mask": good["ex-ch3-padding-mask"].replace(">=", ">")}),  # off by one
+        "carol": dict(good, **{"ex-ch3-padding-mask": "import os\nos._exit(1)\n"}),  # crashes the kernel
+        "dave": dict(good, **{"ex-ch3-padding-mask": "def batch_padding_mask(lengths, max_len):\n"
+                                                     "    while True:\n        pass\n"}),  # never returns
+        "erin": {},  # hands in the stubs
+    }
+    submissions = tmp_path / "submissions"
+    for name, answers in classes.items():
+        (submissions / name).mkdir(parents=True)
+        (submissions / name / "03_masks.ipynb").write_text(json.dumps(fill(released, answers)))
+    out = tmp_path / "grades"
+    run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
+                          "--cell-timeout", "10", "--notebook-timeout", "150"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with (out / "grades.csv").open() as f:
+        rows = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
+    assert len(rows) == 10 and set(next(iter(rows.values()))) == {
+        "student", "notebook", "exercise", "passed", "points", "message"}
+    pad, soft = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
+    assert rows["alice", pad]["passed"] == rows["alice", soft]["passed"] == "1"
+    assert rows["alice", pad]["points"] == "1"
+    assert rows["bob", pad]["passed"] == "0" and "misses the first pad" in rows["bob", pad]["message"]
+    assert rows["bob", soft]["passed"] == "1"
+    assert rows["carol", pad]["passed"] == "0" and "kernel died" in rows["carol", pad]["message"]
+    assert rows["dave", pad]["passed"] == "0" and rows["dave", pad]["message"] == "timed out"
+    assert rows["dave", soft]["passed"] == "1"  # the next cells still ran
+    assert "still the exercise's stub" in rows["erin", pad]["message"]
+    for name in ("alice", "bob", "dave", "erin"):
+        feedback = (out / "feedback" / name / "03_masks.html").read_text()
+        assert "check_padding_mask" in feedback
+    assert "misses the first pad" in (out / "feedback" / "bob" / "03_masks.html").read_text()
+    assert (out / "course" / "gradebook.db").exists()
