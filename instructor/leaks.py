@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from .exercises import BEGIN_MARK, END_MARK, END, START, chapters, load, nbgrader, solution_spans, source
+from .exercises import BEGIN_MARK, END_MARK, END, ROOT, START, chapters, load, nbgrader, solution_spans, source
 
 MIN_CODE, MIN_PROSE = 12, 30  # shorter lines are too common to prove anything
 WORD = re.compile(r"[A-Za-z_][A-Za-z_]{3,}")
@@ -78,10 +78,13 @@ def fingerprints(paths=None) -> list[str]:
 
 
 def solution_words(paths=None) -> set[str]:
-    """Lower-case words that occur in the solutions and nowhere else in the chapters."""
+    """Lower-case words whose stem occurs in the solutions and nowhere else in the book (the chapters outside
+    their solutions, the prose pages): the search index stores stems, and "shifted" is found as "shift"."""
     solution, other = split(paths)
+    other += [line for page in (ROOT / "book").glob("*.md") for line in page.read_text().splitlines()]
     words = lambda lines: {w.lower() for w in WORD.findall("\n".join(lines))}  # noqa: E731
-    return words(solution) - words(other)
+    elsewhere = stems(words(other))
+    return {word for word in words(solution) if stems({word}).pop() not in elsewhere}
 
 
 def text_of(path: Path) -> str:

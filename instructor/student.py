@@ -78,11 +78,13 @@ def build_site(html: Path, notebooks: list[Path]) -> None:
     work = ROOT / "_build" / ".student-build"
     work.mkdir(parents=True, exist_ok=True)
     config = student_config(work)
+    shutil.rmtree(work / "_build" / "html", ignore_errors=True)  # nothing left over from an earlier build
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     subprocess.run([str(jupyter_book), "build", str(ROOT), "--config", str(config), "--path-output", str(work),
                     "-W", "-n", "--keep-going"], check=True)
     shutil.rmtree(html, ignore_errors=True)
-    shutil.copytree(work / "_build" / "html", html)
+    # reports/ holds the tracebacks of failed cells, solutions included: never part of the edition
+    shutil.copytree(work / "_build" / "html", html, ignore=shutil.ignore_patterns("reports"))
     sources = html / "_sources" / "notebooks"
     for path in notebooks:  # the download button serves _sources/: the student notebook, not the full one
         shutil.copy(path, sources / path.name)

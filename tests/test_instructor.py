@@ -80,7 +80,7 @@ def test_fingerprints_are_the_answers_not_the_scaffolding():
     assert len(prints) > 50
     joined = "\n".join(prints)
     assert "positions >= torch.tensor(lengths)" in joined  # ex-ch3-padding-mask's answer
-    assert not any(p.startswith("def ") for p in prints)  # the def line stays in the student's copy
+    assert "def batch_padding_mask(lengths, max_len):" not in prints  # the def line stays in the student's copy
 
 
 @needs_edition
@@ -108,14 +108,13 @@ def test_the_student_edition_has_what_students_need():
 @needs_edition
 def test_a_planted_solution_is_found(tmp_path):
     """The leak check must fail on a solution planted anywhere: a page, a notebook's metadata, the search index."""
-    answer = "positions >= torch.tensor(lengths)[:, None]"
-    assert answer in "\n".join(leaks.fingerprints())
-    page = tmp_path / "page.html"
-    page.write_text('<pre><span class="n">pads</span> = <span>positions</span> &gt;= torch.tensor(lengths)'
-                    '[:, <span class="kc">None</span>]</pre>')
+    answer = next(p for p in leaks.fingerprints() if "positions >= torch.tensor(lengths)" in p)
+    page = tmp_path / "page.html"  # highlighted as Pygments does: a span per token, ">" escaped
+    tokens = answer.replace(">", "&gt;").split(" ")
+    page.write_text("<pre>" + " ".join(f'<span class="n">{t}</span>' for t in tokens) + "</pre>")
     notebook = tmp_path / "nb.ipynb"
     nb = load(STUDENT / "notebooks" / "03_masks.ipynb")
-    nb["cells"][0]["metadata"]["note"] = f"pads = {answer}"
+    nb["cells"][0]["metadata"]["note"] = answer
     notebook.write_text(json.dumps(nb))
     index = tmp_path / "searchindex.js"
     word = sorted(leaks.solution_words())[0]
@@ -143,7 +142,8 @@ def test_an_answer_copied_into_an_unmarked_cell_reaches_the_student_and_is_caugh
     chapter.write_text(json.dumps(nb))
     released = student.release(tmp_path / "course", tmp_path / "edition", paths=[chapter])
     assert released and "raise NotImplementedError()" in json.dumps(load(released[0]))
-    found = leaks.find(tmp_path / "edition", prints=leaks.fingerprints([chapter]), words=set())
+    found = leaks.find(tmp_path / "edition", prints=leaks.fingerprints([ROOT / "notebooks" / "03_masks.ipynb"]),
+                       words=set())
     assert any("positions >= torch.tensor(lengths)" in f for f in found), found
 
 
