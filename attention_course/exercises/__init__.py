@@ -117,3 +117,12 @@ def call(fn, *args, what: str):
         raise
     except Exception as err:  # the learner's code may raise anything; report it, do not hide it
         raise raised(err, what) from err
+
+
+def __getattr__(name: str):
+    """``check_multihead_attention`` (chapter 7) from here too, loaded on first use: its module imports this one."""
+    if name == "check_multihead_attention":
+        from .ch07 import check_multihead_attention
+
+        return check_multihead_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

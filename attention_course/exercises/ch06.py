@@ -293,6 +293,76 @@ def _check_dropout(cls, mha, query, kpm, D, h) -> None:
                             f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
 
 
+def check_case(ours, mha, params, case, h: int) -> None:
+    """One forward case against torch's layer ``mha``: shapes, output, weights; a difference is named by rerunning
+    the reference with each classic mistake applied. ``case``: (name, query, key, value, key_padding_mask,
+    attn_mask, average_attn_weights)."""
+    name, query, key, value, kpm, attn_mask, average = case
+    B, D, d = query.shape[0], query.shape[-1], query.shape[-1] // h
+    setting = f"with {name}"
+    kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, average_attn_weights=average)
+    out, weights = _forward(ours, query, key, value, setting, **kwargs)
+    if weights is None:
+        raise ExerciseError(f"your layer returned None for the weights {setting}; with need_weights=True "
+                            f"(the default) torch returns them.")
+    want_out, want_w = mha(query, key, value, **kwargs)
+    Lq, Sk = query.shape[1], key.shape[1]
+    if tuple(out.shape) != (B, Lq, D):
+        raise ExerciseError(f"your output has shape {tuple(out.shape)} {setting}, expected (B, L, D) = {(B, Lq, D)}.")
+    want_shape = tuple(want_w.shape)
+    if tuple(weights.shape) != want_shape:
+        shape = tuple(weights.shape)
+        if shape == (B * h, Lq, Sk):
+            hint = (" These are the per-head weights in the flat (B*h, L, S) layout: view them as (B, h, L, S)"
+                    + (" and average over the heads with .mean(dim=1)." if average else "."))
+        elif average and shape == (B, h, Lq, Sk):
+            hint = " With average_attn_weights=True, average over the heads: weights.mean(dim=1)."
+        elif not average and shape == (B, Lq, Sk):
+            hint = " With average_attn_weights=False, return one matrix per head, (B, h, L, S), not their mean."
+        else:
+            hint = ""
+        raise ExerciseError(f"your weights have shape {shape} {setting}, torch's {want_shape}.{hint}")
+    diff_out, diff_w = max_diff(out, want_out), max_diff(weights, want_w)
+    if diff_out <= ATOL and diff_w <= ATOL:
+        return
+    again, _ = _forward(ours, query, key, value, setting, **kwargs)
+    if max_diff(again, out) > 0:
+        raise ExerciseError(_dropout_message(setting, max_diff(again, out)))
+    diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
+    mask = None
+    if kpm is not None or attn_mask is not None:
+        mask = torch.zeros(B, h, Lq, Sk, dtype=torch.bool)
+        if kpm is not None:
+            mask = mask | _as_ignore(kpm).view(B, 1, 1, Sk)
+        if attn_mask is not None:
+            mask = mask | _as_ignore(attn_mask)
+    variants = [
+        (dict(polarity="allow"), "the mask polarity is inverted: in nn.MultiheadAttention a bool True must mean "
+                                 "padding / ignore this key, False attend. Fill the scores with -inf where the "
+                                 "mask is True (masked_fill(mask, float('-inf'))), not where it is False."),
+        (dict(softmax_dim=-2), "the softmax ran over the queries (dim=-2 of the (B, h, L, S) scores): each "
+                               "query's weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
+        (dict(softmax_dim=1), "the softmax ran over the heads (dim=1 of the (B, h, L, S) scores): each query's "
+                              "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
+        (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
+                          f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
+        (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
+                                "transpose(1, 2); a direct reshape mixes tokens across heads (chapter 5)."),
+        (dict(in_bias=False), "in_proj_bias is not used: add the biases b_q, b_k, b_v (in_proj_bias.chunk(3)). "
+                              "torch starts them at zero, which is why a check with a fresh layer misses this."),
+        (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
+        (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
+    ]
+    for options, message in variants:
+        v_out, v_w = _reference(params, query, key, value, mask, h, average=average, **options)
+        if _matches(out, v_out) and _matches(weights, v_w):
+            raise ExerciseError(f"{setting}: {message} {diff}")
+    if diff_out > ATOL and diff_w <= ATOL:
+        raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
+                            f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
+    raise ExerciseError(f"{setting}, your layer differs from nn.MultiheadAttention {diff}.")
+
+
 def check_multihead(cls) -> None:
     """Check a multi-head attention class against ``nn.MultiheadAttention(batch_first=True)``.
 
@@ -324,69 +394,8 @@ def check_multihead(cls) -> None:
         ) from err
     params = {name: p.detach() for name, p in mha.named_parameters()}
     cases = _layer_cases(gen, B, L, S, D)
-    for name, query, key, value, kpm, attn_mask, average in cases:
-        setting = f"with {name}"
-        kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, average_attn_weights=average)
-        out, weights = _forward(ours, query, key, value, setting, **kwargs)
-        if weights is None:
-            raise ExerciseError(f"your layer returned None for the weights {setting}; with need_weights=True "
-                                f"(the default) torch returns them.")
-        want_out, want_w = mha(query, key, value, **kwargs)
-        Lq, Sk = query.shape[1], key.shape[1]
-        if tuple(out.shape) != (B, Lq, D):
-            raise ExerciseError(f"your output has shape {tuple(out.shape)} {setting}, expected (B, L, D) = {(B, Lq, D)}.")
-        want_shape = tuple(want_w.shape)
-        if tuple(weights.shape) != want_shape:
-            shape = tuple(weights.shape)
-            if shape == (B * h, Lq, Sk):
-                hint = (" These are the per-head weights in the flat (B*h, L, S) layout: view them as (B, h, L, S)"
-                        + (" and average over the heads with .mean(dim=1)." if average else "."))
-            elif average and shape == (B, h, Lq, Sk):
-                hint = " With average_attn_weights=True, average over the heads: weights.mean(dim=1)."
-            elif not average and shape == (B, Lq, Sk):
-                hint = " With average_attn_weights=False, return one matrix per head, (B, h, L, S), not their mean."
-            else:
-                hint = ""
-            raise ExerciseError(f"your weights have shape {shape} {setting}, torch's {want_shape}.{hint}")
-        diff_out, diff_w = max_diff(out, want_out), max_diff(weights, want_w)
-        if diff_out <= ATOL and diff_w <= ATOL:
-            continue
-        again, _ = _forward(ours, query, key, value, setting, **kwargs)
-        if max_diff(again, out) > 0:
-            raise ExerciseError(_dropout_message(setting, max_diff(again, out)))
-        diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
-        mask = None
-        if kpm is not None or attn_mask is not None:
-            mask = torch.zeros(B, h, Lq, Sk, dtype=torch.bool)
-            if kpm is not None:
-                mask = mask | _as_ignore(kpm).view(B, 1, 1, Sk)
-            if attn_mask is not None:
-                mask = mask | _as_ignore(attn_mask)
-        variants = [
-            (dict(polarity="allow"), "the mask polarity is inverted: in nn.MultiheadAttention a bool True must mean "
-                                     "padding / ignore this key, False attend. Fill the scores with -inf where the "
-                                     "mask is True (masked_fill(mask, float('-inf'))), not where it is False."),
-            (dict(softmax_dim=-2), "the softmax ran over the queries (dim=-2 of the (B, h, L, S) scores): each "
-                                   "query's weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
-            (dict(softmax_dim=1), "the softmax ran over the heads (dim=1 of the (B, h, L, S) scores): each query's "
-                                  "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
-            (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
-                              f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
-            (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
-                                    "transpose(1, 2); a direct reshape mixes tokens across heads (chapter 5)."),
-            (dict(in_bias=False), "in_proj_bias is not used: add the biases b_q, b_k, b_v (in_proj_bias.chunk(3)). "
-                                  "torch starts them at zero, which is why a check with a fresh layer misses this."),
-            (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
-            (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
-        ]
-        for options, message in variants:
-            v_out, v_w = _reference(params, query, key, value, mask, h, average=average, **options)
-            if _matches(out, v_out) and _matches(weights, v_w):
-                raise ExerciseError(f"{setting}: {message} {diff}")
-        if diff_out > ATOL and diff_w <= ATOL:
-            raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
-                                f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
-        raise ExerciseError(f"{setting}, your layer differs from nn.MultiheadAttention {diff}.")
+    for case in cases:
+        check_case(ours, mha, params, case, h)
     # Gradients, once forward agrees: of the inputs and of every parameter.
     name, query, key, value, kpm, attn_mask, average = cases[5]
     grads = {}

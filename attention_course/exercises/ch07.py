@@ -1,0 +1,245 @@
+"""Checker for chapter 7, the bug clinic: :func:`check_multihead_attention`, a whole layer put through a battery.
+
+Where chapter 6's :func:`~attention_course.exercises.ch06.check_multihead` checks the layer a learner writes in
+that chapter, this one takes any implementation with the interface of ``attention_course.MultiheadAttention`` (a
+factory ``factory(embed_dim, num_heads, bias)``; torch's parameter names or a ``from_torch`` constructor) and runs
+every check the chapter's bugs fail, in order, naming the first that fails. A difference is diagnosed by rerunning
+the reference with each classic mistake applied (chapter 6's list), never by reading the learner's code.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import warnings
+
+import torch
+from torch import nn
+
+from . import ATOL, DTYPE, ExerciseError, call, max_diff, passed
+from .ch06 import (
+    _check_empty_rows, _check_large_logits, _dropout_message, _forward, _layer_cases, _torch_layer, check_case,
+)
+
+TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes milliseconds
+
+
+def _in_time(fn, what: str):
+    """``fn()``, or an ExerciseError if it has not returned after TIMEOUT_S (an endless loop must not hang the
+    checker; the thread it runs in is left behind, as a daemon)."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as err:  # reported below, in the checker's thread
+            result["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(TIMEOUT_S)
+    if worker.is_alive():
+        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop?")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _build(factory, D: int, h: int, bias: bool, mha: nn.MultiheadAttention) -> nn.Module:
+    """The learner's layer holding ``mha``'s weights: by parameter names, else through ``from_torch``."""
+    what = f"factory({D}, {h}, bias={bias})"
+    layer = _in_time(lambda: call(factory, D, h, bias, what=what), what)
+    if not isinstance(layer, nn.Module):
+        raise ExerciseError(f"{what} returned {type(layer).__name__}; it must return an nn.Module.")
+    layer = layer.to("cpu", DTYPE)
+    try:
+        layer.load_state_dict(mha.state_dict())
+    except RuntimeError as err:
+        if not hasattr(type(layer), "from_torch"):
+            have = sorted(name for name, _ in layer.named_parameters())
+            want = sorted(name for name, _ in mha.named_parameters())
+            raise ExerciseError(
+                f"torch's weights do not load into {what}: it has parameters {have}, nn.MultiheadAttention has "
+                f"{want}. Use torch's names and shapes, or give the class a from_torch(mha) classmethod."
+            ) from err
+        layer = call(type(layer).from_torch, mha, what=f"{type(layer).__name__}.from_torch").to("cpu", DTYPE)
+    return layer.eval()
+
+
+def _bad_shapes(layer, x, memory, kpm_cross) -> str | None:
+    """A wrong shape must raise, not broadcast: a (B, L) padding mask where (B, S) goes, a query of width D + 1."""
+    B, L, D = x.shape
+    tries = [
+        (f"a key_padding_mask of shape (B, L) = {(B, L)} for keys of length S = {memory.shape[1]}",
+         lambda: layer(x, memory, memory, key_padding_mask=kpm_cross[:, :L])),
+        (f"a query of width D + 1 = {D + 1}", lambda: layer(torch.cat([x, x[..., :1]], -1), memory, memory)),
+    ]
+    for name, attempt in tries:
+        try:
+            _in_time(attempt, f"your layer with {name}")
+        except ExerciseError:
+            raise
+        except Exception:
+            continue  # raised: right
+        return (f"your layer accepted {name} without an error. A shape that does not fit must raise (as torch "
+                f"does): a silently broadcast mask masks the wrong keys.")
+    return None
+
+
+def check_multihead_attention(factory) -> None:
+    """Check ``factory(embed_dim, num_heads, bias)`` -> a multi-head attention layer against
+    ``nn.MultiheadAttention(batch_first=True)``, with every weight and bias random and non-zero.
+
+    The layer has the interface of ``attention_course.MultiheadAttention``: ``forward(query, key, value,
+    key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` returning ``(output,
+    weights)``, and torch's parameter names or a ``from_torch`` classmethod. Checks, in order: the layer builds and
+    takes torch's weights; self- and cross-attention with no mask, bool and float masks, a causal and a per-head
+    (B*h, L, S) mask, per-head weights; need_weights=False; gradients of inputs and parameters; two identical
+    calls; training mode; bias=False; scores in the thousands; queries with no key; wrong shapes raise; float32;
+    nothing printed or warned.
+    Raises ``ExerciseError`` naming the first failing check; prints "all N checks passed" otherwise.
+    """
+    gen = torch.Generator().manual_seed(13)
+    B, L, S, D, h = 2, 4, 5, 6, 3
+    mha = _torch_layer(D, h, gen).eval()
+    params = {name: p.detach() for name, p in mha.named_parameters()}
+    cases = _layer_cases(gen, B, L, S, D)
+    x, memory, kpm_self, kpm_cross = cases[0][1], cases[5][2], cases[1][4], cases[5][4]
+    per_head = torch.rand(B * h, L, L, generator=gen) < 0.3
+    per_head[..., 0] = False  # every query keeps a key
+    cases.append(("a per-head (B*h, L, S) bool attn_mask", x, x, x, None, per_head, False))
+    done = []
+
+    def check(name, run):
+        try:
+            _in_time(run, f"your layer ({name})")
+        except ExerciseError as err:
+            raise ExerciseError(f"check {len(done) + 1} ({name}) failed: {err}") from err
+        done.append(name)
+
+    ours = None
+
+    def build():
+        nonlocal ours
+        ours = _build(factory, D, h, True, mha)
+
+    check("build the layer and load torch's weights", build)
+
+    def quiet():
+        with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _forward(ours, x, x, x, "with a padding mask", key_padding_mask=kpm_self)
+        if printed.getvalue():
+            raise ExerciseError(f"your layer prints at every call ({printed.getvalue().strip()[:60]!r}): a debug "
+                                f"print left in forward. Remove it, or use logging at debug level.")
+        if caught:
+            raise ExerciseError(f"your layer warns at every call ({caught[0].category.__name__}: "
+                                f"{str(caught[0].message)[:90]}). Warnings at every call hide the ones that matter; "
+                                f"a common cause is a size kept as a tensor: use an int and math.sqrt.")
+
+    check("no output and no warnings", quiet)
+    for case in cases:
+        check(case[0], lambda case=case: check_case(ours, mha, params, case, h))
+
+    def no_weights():
+        out, weights = call(lambda: ours(x, memory, memory, key_padding_mask=kpm_cross, need_weights=False),
+                            what="your layer with need_weights=False")
+        if weights is not None:
+            raise ExerciseError("with need_weights=False torch returns None for the weights; yours returned them.")
+        want = mha(x, memory, memory, key_padding_mask=kpm_cross, need_weights=False)[0]
+        if max_diff(out, want) > ATOL:
+            raise ExerciseError(f"with need_weights=False the output differs by {max_diff(out, want):.2g}.")
+
+    check("need_weights=False", no_weights)
+
+    def gradients():
+        grads = {}
+        for label, layer in (("yours", ours), ("torch", mha)):
+            layer.zero_grad()
+            q_in, kv_in = x.clone().requires_grad_(), memory.clone().requires_grad_()
+            out, weights = layer(q_in, kv_in, kv_in, key_padding_mask=kpm_cross)
+            (out.pow(2).sum() + weights.pow(2).sum()).backward()
+            grads[label] = {"query": q_in.grad, "key/value": kv_in.grad,
+                            **{n: p.grad for n, p in layer.named_parameters()}}
+        mine = grads["yours"]
+        named = {n for n in grads["torch"] if n not in ("query", "key/value")}
+        # a layer built by from_torch may keep torch's parameters under a prefix (inner.in_proj_weight); one with
+        # names of its own has only its input gradients compared
+        found = {n: [k for k in mine if k == n or k.endswith("." + n)] for n in named}
+        for what, want in grads["torch"].items():
+            if what in named and len(found[what]) != 1:
+                if any(found.values()):
+                    raise ExerciseError(f"your layer has no parameter named like torch's {what}.")
+                continue
+            got = mine.get(found[what][0] if what in named else what)
+            if got is None or max_diff(got, want) > ATOL:
+                size = "missing" if got is None else f"off by {max_diff(got, want):.2g}"
+                raise ExerciseError(f"the gradient of {what} is {size} (cross-attention with padding): look for "
+                                    f".detach(), .data, in-place writes, or a tensor rebuilt with torch.tensor().")
+
+    check("gradients of the inputs and of every parameter", lambda: call(gradients, what="backward"))
+
+    def twice():
+        first, _ = _forward(ours, x, x, x, "in eval mode", key_padding_mask=kpm_self)
+        second, _ = _forward(ours, x, x, x, "in eval mode", key_padding_mask=kpm_self)
+        if max_diff(first, second) > 0:
+            raise ExerciseError(_dropout_message("in eval mode", max_diff(first, second))
+                                + " (Layers created inside forward also change at every call.)")
+
+    check("two identical calls give the same output", twice)
+
+    def training_mode():
+        ours.train()
+        try:
+            out, _ = _forward(ours, x, x, x, "in training mode", key_padding_mask=kpm_self)
+        finally:
+            ours.eval()
+        want, _ = mha(x, x, x, key_padding_mask=kpm_self)
+        if max_diff(out, want) > ATOL:
+            raise ExerciseError(f"in training mode, with the default dropout of 0, your output differs by "
+                                f"{max_diff(out, want):.2g}: torch's default dropout is 0.0, so train and eval "
+                                f"agree unless you ask for dropout.")
+
+    check("training mode with dropout 0", training_mode)
+
+    def without_bias():
+        plain = nn.MultiheadAttention(D, h, bias=False, batch_first=True, dtype=DTYPE)
+        with torch.no_grad():
+            for p in plain.parameters():
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=DTYPE))
+        layer = _build(factory, D, h, False, plain)
+        out, _ = _forward(layer, x, memory, memory, "built with bias=False", key_padding_mask=kpm_cross)
+        want, _ = plain.eval()(x, memory, memory, key_padding_mask=kpm_cross)
+        if max_diff(out, want) > ATOL:
+            raise ExerciseError(f"built with bias=False your output differs by {max_diff(out, want):.2g}: without "
+                                f"biases every projection is x @ W.T alone.")
+
+    check("bias=False", without_bias)
+    check("scores in the thousands", lambda: _check_large_logits(ours, mha, params, gen, B, L, D, h))
+    notes = []
+    check("queries with no key", lambda: notes.append(_check_empty_rows(ours, mha, gen, B, D)))
+
+    def shapes():
+        problem = _bad_shapes(ours, x, memory, kpm_cross)
+        if problem:
+            raise ExerciseError(problem)
+
+    check("wrong shapes raise", shapes)
+
+    def float32():
+        layer32, mha32 = ours.float(), mha.float()
+        try:
+            out, _ = _forward(layer32, x.float(), memory.float(), memory.float(), "in float32",
+                              key_padding_mask=kpm_cross)
+            want, _ = mha32(x.float(), memory.float(), memory.float(), key_padding_mask=kpm_cross)
+        finally:
+            ours.double(), mha.double()
+        if max_diff(out, want) > 1e-4:
+            raise ExerciseError(f"in float32 your output differs by {max_diff(out, want):.2g} (torch's agrees with "
+                                f"float64 to about 1e-6): look for a constant or a tensor built in float64.")
+
+    check("float32", float32)
+    passed(f"all {len(done)} checks passed: outputs, weights and gradients = torch's to 1e-10 in float64, masks "
+           f"of every kind, both layouts of weights, train and eval, no bias, large scores, bad shapes."
+           + (notes[0] if notes else ""))
+

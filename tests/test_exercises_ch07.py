@@ -1,0 +1,232 @@
+"""check_multihead_attention: correct layers pass (ours, a thin wrapper of torch's), each classic mistake is caught
+and named where a diagnosis applies, and a broken layer never hangs or crashes the checker."""
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_course import MultiheadAttention
+from attention_course.exercises import ExerciseError, check_multihead_attention
+from attention_course.exercises import ch07
+
+
+class Layer(nn.Module):
+    """A correct multi-head layer, each step a method a test can break."""
+
+    def __init__(self, D, h, bias=True, dropout=0.0):
+        super().__init__()
+        self.D, self.h, self.d, self.p = D, h, D // h, dropout
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * D, D) / math.sqrt(D))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * D)) if bias else None
+        self.out_proj = nn.Linear(D, D, bias=bias)
+
+    def proj(self, q, k, v):
+        bias = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else [None] * 3
+        return [F.linear(t, w, b) for t, w, b in zip((q, k, v), self.in_proj_weight.chunk(3), bias)]
+
+    def split(self, t):
+        return t.unflatten(-1, (self.h, self.d)).transpose(1, 2)
+
+    def scale(self):
+        return math.sqrt(self.d)
+
+    def fill(self, scores, mask):
+        return scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+
+    def soft(self, scores):
+        empty = torch.isneginf(scores).all(-1, keepdim=True)
+        return torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+
+    def drop(self, w):
+        return F.dropout(w, self.p, training=self.training)
+
+    def weights_out(self, w, average):
+        return w.mean(1) if average else w
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True):
+        q, k, v = (self.split(t) for t in self.proj(query, key, value))
+        B, h, L, S = q.shape[0], self.h, q.shape[2], k.shape[2]
+        scores = q @ k.transpose(-2, -1) / self.scale()
+        if key_padding_mask is not None:
+            scores = self.fill(scores, key_padding_mask.view(B, 1, 1, S))
+        if attn_mask is not None:
+            scores = self.fill(scores, attn_mask if attn_mask.dim() == 2 else attn_mask.view(B, h, L, S))
+        w = self.drop(self.soft(scores))
+        out = self.out_proj((w @ v).transpose(1, 2).flatten(2))
+        return out, (self.weights_out(w, average_attn_weights) if need_weights else None)
+
+
+def mistake(**methods):
+    return type("Mistake", (Layer,), methods)
+
+
+def verdict(cls):
+    with pytest.raises(ExerciseError) as info:
+        check_multihead_attention(lambda D, h, bias: cls(D, h, bias))
+    return str(info.value)
+
+
+def test_correct_layers_pass(capsys):
+    check_multihead_attention(lambda D, h, bias: Layer(D, h, bias))
+    check_multihead_attention(lambda D, h, bias: MultiheadAttention(D, h, bias=bias))
+    assert "checks passed" in capsys.readouterr().out
+
+
+class TorchWrapper(nn.Module):
+    """A thin wrapper around nn.MultiheadAttention, with parameter names of its own and a from_torch."""
+
+    def __init__(self, D, h, bias=True):
+        super().__init__()
+        self.inner = nn.MultiheadAttention(D, h, bias=bias, batch_first=True)
+
+    @classmethod
+    def from_torch(cls, mha):
+        layer = cls(mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
+        layer.inner = copy.deepcopy(mha)
+        return layer
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
+    check_multihead_attention(lambda D, h, bias: TorchWrapper(D, h, bias))
+    out = capsys.readouterr().out
+    assert "all 18 checks passed" in out and "NaN, as torch's do" in out
+
+
+class NoParameters(nn.Module):
+    def __init__(self, D, h, bias=True):
+        super().__init__()
+        self.D = D
+
+    def forward(self, query, key, value, **kwargs):
+        qkv = nn.Linear(self.D, 3 * self.D).to(query)  # new weights at every call
+        q, k, v = qkv(query).chunk(3, -1)
+        w = torch.softmax(q @ k.transpose(-2, -1), -1)
+        return w @ v, w
+
+
+def wrong_branch(self, scores, mask):
+    return scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf")) \
+        if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[2] == 1 else scores
+
+
+def no_bias_proj(self, q, k, v):
+    return [t @ w.T for t, w in zip((q, k, v), self.in_proj_weight.chunk(3))]
+
+
+def flat(self, w, average):
+    return w.flatten(0, 1)
+
+
+def prints(self, scores):
+    print("scores", tuple(scores.shape))
+    return Layer.soft(self, scores)
+
+
+def warns(self):
+    return math.sqrt(torch.tensor(torch.tensor(self.d)))
+
+
+class SelfOnly(Layer):
+    def forward(self, x, key_padding_mask=None):
+        return super().forward(x, x, x, key_padding_mask=key_padding_mask)
+
+
+class Endless(Layer):
+    def forward(self, *args, **kwargs):
+        while True:
+            pass
+
+
+class WrongShapesAccepted(Layer):
+    def forward(self, query, key, value, key_padding_mask=None, **kwargs):
+        if key_padding_mask is not None and key_padding_mask.shape[1] != key.shape[1]:
+            key_padding_mask = None  # silently drops a mask that does not fit
+        return super().forward(query[..., :self.D], key, value, key_padding_mask, **kwargs)
+
+
+MISTAKES = [  # (name, class, key words of the verdict)
+    ("layers created in forward", NoParameters, ["check 1 ", "do not load", "parameters []"]),
+    ("masking the scores' values", mistake(fill=lambda self, s, m: s.masked_fill(s == 0, -1e20)),
+     ["key_padding_mask", "differs"]),
+    ("a branch with the wrong mask", mistake(fill=wrong_branch), ["differs"]),
+    ("missing in_proj biases", mistake(proj=no_bias_proj), ["in_proj_bias is not used"]),
+    ("mask polarity", mistake(fill=lambda self, s, m: s.masked_fill(~m, float("-inf"))
+                              if m.dtype == torch.bool else s + m), ["polarity is inverted"]),
+    ("a -1e9 fill", mistake(fill=lambda self, s, m: s.masked_fill(m, -1e9) if m.dtype == torch.bool else
+                            (s + m).clamp(min=-1e9), soft=lambda self, s: torch.softmax(s, -1)), ["no key", "-1e9"]),
+    ("dropout at evaluation", mistake(drop=lambda self, w: F.dropout(w, 0.1)), ["dropout is active in eval mode"]),
+    ("heads split without transpose", mistake(split=lambda self, t: t.reshape(t.shape[0], self.h, -1, self.d)),
+     ["without the transpose"]),
+    ("sqrt(D)", mistake(scale=lambda self: math.sqrt(self.D)), ["sqrt(D)"]),
+    ("softmax over the queries", mistake(soft=lambda self, s: torch.softmax(s, -2)), ["over the queries"]),
+    ("head size as a tensor", mistake(scale=warns), ["warns at every call", "int"]),
+    ("weights per (B*h)", mistake(weights_out=flat), ["flat (B*h, L, S) layout"]),
+    ("self-attention only", SelfOnly, ["raised TypeError"]),
+    ("a debug print", mistake(soft=prints), ["prints at every call", "debug print"]),
+    ("a naive softmax", mistake(soft=lambda self, s: s.exp() / s.exp().sum(-1, keepdim=True)),
+     ["subtract", "max"]),
+    ("a default dropout of 0.1", type("Default", (Layer,), {"__init__": lambda self, D, h, bias=True:
+                                                          Layer.__init__(self, D, h, bias, dropout=0.1)}),
+     ["training mode", "dropout"]),
+    ("wrong shapes accepted", WrongShapesAccepted, ["without an error", "broadcast"]),
+]
+
+
+@pytest.mark.parametrize("name, cls, words", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_each_mistake_is_caught_and_named(name, cls, words):
+    message = verdict(cls)
+    assert message.startswith("check "), message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine a discarded .to('cuda') runs")
+def test_a_hard_coded_gpu_call_is_reported_on_the_cpu():
+    class GPU(Layer):
+        def fill(self, scores, mask):
+            mask.to("cuda")  # a device call, result discarded: fails without CUDA
+            return super().fill(scores, mask)
+
+    message = verdict(GPU)
+    assert "raised" in message and ("CUDA" in message or "cuda" in message)
+
+
+def test_an_endless_layer_does_not_hang_the_checker(monkeypatch):
+    monkeypatch.setattr(ch07, "TIMEOUT_S", 0.5)
+    message = verdict(Endless)
+    assert "did not return within" in message and "endless loop" in message
+
+
+def test_a_factory_that_returns_no_module_or_raises():
+    with pytest.raises(ExerciseError, match="must return an nn.Module"):
+        check_multihead_attention(lambda D, h, bias: "layer")
+    with pytest.raises(ExerciseError, match=r"factory\(6, 3, bias=True\) raised ZeroDivisionError"):
+        check_multihead_attention(lambda D, h, bias: 1 / 0)
+
+
+def test_gradients_cut_by_detach_are_caught():
+    cls = mistake(soft=lambda self, s: Layer.soft(self, s).detach())
+    assert "gradient" in verdict(cls)
+
+
+def test_float64_constants_are_caught_in_float32():
+    class Float64Scale(Layer):
+        def scale(self):
+            return torch.tensor(math.sqrt(self.d), dtype=torch.float64) + 1e-3 * (self.in_proj_weight.dtype
+                                                                                   == torch.float32)
+
+    assert "float32" in verdict(Float64Scale)
+
+
+def test_no_warning_from_a_correct_layer():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_multihead_attention(lambda D, h, bias: Layer(D, h, bias))
