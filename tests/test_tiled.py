@@ -174,7 +174,8 @@ def test_peak_memory_counts_what_a_call_allocates():
 
 
 def test_attention_core_checks_parity_and_reports_targets():
-    report, results = bench.attention_core(1, 2, 96, 8, block_size=32, repeats=1, masks=("none",), flex=False)
+    report, results = bench.attention_core(1, 2, 96, 8, block_size=32, repeats=1, masks=("none",), flex=False,
+                                          targets=True)
     assert "parity with F.scaled_dot_product_attention checked before timing: ok" in report
     assert "targets, no mask: tiled peak memory" in report and "GFLOP/s" in report
     assert set(results) == {("none", name) for name in bench.CORE_NAMES}
