@@ -324,6 +324,7 @@ def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("no
     q, k, v = (torch.randn(B, h, L, d, generator=gen).to(device) for _ in range(3))
     L_small = block_size + 45  # two query and two key blocks, the last ones partial
     small = [torch.randn(2, 2, L_small, 16, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
+    flex = flex and flex_implementation(L_small, False, "eager") is not None  # torch 2.5 or later
     rate = matmul_rate(device=device)
     flops = 4 * B * h * L * L * d
     names = CORE_NAMES + ((FLEX_NAME,) if flex else ())
