@@ -91,11 +91,10 @@ def tiled_attention(
             attn_mask = _check_attn_mask(attn_mask, q, L, S)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    q = q * scale  # (..., L, d), scaled once rather than every tile
-    outputs = []
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # (..., L, dv), filled one block of queries at a time
     for i0 in range(0, L, block_size):
         i1 = min(i0 + block_size, L)
-        qi = q[..., i0:i1, :]  # (..., bq, d)
+        qi = q[..., i0:i1, :] * scale  # (..., bq, d), scaled once for all its tiles
         m = q.new_full((*qi.shape[:-1], 1), float("-inf"))  # (..., bq, 1) running maximum
         l = q.new_zeros(m.shape)  # (..., bq, 1) running normaliser  # noqa: E741
         acc = q.new_zeros((*qi.shape[:-1], v.shape[-1]))  # (..., bq, dv) running weighted sum
@@ -121,5 +120,5 @@ def tiled_attention(
             acc = correction * acc + p @ v[..., j0:j1, :]  # (..., bq, dv)
             m = m_new
         # A query that saw no key has l = 0 and acc = 0: divide by 1 instead, the output is 0.
-        outputs.append(acc / l.masked_fill(l == 0, 1.0))
-    return torch.cat(outputs, dim=-2)  # (..., L, dv)
+        out[..., i0:i1, :] = acc / l.masked_fill(l == 0, 1.0)  # autograd records the copy into the slice
+    return out  # (..., L, dv)
