@@ -18,6 +18,7 @@ from .multihead import MultiheadAttention
 from .parity import ParityReport, assert_close_report, compare, copy_weights
 from .plots import plot_attention, plot_mask
 from .scores import AdditiveScore, DotProductScore, SelfAttentionScore
+from .tiled import tiled_attention
 
 __all__ = [
     "AdditiveScore",
@@ -50,4 +51,5 @@ __all__ = [
     "seed_everything",
     "split_heads",
     "split_heads_flat",
+    "tiled_attention",
 ]

@@ -9,22 +9,44 @@ training mode (dropout 0) and backpropagates the sum of the output into the inpu
 The compiled rows (``torch.compile(layer, fullgraph=True)``, torch's layer and ours; ``--no-compile`` leaves them
 out) are checked like the others; their first calls compile, in the parity check and the warm-up, so the times are
 those of the compiled code alone.
+
+The attention-core section (``--section core``) times the core alone, softmax(q k^T / sqrt(d) + mask) v on
+q, k, v of shape (B, h, L, d), forward under ``torch.no_grad()``: the tutorial's explicit version, einsum, the
+package's two paths, torch's SDPA (the reference of the ratios), tiled attention and, compiled, flex_attention.
+Each one's output at the benchmark's size, and (except flex) its output and q, k, v gradients at a small size, are
+first checked against ``F.scaled_dot_product_attention``. Beside the times: achieved GFLOP/s, counting
+4 B h L^2 d operations (two matrix products of 2 B h L^2 d) whatever the mask; the fraction of this machine's
+measured float32 matrix-multiply rate; and the peak memory one forward call allocates (on the CPU: torch's
+allocations as recorded by ``torch.profiler`` with ``profile_memory=True``; on a GPU:
+``torch.cuda.max_memory_allocated``), above what was allocated before the call.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import statistics
+import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .masks import padding_mask
+from .functional import fused_attention, scaled_dot_product_attention
+from .masks import causal_mask, padding_mask
 from .multihead import MultiheadAttention
 from .parity import assert_close_report
+from .tiled import tiled_attention
 
-NAMES = ("torch (need_weights=False)", "ours fused (need_weights=False)", "ours explicit (need_weights=True)")
+NAMES = (
+    "torch (need_weights=False)",
+    "torch (need_weights=True)",
+    "fused QKV projection + SDPA",
+    "ours fused (need_weights=False)",
+    "ours explicit (need_weights=True)",
+)
 COMPILED_NAMES = ("torch compiled (need_weights=False)", "ours compiled (need_weights=False)")
 
 
@@ -38,11 +60,36 @@ def make_layers(D: int, h: int) -> tuple[nn.MultiheadAttention, MultiheadAttenti
     return ref, MultiheadAttention.from_torch(ref)
 
 
-def implementations(ref, ours, mask, compiled=()):
+class FusedQKV(nn.Module):
+    """Self-attention the way compact GPT code writes it: one (D, 3D) projection, split, SDPA, output projection.
+
+    Holds torch's layer's weights (``in_proj_weight`` is the stacked W_q; W_k; W_v already).
+    """
+
+    def __init__(self, ref: nn.MultiheadAttention):
+        super().__init__()
+        self.h = ref.num_heads
+        self.qkv = nn.Linear(ref.embed_dim, 3 * ref.embed_dim)
+        self.out = nn.Linear(ref.embed_dim, ref.embed_dim)
+        self.qkv.load_state_dict({"weight": ref.in_proj_weight, "bias": ref.in_proj_bias})
+        self.out.load_state_dict(ref.out_proj.state_dict())
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, L, d)
+        allow = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allow)  # (B, h, L, d)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+def implementations(ref, ours, mask, compiled=(), fused_qkv=None):
     """One function x -> output per entry of NAMES, then of COMPILED_NAMES when ``compiled`` holds the two
     compiled layers (self-attention with key padding ``mask`` or None)."""
+    fused_qkv = FusedQKV(ref) if fused_qkv is None else fused_qkv
     funcs = [
         lambda x: ref(x, x, x, key_padding_mask=mask, need_weights=False)[0],
+        lambda x: ref(x, x, x, key_padding_mask=mask, need_weights=True)[0],
+        lambda x: fused_qkv(x, key_padding_mask=mask),
         lambda x: ours(x, x, x, key_padding_mask=mask, need_weights=False)[0],
         lambda x: ours(x, x, x, key_padding_mask=mask, need_weights=True)[0],
     ]
@@ -96,26 +143,245 @@ def measure(funcs, layers, x: torch.Tensor, backward: bool, repeats: int) -> tup
     return medians, ratios
 
 
-def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m attention_course.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--quick", action="store_true", help="small sizes (B=2, L=64, D=64, h=4) and 3 repeats")
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="leave out the compiled rows")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.batch, args.length, args.dim, args.heads, args.repeats = 2, 64, 64, 4, 3
+# ---------------------------------------------------------------------------------------------- the attention core
+CORE_NAMES = (
+    "SDPA (torch, reference)",
+    "explicit, tutorial style",
+    "einsum",
+    "ours explicit (returns weights)",
+    "ours fused",
+    "tiled",
+)
+FLEX_NAME = "flex_attention (compiled)"
+
+
+def explicit_attention(q, k, v, ignore=None):
+    """The attention of a tutorial: scores, -inf where ``ignore`` is True, softmax, weighted sum."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L, S)
+    if ignore is not None:
+        scores = scores.masked_fill(ignore, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (B, h, L, d)
+
+
+def einsum_attention(q, k, v, ignore=None):
+    """The same with einsum, the index notation of the formulas."""
+    scores = torch.einsum("bhld,bhsd->bhls", q, k) / math.sqrt(q.shape[-1])  # (B, h, L, S)
+    if ignore is not None:
+        scores = scores.masked_fill(ignore, float("-inf"))
+    return torch.einsum("bhls,bhsd->bhld", torch.softmax(scores, dim=-1), v)  # (B, h, L, d)
+
+
+def core_implementations(L: int, causal: bool, block_size: int, device=None) -> list:
+    """One function (q, k, v) -> output (B, h, L, d) per entry of CORE_NAMES, self-attention, causal or not."""
+    ignore = causal_mask(L, device=device) if causal else None  # (L, S), True = blocked
+    return [
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        lambda q, k, v: explicit_attention(q, k, v, ignore),
+        lambda q, k, v: einsum_attention(q, k, v, ignore),
+        lambda q, k, v: scaled_dot_product_attention(q, k, v, ignore)[0],
+        lambda q, k, v: fused_attention(q, k, v, is_causal=causal),
+        lambda q, k, v: tiled_attention(q, k, v, is_causal=causal, block_size=block_size),
+    ]
+
+
+def flex_implementation(L: int, causal: bool, backend: str = "inductor", device=None):
+    """flex_attention compiled with ``backend`` (the causal mask as a mask_mod), or None where torch lacks it."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:  # pragma: no cover - torch older than 2.5
+        return None
+    compiled = torch.compile(flex_attention, backend=backend, dynamic=False)
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, L, L, device=device or "cpu")
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """torch.profiler's C++ side writes a line to the process's stderr each time it starts and stops: send file
+    descriptor 2 to /dev/null meanwhile (a Python exception is still raised, and printed after)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_memory(f, device=None) -> int:
+    """Bytes one call ``f()`` allocates at its peak, above what was allocated before (its result included).
+
+    GPU: ``torch.cuda.max_memory_allocated``. CPU: torch keeps no such statistic, so the call runs under
+    ``torch.profiler`` with ``profile_memory=True``, which records every allocation and free of torch's CPU
+    allocator; the peak is the largest running sum of those, in time order. (``tracemalloc`` sees only Python's
+    own allocations, not tensors; the process's resident size would also count memory the C library keeps.)
+    """
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        result = f()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        del result
+        return peak
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = f()
+    del result
+    allocations, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        event = todo.pop()
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            allocations.append((event.start_time_ns, event.extra_fields.alloc_size))  # < 0: a free
+        todo.extend(event.children)
+    now = peak = 0
+    for _, size in sorted(allocations):
+        now += size
+        peak = max(peak, now)
+    return peak
+
+
+def matmul_rate(n: int = 2048, repeats: int = 5, device=None) -> float:
+    """This machine's float32 matrix-multiply rate, GFLOP/s: the best of ``repeats`` (n, n) @ (n, n) products
+    (the best, not the median: the rate the hardware reaches, which other processes can only lower)."""
+    device = torch.device(device or "cpu")
+    a, b = torch.randn(n, n).to(device), torch.randn(n, n).to(device)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / min(times) / 1e9
+
+
+def check_core_parity(funcs, names, q, k, v, grads: bool) -> list[float]:
+    """Largest |output - SDPA's| per function (the first is SDPA); with ``grads`` also the q, k, v gradients.
+
+    Raises AssertionError (with the report of :func:`assert_close_report`) on the first disagreement.
+    """
+    tol = dict(atol=1e-8, rtol=1e-8) if q.dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+    results = []
+    for f in funcs:
+        with torch.set_grad_enabled(grads):
+            inputs = [t.detach().clone().requires_grad_(grads) for t in (q, k, v)]
+            out = f(*inputs)
+            if grads:
+                out.sum().backward()
+        results.append([out.detach()] + ([t.grad for t in inputs] if grads else []))
+    worst = [0.0]
+    for name, result in zip(names[1:], results[1:]):
+        for what, got, want in zip(("output", "grad q", "grad k", "grad v"), result, results[0]):
+            assert_close_report(got, want, f"{name}: {what}", **tol)
+        worst.append(max((got - want).abs().max().item() for got, want in zip(result, results[0])))
+    return worst
+
+
+def measure_core(funcs, q, k, v, repeats: int) -> tuple[list[float], list[float]]:
+    """Median forward seconds per function under no_grad, and the median ratio to the first function's time."""
+    times = [[] for _ in funcs]
+    with torch.no_grad():
+        for f in funcs:  # warm-up
+            f(q, k, v)
+        for r in range(repeats):
+            order = list(range(len(funcs)))
+            for i in order[r % len(order):] + order[: r % len(order)]:  # rotate who goes first
+                _sync(q.device)
+                start = time.perf_counter()
+                funcs[i](q, k, v)
+                _sync(q.device)
+                times[i].append(time.perf_counter() - start)
+    medians = [statistics.median(t) for t in times]
+    ratios = [statistics.median(t / t0 for t, t0 in zip(ts, times[0])) for ts in times]
+    return medians, ratios
+
+
+def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("none", "causal"), flex=True,
+                   backend="inductor", device=None, targets=False) -> tuple[str, dict]:
+    """The attention-core benchmark: the report's lines, and per (mask, name) a dict of what was measured.
+
+    ``targets``: add a line comparing tiled attention with the explicit version and SDPA against the course's
+    targets (set for B=1, h=8, L=4096, d=64: peak memory <= 5% of the explicit version's, forward <= 2.5x SDPA's
+    and no slower than the explicit version).
+    """
+    device = torch.device(device or "cpu")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, L, d, generator=gen).to(device) for _ in range(3))
+    L_small = block_size + 45  # two query and two key blocks, the last ones partial
+    small = [torch.randn(2, 2, L_small, 16, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
+    flex = flex and flex_implementation(L_small, False, "eager") is not None  # torch 2.5 or later
+    rate = matmul_rate(device=device)
+    flops = 4 * B * h * L * L * d
+    names = CORE_NAMES + ((FLEX_NAME,) if flex else ())
+    lines = [
+        f"attention core: q, k, v (B, h, L, d) = ({B}, {h}, {L}, {d}), float32, on {device}, forward under no_grad; "
+        f"tiled block_size={block_size}; median of {repeats} interleaved repeats",
+        f"float32 matmul (2048 x 2048 @ 2048 x 2048) here: {rate:.0f} GFLOP/s; attention counted as "
+        f"4 B h L^2 d = {flops / 1e9:.1f} GFLOP, also when causal (causal needs half of it)",
+        f"{'mask':<8}{'implementation':<33}{'|out - SDPA|':>13}{'forward ms':>11}{'ratio':>7}{'GFLOP/s':>9}"
+        f"{'of mm':>7}{'peak MiB':>10}",
+    ]
+    results = {}
+    for mask in masks:
+        causal = mask == "causal"
+        funcs = core_implementations(L, causal, block_size, device)
+        small_funcs = core_implementations(L_small, causal, block_size, device)
+        if flex:
+            funcs.append(flex_implementation(L, causal, backend, device))
+        check_core_parity(small_funcs, names, *small, grads=True)  # parity before speed: gradients, small size
+        with torch.no_grad():
+            diffs = check_core_parity(funcs, names, q, k, v, grads=False)  # and the output at this size
+        times, ratios = measure_core(funcs, q, k, v, repeats)
+        for name, f, diff, t, ratio in zip(names, funcs, diffs, times, ratios):
+            with torch.no_grad():
+                peak = peak_memory(lambda f=f: f(q, k, v), device)
+            gflops = flops / t / 1e9
+            results[mask, name] = dict(diff=diff, seconds=t, ratio=ratio, gflops=gflops, fraction=gflops / rate,
+                                       peak=peak)
+            lines.append(f"{mask:<8}{name:<33}{diff:>13.1e}{1e3 * t:>11.1f}{ratio:>7.2f}{gflops:>9.1f}"
+                         f"{gflops / rate:>7.0%}{peak / 2**20:>10.1f}")
+    lines.append(
+        "parity with F.scaled_dot_product_attention checked before timing: ok (output at this size; output and "
+        f"q, k, v gradients in float64 at (2, 2, {L_small}, 16){', except flex' if flex else ''})"
+    )
+    if targets and "none" in masks:
+        tiled, explicit, sdpa = (results["none", n] for n in ("tiled", "explicit, tutorial style", CORE_NAMES[0]))
+        memory = tiled["peak"] / explicit["peak"]
+        met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+        lines.append(
+            f"targets, no mask: tiled peak memory {memory:.1%} of the explicit version's "
+            f"{explicit['peak'] / 2**20:.0f} MiB (<= 5%: {met(memory <= 0.05)}); tiled forward "
+            f"{tiled['ratio']:.2f}x SDPA (<= 2.5x: {met(tiled['ratio'] <= 2.5)}) and "
+            f"{tiled['seconds'] / explicit['seconds']:.2f}x explicit (<= 1x: "
+            f"{met(tiled['seconds'] <= explicit['seconds'])})"
+        )
+    return "\n".join(lines), results
+
+
+def layer_section(args) -> str:
+    """The layers: ours against nn.MultiheadAttention, forward and fwd+bwd, with and without key padding."""
     B, L, D, h = args.batch, args.length, args.dim, args.heads
     ref, ours = make_layers(D, h)
+    fused_qkv = FusedQKV(ref)
     compiled = [torch.compile(m, fullgraph=True, backend=args.backend) for m in (ref, ours)] if args.compile else []
     names = NAMES + (COMPILED_NAMES if args.compile else ())
     x = torch.randn(B, L, D)
     masks = {"none": None, "padding": padding_mask(torch.linspace(L // 2, L, B).long(), L)}
-    load_before = os.getloadavg()[0]
     lines = [
         f"B={B}, L={L}, D={D}, heads={h}, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"median of {args.repeats} interleaved repeats"
@@ -123,19 +389,56 @@ def main(argv=None) -> str:
         f"{'mask':<9}{'implementation':<37}{'forward ms':>11}{'ratio':>7}{'fwd+bwd ms':>12}{'ratio':>7}",
     ]
     for mask_name, mask in masks.items():
-        funcs = implementations(ref, ours, mask, compiled)
+        funcs = implementations(ref, ours, mask, compiled, fused_qkv)
         check_parity(funcs, x, names)  # parity before speed
-        fwd, fwd_ratio = measure(funcs, (ref, ours), x, backward=False, repeats=args.repeats)
-        both, both_ratio = measure(funcs, (ref, ours), x, backward=True, repeats=args.repeats)
+        fwd, fwd_ratio = measure(funcs, (ref, ours, fused_qkv), x, backward=False, repeats=args.repeats)
+        both, both_ratio = measure(funcs, (ref, ours, fused_qkv), x, backward=True, repeats=args.repeats)
         for row in zip(names, fwd, fwd_ratio, both, both_ratio):
             name, t_fwd, r_fwd, t_both, r_both = row
             lines.append(f"{mask_name:<9}{name:<37}{1e3 * t_fwd:>11.1f}{r_fwd:>7.2f}{1e3 * t_both:>12.1f}{r_both:>7.2f}")
     lines.append("parity with nn.MultiheadAttention (output, input gradient) checked before timing: ok")
-    lines.append(
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m attention_course.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--section", choices=("all", "layer", "core"), default="all",
+                        help="the layers, the attention core, or both (default)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--core-batch", type=int, default=1)
+    parser.add_argument("--core-heads", type=int, default=8)
+    parser.add_argument("--core-length", type=int, default=4096)
+    parser.add_argument("--core-dim", type=int, default=64, help="head size d of the attention core")
+    parser.add_argument("--core-repeats", type=int, default=5)
+    parser.add_argument("--block-size", type=int, default=256, help="tiled attention's block size")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (layers B=2, L=64, D=64, h=4; core B=1, h=2, L=160, d=16) and 3 repeats")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out the compiled rows (and flex_attention)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.length, args.dim, args.heads, args.repeats = 2, 64, 64, 4, 3
+        args.core_batch, args.core_heads, args.core_length, args.core_dim = 1, 2, 160, 16
+        args.core_repeats, args.block_size = min(args.repeats, 3), 64
+    load_before = os.getloadavg()[0]
+    sections = []
+    if args.section in ("all", "layer"):
+        sections.append(layer_section(args))
+    if args.section in ("all", "core"):
+        sections.append(attention_core(
+            args.core_batch, args.core_heads, args.core_length, args.core_dim, args.block_size, args.core_repeats,
+            flex=args.compile, backend=args.backend, targets=True,
+        )[0])
+    sections.append(
         f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
         f"(a load above the CPU count means other processes shared them: expect noisier ratios)"
     )
-    report = "\n".join(lines)
+    report = "\n\n".join(sections)
     print(report)
     return report
 

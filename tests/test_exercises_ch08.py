@@ -1,0 +1,64 @@
+"""The exercise checker of chapter 8: merging two online-softmax states accepts a right merge and names each
+typical wrong one."""
+import pytest
+import torch
+
+from attention_course.exercises import ExerciseError
+from attention_course.exercises.ch08 import _reference_merge, check_merge_partials, partial_state
+
+
+def unscaled(m1, l1, acc1, m2, l2, acc2):  # adds sums taken under different maxima
+    return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+def nan_on_empty(m1, l1, acc1, m2, l2, acc2):  # exp(-inf - -inf) where both are -inf, or m1 - m with m = -inf
+    m = torch.maximum(m1, m2)
+    c1, c2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, c1 * l1 + c2 * l2, c1 * acc1 + c2 * acc2
+
+
+def wrong_max(m1, l1, acc1, m2, l2, acc2):
+    m, l, acc = _reference_merge(m1, l1, acc1, m2, l2, acc2)
+    return m1, l, acc
+
+
+def scaled_both(m1, l1, acc1, m2, l2, acc2):  # acc / l right, but l and acc on another reference
+    m, l, acc = _reference_merge(m1, l1, acc1, m2, l2, acc2)
+    return m, 2 * l, 2 * acc
+
+
+def swapped(m1, l1, acc1, m2, l2, acc2):
+    m, l, acc = _reference_merge(m1, l1, acc1, m2, l2, acc2)
+    return m, l, acc.flip(-1)
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def test_a_right_merge_passes(capsys):
+    check_merge_partials(_reference_merge)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (unscaled, "Rescale each one to the common maximum"),
+        (nan_on_empty, "exp(-inf - -inf)"),
+        (wrong_max, "torch.maximum"),
+        (scaled_both, "sum of exp(score - m)"),
+        (swapped, "differ by up to"),
+        (stub, "still the exercise's stub"),
+        (lambda *args: args[0], "must return a tuple (m, l, acc)"),
+    ],
+)
+def test_each_mistake_is_named(fn, words):
+    with pytest.raises(ExerciseError) as info:
+        check_merge_partials(fn)
+    assert words in str(info.value)
+
+
+def test_partial_state_of_an_empty_block():
+    m, l, acc = partial_state(torch.full((2, 3), float("-inf")), torch.ones(3, 4))
+    assert (m == float("-inf")).all() and (l == 0).all() and (acc == 0).all()
