@@ -26,7 +26,8 @@ TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes mil
 
 def _in_time(fn, what: str):
     """``fn()``, or an ExerciseError if it has not returned after TIMEOUT_S (an endless loop must not hang the
-    checker; the thread it runs in is left behind, as a daemon)."""
+    checker; the thread it runs in is left behind, as a daemon: Python cannot stop a thread, so the message says
+    to restart the kernel)."""
     result = {}
 
     def run():
@@ -39,7 +40,9 @@ def _in_time(fn, what: str):
     worker.start()
     worker.join(TIMEOUT_S)
     if worker.is_alive():
-        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop?")
+        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop? It is still running "
+                            f"in the background and slows down everything after it: restart the kernel once the "
+                            f"loop is fixed.")
     if "error" in result:
         raise result["error"]
     return result["value"]
