@@ -2,6 +2,7 @@
 and named where a diagnosis applies, and a broken layer never hangs or crashes the checker."""
 import copy
 import math
+import threading
 import warnings
 
 import pytest
@@ -19,6 +20,8 @@ class Layer(nn.Module):
 
     def __init__(self, D, h, bias=True, dropout=0.0):
         super().__init__()
+        if D % h:
+            raise ValueError(f"embed_dim {D} is not divisible by num_heads {h}")
         self.D, self.h, self.d, self.p = D, h, D // h, dropout
         self.in_proj_weight = nn.Parameter(torch.randn(3 * D, D) / math.sqrt(D))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * D)) if bias else None
@@ -53,12 +56,21 @@ class Layer(nn.Module):
         B, h, L, S = q.shape[0], self.h, q.shape[2], k.shape[2]
         scores = q @ k.transpose(-2, -1) / self.scale()
         if key_padding_mask is not None:
-            scores = self.fill(scores, key_padding_mask.view(B, 1, 1, S))
+            scores = self.pad(scores, key_padding_mask)
         if attn_mask is not None:
-            scores = self.fill(scores, attn_mask if attn_mask.dim() == 2 else attn_mask.view(B, h, L, S))
+            scores = self.attn(scores, attn_mask if attn_mask.dim() == 2 else attn_mask.view(B, h, L, S))
         w = self.drop(self.soft(scores))
-        out = self.out_proj((w @ v).transpose(1, 2).flatten(2))
+        out = self.out_proj(self.merge(w @ v))
         return out, (self.weights_out(w, average_attn_weights) if need_weights else None)
+
+    def pad(self, scores, kpm):  # (B, S) -> (B, 1, 1, S)
+        return self.fill(scores, kpm[:, None, None, :])
+
+    def attn(self, scores, mask):
+        return self.fill(scores, mask)
+
+    def merge(self, o):  # (B, h, L, d) -> (B, L, D)
+        return o.transpose(1, 2).flatten(2)
 
 
 def mistake(**methods):
@@ -97,7 +109,7 @@ class TorchWrapper(nn.Module):
 def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
     check_multihead_attention(lambda D, h, bias: TorchWrapper(D, h, bias))
     out = capsys.readouterr().out
-    assert "all 18 checks passed" in out and "NaN, as torch's do" in out
+    assert "all 19 checks passed" in out and "NaN, as torch's do" in out
 
 
 class NoParameters(nn.Module):
@@ -134,14 +146,40 @@ def warns(self):
     return math.sqrt(torch.tensor(torch.tensor(self.d)))
 
 
+class NoSizeCheck(Layer):
+    def __init__(self, D, h, bias=True):
+        nn.Module.__init__(self)
+        self.D, self.h, self.d, self.p = D, h, D // h, 0.0  # 10 // 4 = 2: heads of 2 features
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * D, D) / math.sqrt(D))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * D)) if bias else None
+        self.out_proj = nn.Linear(D, D, bias=bias)
+
+
+class ParameterCalled(Layer):
+    def proj(self, q, k, v):
+        return [w(t) for t, w in zip((q, k, v), (self.in_proj_weight,) * 3)]  # a Parameter called like a Linear
+
+
+class SplitWithQueryLength(Layer):
+    def forward(self, query, *args, **kwargs):
+        self.L = query.shape[1]  # kept for split: wrong for the keys when S != L
+        return super().forward(query, *args, **kwargs)
+
+    def split(self, t):
+        return t.view(t.shape[0], self.L, self.h, self.d).transpose(1, 2)
+
+
 class SelfOnly(Layer):
     def forward(self, x, key_padding_mask=None):
         return super().forward(x, x, x, key_padding_mask=key_padding_mask)
 
 
+RELEASE = threading.Event()  # set when the test is over: the checker leaves an endless layer's thread running
+
+
 class Endless(Layer):
     def forward(self, *args, **kwargs):
-        while True:
+        while not RELEASE.is_set():  # busy, like `while True: pass`, until the test releases it
             pass
 
 
@@ -155,8 +193,10 @@ class WrongShapesAccepted(Layer):
 MISTAKES = [  # (name, class, key words of the verdict)
     ("layers created in forward", NoParameters, ["check 1 ", "do not load", "parameters []"]),
     ("masking the scores' values", mistake(fill=lambda self, s, m: s.masked_fill(s == 0, -1e20)),
-     ["key_padding_mask", "differs"]),
+     ["key_padding_mask", "without any mask", "filled where a score is 0"]),
     ("a branch with the wrong mask", mistake(fill=wrong_branch), ["differs"]),
+    ("the attn_mask branch masks the padding again", mistake(attn=lambda self, s, m: s),
+     ["key_padding_mask alone", "its own mask"]),
     ("missing in_proj biases", mistake(proj=no_bias_proj), ["in_proj_bias is not used"]),
     ("mask polarity", mistake(fill=lambda self, s, m: s.masked_fill(~m, float("-inf"))
                               if m.dtype == torch.bool else s + m), ["polarity is inverted"]),
@@ -177,6 +217,22 @@ MISTAKES = [  # (name, class, key words of the verdict)
                                                           Layer.__init__(self, D, h, bias, dropout=0.1)}),
      ["training mode", "dropout"]),
     ("wrong shapes accepted", WrongShapesAccepted, ["without an error", "broadcast"]),
+    ("sizes that do not split into heads", NoSizeCheck, ["check 2 ", "10 features do not split into 4 heads"]),
+    ("a parameter called like a layer", ParameterCalled, ["'Parameter' object is not callable", "x @ W.T"]),
+    ("a float mask in masked_fill", mistake(fill=lambda self, s, m: s.masked_fill(m, float("-inf"))),
+     ["masked_fill", "added to the scores"]),
+    ("a (B, S) mask broadcast as (L, S)",
+     mistake(pad=lambda self, s, m: s.masked_fill(m, float("-inf"))), ["aligns it from the right", "[:, None, None, :]"]),
+    # the chapter's four find-the-bug exercises
+    ("heads merged without the transpose", mistake(merge=lambda self, o: o.reshape(o.shape[0], o.shape[2], -1)),
+     ["merged without undoing the split's transpose"]),
+    ("a padding mask that blocks queries",
+     mistake(pad=lambda self, s, m: s.masked_fill(m.view(m.shape[0], 1, m.shape[1], 1), float("-inf"))),
+     ["applied to the queries, not the keys"]),
+    ("a float mask multiplied", mistake(fill=lambda self, s, m: s * (m if m.dtype != torch.bool else
+                                                                  torch.zeros_like(s).masked_fill(m, -math.inf)).exp()),
+     ["mask"]),
+    ("keys split with the queries' length", SplitWithQueryLength, ["raised"]),
 ]
 
 
@@ -201,8 +257,11 @@ def test_a_hard_coded_gpu_call_is_reported_on_the_cpu():
 
 def test_an_endless_layer_does_not_hang_the_checker(monkeypatch):
     monkeypatch.setattr(ch07, "TIMEOUT_S", 0.5)
-    message = verdict(Endless)
-    assert "did not return within" in message and "endless loop" in message
+    try:
+        message = verdict(Endless)
+    finally:
+        RELEASE.set()  # a spinning thread left alive holds the GIL half the time: every later test would crawl
+    assert "did not return within" in message and "endless loop" in message and "restart the kernel" in message
 
 
 def test_a_factory_that_returns_no_module_or_raises():

@@ -65,11 +65,18 @@ def device_hint(err: Exception) -> str:
 
 
 def classic_hint(err: Exception) -> str:
-    """A hint for the errors every chapter meets: a device mismatch, .view on a transposed tensor."""
+    """A hint for the errors every chapter meets: a device mismatch, .view on a transposed tensor, a float mask in
+    masked_fill, a parameter called like a layer."""
     text = str(err)
     if "view size is not compatible" in text:
         return (" .view needs a tensor contiguous in memory, and transpose only swaps strides: call .contiguous() "
                 "before .view, or use .reshape.")
+    if "masked_fill" in text and "boolean" in text:
+        return (" A float mask is not a selection: it is added to the scores (-inf blocks, 0 keeps). Use "
+                "masked_fill for bool masks and scores + mask for float ones.")
+    if "'Parameter' object is not callable" in text:
+        return (" An nn.Parameter is a tensor, not a layer: multiply by it (x @ W.T), or make the projection an "
+                "nn.Linear, which is called.")
     return device_hint(err)
 
 
@@ -80,7 +87,10 @@ def raised(err: Exception, what: str) -> ExerciseError:
             f"{what} raised NotImplementedError: it is still the exercise's stub (# YOUR CODE HERE). Write its body "
             f"in place of `raise NotImplementedError()`, run that cell, then this one again."
         )
-    return ExerciseError(f"{what} raised {type(err).__name__}: {str(err).strip()}{classic_hint(err)}")
+    text, hint = str(err).strip(), classic_hint(err)
+    if hint and text and text[-1] not in ".!?":
+        text += "."
+    return ExerciseError(f"{what} raised {type(err).__name__}: {text}{hint}")
 
 
 def same_error(a: Exception, b: Exception) -> bool:

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ATOL, DTYPE, ExerciseError, call, close, describe_diff, max_diff, passed, raised, require_tensor
+from . import (
+    ATOL, DTYPE, ExerciseError, call, close, describe_diff, max_diff, passed, raised, require_tensor, same_error,
+)
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise: combine the masks
@@ -116,7 +118,8 @@ def _naive_softmax(scores, dim=-1):
 
 
 def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True, out_bias=True, scale="d",
-               transpose=True, out_proj=True, polarity="ignore", softmax_dim=-1, softmax=torch.softmax):
+               transpose=True, merge_transpose=True, out_proj=True, polarity="ignore", softmax_dim=-1,
+               softmax=torch.softmax):
     """Multi-head attention from torch's parameters; mask (B, h, L, S) bool ignore or None. Options = mistakes."""
     B, L, D = query.shape
     S, d = key.shape[1], D // h
@@ -132,7 +135,8 @@ def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True
     if mask is not None:
         scores = scores.masked_fill(~mask if polarity == "allow" else mask, float("-inf"))
     weights = softmax(scores, dim=softmax_dim)  # (B, h, L, S)
-    heads = (weights @ v).transpose(1, 2).reshape(B, L, D)
+    heads = weights @ v  # (B, h, L, d)
+    heads = (heads.transpose(1, 2) if merge_transpose else heads).reshape(B, L, D)
     out = F.linear(heads, params["out_proj.weight"], params["out_proj.bias"] if out_bias else None) if out_proj \
         else heads
     return out, (weights.mean(1) if average else weights)
@@ -181,11 +185,32 @@ def _dropout_message(setting: str, spread: float) -> str:
             f"F.dropout(weights, p, training=self.training), or an nn.Dropout module, which .eval() turns off.")
 
 
+def _broadcast_from_the_right(err: ExerciseError, query, key, kpm) -> bool:
+    """Whether ``err`` is the error that masking (B, L, S) or (B, h, L, S) scores with the bare (B, S) ``kpm`` gives
+    (found by making that mistake on zeros and comparing the errors)."""
+    if kpm is None or kpm.dim() != 2 or not isinstance(err.__cause__, RuntimeError):
+        return False
+    B, L, S = query.shape[0], query.shape[1], key.shape[1]
+    for shape in ((B, L, S), (B, 1, L, S)):
+        try:
+            torch.zeros(shape).masked_fill(torch.ones(kpm.shape, dtype=torch.bool), 0.0)
+        except RuntimeError as mistake:
+            if same_error(err.__cause__, mistake):
+                return True
+    return False
+
+
 def _forward(layer, query, key, value, setting: str, **kwargs):
     """(output, weights) of the learner's layer on the CPU, any exception reported with its likely cause."""
     try:
         answer = call(lambda: layer(query, key, value, **kwargs), what=f"your layer {setting}")
     except ExerciseError as err:
+        if _broadcast_from_the_right(err, query, key, kwargs.get("key_padding_mask")):
+            raise ExerciseError(
+                f"{str(err).rstrip('.')}. That is the error of a (B, S) key_padding_mask put against the (..., L, S) "
+                f"scores as it is: broadcasting aligns it from the right, as an (L, S) mask of the queries (silently "
+                f"wrong when B == L). Give it its query (and head) axes: key_padding_mask[:, None, None, :], "
+                f"(B, 1, 1, S).") from err
         if key.shape[1] != query.shape[1] and "view size" not in str(err):
             raise ExerciseError(f"{str(err).rstrip('.')}. Keys and values have S = {key.shape[1]} positions, "
                                 f"queries L = {query.shape[1]}: split k and v with key.shape[1], not the query's "
@@ -348,13 +373,35 @@ def check_case(ours, mha, params, case, h: int) -> None:
                           f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
         (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
                                 "transpose(1, 2); a direct reshape mixes tokens across heads (chapter 5)."),
+        (dict(merge_transpose=False), "the heads were merged without undoing the split's transpose: (B, h, L, d) "
+                                      "must become (B, L, h, d) with transpose(1, 2) before the reshape to (B, L, "
+                                      "D); a direct reshape hands each token pieces of other tokens."),
         (dict(in_bias=False), "in_proj_bias is not used: add the biases b_q, b_k, b_v (in_proj_bias.chunk(3)). "
                               "torch starts them at zero, which is why a check with a fresh layer misses this."),
         (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
         (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
     ]
+    if mask is not None:
+        variants.append((dict(mask=None), "your output is the one without any mask: the mask never reaches the "
+                                          "scores (filled where a score is 0 rather than where the mask is True? "
+                                          "a branch that skips it? a result not assigned back?)."))
+    if kpm is not None and attn_mask is not None:
+        pads_only = _as_ignore(kpm).view(B, 1, 1, Sk).expand(B, h, Lq, Sk)
+        variants.append((dict(mask=pads_only), "your output is the one with the key_padding_mask alone: the attn_mask "
+                                               "never reaches the scores (a branch that masks with the padding mask "
+                                               "again?). Each branch must use its own mask."))
+        variants.append((dict(mask=_as_ignore(attn_mask).expand(B, h, Lq, Sk)),
+                         "your output is the one with the attn_mask alone: the key_padding_mask is dropped when both "
+                         "are given. Combine them: a key is ignored if either mask ignores it."))
+    if kpm is not None and Lq == Sk:  # the padding given the query axis: it blanks query rows, not keys
+        on_queries = _as_ignore(kpm).view(B, 1, Lq, 1).expand(B, h, Lq, Sk)
+        if attn_mask is not None:
+            on_queries = on_queries | _as_ignore(attn_mask)
+        variants.append((dict(mask=on_queries), "the key_padding_mask was applied to the queries, not the keys: "
+                                                 "(B, S) becomes (B, 1, 1, S), one entry per key, so that every "
+                                                 "query ignores the pad keys; (B, 1, S, 1) blanks whole query rows."))
     for options, message in variants:
-        v_out, v_w = _reference(params, query, key, value, mask, h, average=average, **options)
+        v_out, v_w = _reference(params, query, key, value, options.pop("mask", mask), h, average=average, **options)
         if _matches(out, v_out) and _matches(weights, v_w):
             raise ExerciseError(f"{setting}: {message} {diff}")
     if diff_out > ATOL and diff_w <= ATOL:

@@ -26,7 +26,8 @@ TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes mil
 
 def _in_time(fn, what: str):
     """``fn()``, or an ExerciseError if it has not returned after TIMEOUT_S (an endless loop must not hang the
-    checker; the thread it runs in is left behind, as a daemon)."""
+    checker; the thread it runs in is left behind, as a daemon: Python cannot stop a thread, so the message says
+    to restart the kernel)."""
     result = {}
 
     def run():
@@ -39,7 +40,9 @@ def _in_time(fn, what: str):
     worker.start()
     worker.join(TIMEOUT_S)
     if worker.is_alive():
-        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop?")
+        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop? It is still running "
+                            f"in the background and slows down everything after it: restart the kernel once the "
+                            f"loop is fixed.")
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -93,7 +96,7 @@ def check_multihead_attention(factory) -> None:
     The layer has the interface of ``attention_course.MultiheadAttention``: ``forward(query, key, value,
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` returning ``(output,
     weights)``, and torch's parameter names or a ``from_torch`` classmethod. Checks, in order: the layer builds and
-    takes torch's weights; self- and cross-attention with no mask, bool and float masks, a causal and a per-head
+    takes torch's weights; 10 features in 4 heads are refused; self- and cross-attention with no mask, bool and float masks, a causal and a per-head
     (B*h, L, S) mask, per-head weights; need_weights=False; gradients of inputs and parameters; two identical
     calls; training mode; bias=False; scores in the thousands; queries with no key; wrong shapes raise; float32;
     nothing printed or warned.
@@ -124,6 +127,22 @@ def check_multihead_attention(factory) -> None:
         ours = _build(factory, D, h, True, mha)
 
     check("build the layer and load torch's weights", build)
+
+    def indivisible():
+        what = "factory(10, 4, bias=True)"
+        try:
+            _in_time(lambda: factory(10, 4, True), what)
+        except ExerciseError:
+            raise
+        except Exception:
+            return  # refused: right
+        raise ExerciseError(
+            f"{what} built a layer, but 10 features do not split into 4 heads. torch refuses it in the constructor "
+            f"(embed_dim must be divisible by num_heads); a layer that accepts it fails at its first call with a "
+            f"view error about shapes, or runs with heads of 10 // 4 = 2 features. Check embed_dim % num_heads == 0 "
+            f"in __init__ and raise a ValueError that says so.")
+
+    check("sizes that do not split into heads are refused", indivisible)
 
     def quiet():
         with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as caught:
