@@ -43,9 +43,10 @@ book: venv _build/.package-stamp
 
 # jupyter-cache keys a notebook's run on the notebook's own code alone, but the chapters print what the package
 # computes and embed its widgets' front-end code: after any change to attention_course/, forget the cached runs so
-# that no page shows outputs of an older package. (An unchanged rebuild still comes from the cache.)
+# that no page shows outputs of an older package, and Sphinx's saved environment, without which it would re-read
+# only the notebooks that changed. (An unchanged rebuild still comes from the cache.)
 _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css')
-	rm -rf _build/.jupyter_cache
+	rm -rf _build/.jupyter_cache _build/.doctrees
 	mkdir -p _build && touch $@
 
 $(GRADER)/.installed: Makefile
