@@ -318,6 +318,16 @@ def _check_dropout(cls, mha, query, kpm, D, h) -> None:
                             f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
 
 
+def _gradients(layer, query, memory, kpm) -> dict:
+    """Gradients of sum(out**2) + sum(weights**2) for cross-attention of ``query`` over ``memory``: of "query",
+    "key/value" and of every parameter of ``layer``, by name."""
+    layer.zero_grad()
+    q_in, kv_in = query.clone().requires_grad_(), memory.clone().requires_grad_()
+    out, weights = layer(q_in, kv_in, kv_in, key_padding_mask=kpm)
+    (out.pow(2).sum() + weights.pow(2).sum()).backward()
+    return {"query": q_in.grad, "key/value": kv_in.grad, **{n: p.grad for n, p in layer.named_parameters()}}
+
+
 def check_case(ours, mha, params, case, h: int) -> None:
     """One forward case against torch's layer ``mha``: shapes, output, weights; a difference is named by rerunning
     the reference with each classic mistake applied. ``case``: (name, query, key, value, key_padding_mask,
@@ -445,14 +455,7 @@ def check_multihead(cls) -> None:
         check_case(ours, mha, params, case, h)
     # Gradients, once forward agrees: of the inputs and of every parameter.
     name, query, key, value, kpm, attn_mask, average = cases[5]
-    grads = {}
-    for label, layer in (("yours", ours), ("torch", mha)):
-        layer.zero_grad()
-        q_in, kv_in = query.clone().requires_grad_(), key.clone().requires_grad_()
-        out, weights = layer(q_in, kv_in, kv_in, key_padding_mask=kpm)
-        (out.pow(2).sum() + weights.pow(2).sum()).backward()
-        grads[label] = {"query": q_in.grad, "key/value": kv_in.grad,
-                        **{n: p.grad for n, p in layer.named_parameters()}}
+    grads = {"yours": _gradients(ours, query, key, kpm), "torch": _gradients(mha, query, key, kpm)}
     for what, want in grads["torch"].items():
         got = grads["yours"].get(what)
         if got is None:

@@ -18,7 +18,8 @@ from torch import nn
 
 from . import ATOL, DTYPE, ExerciseError, call, max_diff, passed
 from .ch06 import (
-    _check_empty_rows, _check_large_logits, _dropout_message, _forward, _layer_cases, _torch_layer, check_case,
+    _check_empty_rows, _check_large_logits, _dropout_message, _forward, _gradients, _layer_cases, _torch_layer,
+    check_case,
 )
 
 TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes milliseconds
@@ -172,14 +173,7 @@ def check_multihead_attention(factory) -> None:
     check("need_weights=False", no_weights)
 
     def gradients():
-        grads = {}
-        for label, layer in (("yours", ours), ("torch", mha)):
-            layer.zero_grad()
-            q_in, kv_in = x.clone().requires_grad_(), memory.clone().requires_grad_()
-            out, weights = layer(q_in, kv_in, kv_in, key_padding_mask=kpm_cross)
-            (out.pow(2).sum() + weights.pow(2).sum()).backward()
-            grads[label] = {"query": q_in.grad, "key/value": kv_in.grad,
-                            **{n: p.grad for n, p in layer.named_parameters()}}
+        grads = {"yours": _gradients(ours, x, memory, kpm_cross), "torch": _gradients(mha, x, memory, kpm_cross)}
         mine = grads["yours"]
         named = {n for n in grads["torch"] if n not in ("query", "key/value")}
         # a layer built by from_torch may keep torch's parameters under a prefix (inner.in_proj_weight); one with
