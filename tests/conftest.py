@@ -27,3 +27,26 @@ def make_pair(embed_dim=8, num_heads=2, dtype=torch.float64, seed=0, **kwargs):
 def pair():
     """A factory: ``pair(embed_dim, num_heads, dtype=..., seed=..., **kwargs) -> (torch_layer, our_layer)``."""
     return make_pair
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The checkers' mutation scores (tests/test_mutation.py): per checker, mutants rejected and mutants named."""
+    from mutants import RESULTS
+
+    if not RESULTS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("mutation scores of the exercise checkers")
+    write(f"{'checker':42} {'mutants':>7} {'rejected':>8} {'named':>6}  score")
+    totals = [0, 0, 0]
+    for checker, verdicts in RESULTS.items():
+        n = len(verdicts)
+        rejected = sum(v.startswith("rejected") or v == "named" for v in verdicts.values())
+        good = sum(v == "named" for v in verdicts.values())
+        totals = [totals[0] + n, totals[1] + rejected, totals[2] + good]
+        write(f"{checker:42} {n:7d} {rejected:8d} {good:6d}  {good / n:5.0%}")
+        for mutant, verdict in verdicts.items():
+            if verdict != "named":
+                write(f"    {verdict}: {mutant}")
+    n, rejected, good = totals
+    write(f"{'all checkers':42} {n:7d} {rejected:8d} {good:6d}  {good / max(n, 1):5.0%}")
