@@ -185,7 +185,7 @@ def test_merge_heads_accepts_right_answers(capsys):
      r"token 0 of sentence 0 holds features of several tokens.*straight to \(B, L, D\) without transposing"),
     (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*\.contiguous\(\)\.view"),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), r"interleaved"),
-    (lambda x: x.transpose(1, 2), r"shape \(2, 4, 2, 4\).*merge the last two axes with .flatten\(2\)"),
+    (lambda x: x.transpose(1, 2), r"shape \(2, 4, 2, 4\).*join the last two axes with .flatten\(2\)"),
     (lambda x: merge_right(x).flip(1), r"token 0 of sentence 0 holds token 3's features 0..7"),
 ])
 def test_merge_heads_names_each_mistake(wrong, message):
