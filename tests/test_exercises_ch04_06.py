@@ -54,7 +54,7 @@ def test_self_attention_accepts_a_right_answer(capsys):
     (dict(mask_rows=True, fill=-1e9), "masked the padded QUERIES"),
     (dict(softmax_dim=1), "COLUMNS sum to 1"),
     (dict(transpose_w=True), "you used x @ W.T"),
-    (dict(swap_qk=True), "you computed K Q\\^T"),
+    (dict(swap_qk=True), "your scores are K Q\\^T, not Q K\\^T"),
     (dict(out_from_x=True), "output is weights @ x"),
     (dict(after=0.0), r"the mask was applied AFTER the softmax \(weights differ by up to 0.83.*no longer sum to 1.*"
                       r"Mask the SCORES before the softmax: scores.masked_fill\(key_padding_mask\[:, None, :\]"),

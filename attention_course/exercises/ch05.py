@@ -60,8 +60,8 @@ def _same_dtype(got: torch.Tensor, name: str) -> None:
     """Splitting and merging only move numbers: the dtype must stay the input's."""
     if got.dtype != DTYPE:
         raise ExerciseError(
-            f"your {name} has dtype {got.dtype}, the input has {DTYPE}: moving numbers between axes must keep the dtype "
-            f"(no .float(), .to(...) or new tensor of a default dtype)."
+            f"your {name} has dtype {got.dtype}, the input has {DTYPE}: moving numbers between axes must keep the "
+            f"dtype (no .float(), .to(...) or new tensor of a default dtype)."
         )
 
 
