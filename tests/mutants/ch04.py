@@ -78,7 +78,10 @@ SELF_ATTENTION = Catalogue(
     correct={"matmul and masked_fill(-inf)": attention, "einsum, torch.where(-1e9), softmax by hand": attention_einsum,
              "additive float mask, F.softmax": attention_additive},
     mutants=[
-        Mutant("softmax over the queries (dim=-2)", wrong(dim=-2), (r"softmax ran over the queries", r"dim=-1")),
+        Mutant("softmax over the queries (dim=-2)", wrong(dim=-2), (r"softmax ran over the queries", r"dim=-1"),
+               family="queries' softmax"),
+        Mutant("softmax over the queries (dim=1)", wrong(dim=1), (r"softmax ran over the queries", r"dim=-1"),
+               family="queries' softmax"),
         Mutant("softmax over the batch (dim=0)", wrong(dim=0), (r"over the batch", r"dim=-1")),
         Mutant("weights returned transposed", wrong(weights_T=True), r"transpose of the right weights"),
         # the same scores: the checker names both
