@@ -7,6 +7,7 @@ import torch
 
 from attention_course.exercises import ExerciseError, ch02, ch03
 from attention_course.functional import masked_softmax
+from mutants.ch03 import masked  # the reference masked softmax, each classic slip an option
 
 # ---------------------------------------------------------------------------------------------------------
 # Chapter 2: a stable softmax
@@ -144,18 +145,6 @@ def test_padding_mask_reports_any_other_difference():
 
 # ---------------------------------------------------------------------------------------------------------
 # Chapter 3: masked softmax
-
-
-def masked(scores, mask, *, fill=float("-inf"), inverted=False, after=False, renormalise=False, dim=-1,
-           zero_empty=True, apply=True):
-    mask = ~mask if inverted else mask
-    if after or renormalise:
-        weights = torch.softmax(scores, dim).masked_fill(mask, 0.0)
-        if renormalise:
-            weights = weights / weights.sum(dim, keepdim=True)
-    else:
-        weights = torch.softmax(scores.masked_fill(mask, fill) if apply else scores, dim)
-    return weights.masked_fill(mask.all(-1, keepdim=True), 0.0) if zero_empty else weights
 
 
 def test_masked_softmax_accepts_a_right_answer(capsys):
