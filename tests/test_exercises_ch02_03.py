@@ -163,6 +163,8 @@ def test_masked_softmax_accepts_a_right_answer(capsys):
     (dict(zero_empty=False), "all masked gives NaN"),
     (dict(dim=-2, zero_empty=False), "sum to 1 down the columns: softmax ran over the queries.*softmax\\(\\.\\.\\., dim=-1\\)"),
     (dict(fill=-5.0), "weight up to .* on pad positions.*finite fill.*before the softmax"),
+    (dict(query_axis=True), "masks whole query ROWS.*QUERY axis.*\\(B, 1, S\\) mask as it comes"),
+    (dict(added=True), "ADDED the bool mask.*masked_fill"),
 ])
 def test_masked_softmax_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
