@@ -7,6 +7,7 @@ import torch
 
 from attention_course.exercises import ExerciseError, ch02, ch03
 from attention_course.functional import masked_softmax
+from mutants.ch03 import masked  # the reference masked softmax, each classic slip an option
 
 # ---------------------------------------------------------------------------------------------------------
 # Chapter 2: a stable softmax
@@ -126,7 +127,7 @@ def test_padding_mask_accepts_a_right_answer(capsys):
     (dict(shape="rows"), "\\(B, S, 1\\).*the QUERIES"),
     (dict(shape="expanded"), "already expanded over the queries"),
     (dict(shape="max"), "max\\(lengths\\) columns.*max_len = 6"),
-    (dict(dtype=torch.long), "dtype torch.int64; an ignore mask is bool"),
+    (dict(dtype=torch.long), "dtype torch.int64, numbers; an ignore mask is bool.*1 at the pads"),
 ])
 def test_padding_mask_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
@@ -146,18 +147,6 @@ def test_padding_mask_reports_any_other_difference():
 # Chapter 3: masked softmax
 
 
-def masked(scores, mask, *, fill=float("-inf"), inverted=False, after=False, renormalise=False, dim=-1,
-           zero_empty=True, apply=True):
-    mask = ~mask if inverted else mask
-    if after or renormalise:
-        weights = torch.softmax(scores, dim).masked_fill(mask, 0.0)
-        if renormalise:
-            weights = weights / weights.sum(dim, keepdim=True)
-    else:
-        weights = torch.softmax(scores.masked_fill(mask, fill) if apply else scores, dim)
-    return weights.masked_fill(mask.all(-1, keepdim=True), 0.0) if zero_empty else weights
-
-
 def test_masked_softmax_accepts_a_right_answer(capsys):
     ch03.check_masked_softmax(masked)
     ch03.check_masked_softmax(masked_softmax)
@@ -168,12 +157,14 @@ def test_masked_softmax_accepts_a_right_answer(capsys):
     (dict(apply=False), "puts weight up to 0\\.\\d\\d on pad positions: the mask was not applied"),
     (dict(after=True, zero_empty=False), "you zeroed the pads AFTER the softmax"),
     (dict(renormalise=True, zero_empty=False), "returns NaN or inf.*renormalise"),
-    (dict(inverted=True), "all the weight on the pads.*inverted polarity"),
+    (dict(inverted=True), "the weight on the pads and none on the real tokens.*inverted polarity"),
     (dict(inverted=True, zero_empty=False), "sentence WITHOUT pads gets NaN.*inverted polarity"),
-    (dict(fill=-1e9), "puts weight 1\\.00 on the masked key: a large finite fill like -1e9"),
+    (dict(fill=-1e9), "puts weight 1\\.00 on the masked key: a large finite fill like -1e4 or -1e9"),
     (dict(zero_empty=False), "all masked gives NaN"),
-    (dict(dim=-2, zero_empty=False), "NaN exactly in the pad columns.*softmax\\(\\.\\.\\., dim=-1\\)"),
-    (dict(fill=-5.0), "weight up to .* on pad positions .* before the softmax"),
+    (dict(dim=-2, zero_empty=False), "sum to 1 down the columns: softmax ran over the queries.*softmax\\(\\.\\.\\., dim=-1\\)"),
+    (dict(fill=-5.0), "weight up to .* on pad positions.*finite fill.*before the softmax"),
+    (dict(query_axis=True), "masks whole query ROWS.*QUERY axis.*\\(B, 1, S\\) mask as it comes"),
+    (dict(added=True), "ADDED the bool mask.*masked_fill"),
 ])
 def test_masked_softmax_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):

@@ -587,3 +587,36 @@ def test_head_colour_key_is_what_is_drawn(page, settings_):
     text = widget.locator(".ac-key-text").inner_text()
     assert "Hue: its token" in text and "Shade: its head" in text and f"{B * L} tokens" in text
 
+
+
+def test_mask_widget_without_heads_keeps_one_head():
+    """Chapter 3 comes before heads: show_heads=False keeps num_heads at 1 and says why otherwise."""
+    w = MaskBroadcastWidget(show_heads=False, causal=True)
+    assert w.num_heads == 1 and len(w.state["per_head_mask"]) == w.batch_size
+    with pytest.raises(traitlets.TraitError, match="num_heads must be 1 in a widget made with show_heads=False"):
+        w.num_heads = 2
+    with pytest.raises(traitlets.TraitError, match="show_heads=False"):
+        MaskBroadcastWidget(show_heads=False, num_heads=3)
+
+
+def test_mask_figure_fits_the_page_column():
+    """figure() is drawn at most 688 px wide (the page column at 1280 px), so its 8 pt text shows at 11 px."""
+    import io
+    import struct
+
+    fig = MaskBroadcastWidget(batch_size=4, max_len=8, lengths=(8, 1, 5, 3), causal=True, example=3).figure()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", bbox_inches="tight")
+    width = struct.unpack(">II", png.getvalue()[16:24])[0]
+    from matplotlib.text import Text
+
+    smallest = min(t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip())
+    assert width <= 688 and smallest * fig.dpi / 72 >= 9, (width, smallest)
+
+
+def test_mask_js_without_heads_has_no_heads_panel_or_control(page):
+    widget = render(page, MaskBroadcastWidget(causal=True, show_heads=False))
+    titles = panel_titles(page)
+    assert not any("head" in t for t in titles) and titles[-1].startswith("4. Sentence")
+    assert not widget.locator("input[name=num_heads]").is_visible()
+    assert_same_state(js_state(page), MaskBroadcastWidget(causal=True).state)

@@ -19,6 +19,23 @@ def _reference_padding_mask(lengths: list[int], max_len: int) -> torch.Tensor:
     return (torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None])[:, None, :]  # (B, 1, S)
 
 
+def _numbers_not_bool(mask: torch.Tensor, want: torch.Tensor) -> str:
+    """The message for a mask of numbers where a bool ignore mask is expected: which convention it looks like."""
+    start = f"your mask has dtype {mask.dtype}, numbers; an ignore mask is bool, True at the pads."
+    if tuple(mask.shape) == tuple(want.shape):
+        values = mask.detach().cpu().double()
+        if torch.equal(values, torch.zeros_like(values).masked_fill(want, float("-inf"))):
+            return (f"{start} Yours is an ADDITIVE mask (0 at the real tokens, -inf at the pads), made to be added "
+                    f"to the scores; this exercise asks for the bool mask itself: positions >= length.")
+        if torch.equal(values, want.double()):
+            return (f"{start} Yours holds 1 at the pads and 0 elsewhere: the right positions as numbers. Keep the "
+                    f"comparison's bool result (positions >= length), with no .int(), .float() or .long().")
+        if torch.equal(values, (~want).double()):
+            return (f"{start} Yours holds 1 at the real tokens and 0 at the pads: a keep mask (1 = attend), the "
+                    f"other convention. Return positions >= length, a bool tensor True at the pads.")
+    return f"{start} Compare positions with lengths (positions >= length) instead of building numbers."
+
+
 def check_padding_mask(fn) -> None:
     """Check ``fn(lengths, max_len) -> mask``: a bool ignore mask (B, 1, S), True at the pads.
 
@@ -30,11 +47,19 @@ def check_padding_mask(fn) -> None:
     want = _reference_padding_mask(lengths, max_len)
     mask = require_tensor(call(fn, lengths, max_len, what="your function"), f"lengths={lengths}", "your function")
     if mask.dtype != torch.bool:
-        raise ExerciseError(
-            f"your mask has dtype {mask.dtype}; an ignore mask is bool, True at the pads. Compare positions with "
-            f"lengths (positions >= length) instead of building 0/1 numbers."
-        )
+        raise ExerciseError(_numbers_not_bool(mask, want))
     shape = tuple(mask.shape)
+    if shape == (1, B, max_len):
+        raise ExerciseError(
+            f"your mask has shape (1, B, S) = {shape}: you put the new axis FIRST. The query axis goes between "
+            f"the sentences and the keys: mask[:, None, :] -> {(B, 1, max_len)}."
+        )
+    if shape in ((max_len, B), (max_len, 1, B)):
+        raise ExerciseError(
+            f"your mask has shape {shape}: one row per POSITION and one column per sentence, the transpose. "
+            f"Compare torch.arange(max_len)[None, :] (1, S) with torch.tensor(lengths)[:, None] (B, 1): one row "
+            f"per sentence, (B, S), then add the query axis: (B, 1, S)."
+        )
     if shape == (B, max_len, 1):
         raise ExerciseError(
             f"your mask has shape (B, S, 1) = {shape}: that axis is the QUERIES, so it would blank whole rows. "
@@ -64,6 +89,11 @@ def check_padding_mask(fn) -> None:
             "your mask is True at the REAL tokens and False at the pads: that is an allow (or keep) mask. The "
             "ignore mask is True where a key may NOT be attended, the pads: positions >= length."
         )
+    if torch.equal(mask, want.flip(-1)):
+        raise ExerciseError(
+            "your mask puts the pads on the LEFT (the first max_len - lengths[b] positions). These sentences are "
+            "padded on the right: real at 0 .. lengths[b] - 1, pads from position lengths[b] on."
+        )
     positions = torch.arange(max_len)[None, None, :]
     lens = torch.tensor(lengths)[:, None, None]
     if torch.equal(mask, positions > lens):
@@ -87,11 +117,20 @@ def check_padding_mask(fn) -> None:
 # Exercise: masked softmax
 
 
-def _masked_softmax(scores, mask):
-    """Reference: softmax over the keys not masked; all-zero weights on a row with no key left."""
-    mask = mask.expand_as(scores)
-    weights = torch.softmax(scores.masked_fill(mask, float("-inf")), -1)
-    return weights.masked_fill(mask.all(-1, keepdim=True), 0.0)
+def _masked_softmax(scores, mask, *, fill=float("-inf"), dim=-1, empty_zero=True, where="before"):
+    """Reference: softmax over the keys not masked; all-zero weights on a row with no key left.
+
+    The classic slips as options: another ``fill``, the softmax over another ``dim``, NaN left on empty rows
+    (``empty_zero=False``), the pads zeroed ``where="after"`` the softmax, the bool mask ``where="added"`` to the
+    scores, or ``where="nowhere"``.
+    """
+    if where == "after":
+        weights = torch.softmax(scores, dim).masked_fill(mask, 0.0)
+    else:
+        masked = {"before": lambda: scores.masked_fill(mask, fill), "added": lambda: scores + mask,
+                  "nowhere": lambda: scores}[where]()
+        weights = torch.softmax(masked, dim)
+    return weights.masked_fill(mask.all(-1, keepdim=True), 0.0) if empty_zero else weights
 
 
 def _pad_weight(weights: torch.Tensor, mask: torch.Tensor) -> float:
@@ -99,8 +138,52 @@ def _pad_weight(weights: torch.Tensor, mask: torch.Tensor) -> float:
     return float((weights.nan_to_num() * mask).sum(-1).max())
 
 
-def _sums_to(x: torch.Tensor, value: float) -> bool:
-    return close(x, torch.full_like(x, value), 1e-6)
+def _masked_softmax_mistake(weights: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor) -> str:
+    """What a wrong masked softmax did: each classic slip rerun on the same scores (with and without zeros on
+    the rows that have no key left) until one gives the learner's weights; then the symptoms."""
+    pads = mask.expand_as(scores)  # (B, L, S)
+    weight = f"{_pad_weight(weights, pads):.2f}"
+    slips = [
+        (dict(mask=mask.transpose(-2, -1)),
+         "your function masks whole query ROWS, not key columns: the mask was used on the QUERY axis, as (B, S, 1) "
+         "(a transpose, view or unsqueeze(-1)?). Use the (B, 1, S) mask as it comes: it broadcasts over the "
+         "queries and hides the pad keys of every row."),
+        (dict(mask=~mask),
+         ("the sentence WITHOUT pads gets NaN, and the others put their weight on the pads" if weights.isnan().any()
+          else "your function puts the weight on the pads and none on the real tokens") +
+         ": you used the mask with inverted polarity (a sentence without pads then has every key masked). Here "
+         "True = IGNORE "
+         "(nn.MultiheadAttention's convention): mask where mask is True, not where it is False (no mask == 0)."),
+        (dict(where="nowhere"),
+         f"your function puts weight up to {weight} on pad positions: the mask was not applied. Fill the masked "
+         f"scores with float('-inf') BEFORE the softmax."),
+        (dict(where="after"),
+         "your rows of real keys do not sum to 1: you zeroed the pads AFTER the softmax, so the share the pads "
+         "took is lost. Mask the scores with -inf before the softmax."),
+        (dict(fill=0.0),
+         f"your pads get weight (up to {weight} per row): you filled with 0, a finite fill, and a score of 0 is an "
+         f"ordinary score (e^0 = 1). Fill the masked scores with float('-inf')."),
+        (dict(dim=-2),
+         "your weights sum to 1 down the columns: softmax ran over the queries. Each query's weights over the "
+         "keys must sum to 1: softmax(..., dim=-1)."),
+        (dict(where="added"),
+         "you ADDED the bool mask to the scores: True counts as 1, so a pad's score goes up by 1 instead of "
+         "being blocked. Use scores.masked_fill(mask, float('-inf')) (adding works for a float mask of 0 and "
+         "-inf, not for a bool one)."),
+    ]
+    for options, message in slips:
+        options = {"mask": mask, **options}
+        if any(close(weights, _masked_softmax(scores, **options, empty_zero=z)) for z in (True, False)):
+            return message
+    if torch.isnan(weights).any():
+        return ("your weights contain NaN: a row whose scores are all -inf gives 0 / 0. Mask the padded KEYS "
+                "(the columns: the (B, 1, S) mask broadcasts over the rows), never whole query rows.")
+    if _pad_weight(weights, pads) > 1e-6:
+        return (f"your function puts weight up to {_pad_weight(weights, pads):.2g} on pad positions: the masked "
+                f"scores still count (a finite fill, or a mask that misses some pads?). Fill them with "
+                f"float('-inf') before the softmax.")
+    return ("the pads get 0 but the real weights differ from softmax over the unmasked keys: softmax the masked "
+            "scores over the last dimension.")
 
 
 def check_masked_softmax(fn) -> None:
@@ -115,59 +198,15 @@ def check_masked_softmax(fn) -> None:
     mask = _reference_padding_mask(lengths, S)  # (B, 1, S)
     weights = require_tensor(call(fn, scores, mask, what="your function"), "scores (3, 4, 4)", "your function")
     require_shape(weights, scores.shape, "your weights", "the shape of scores (B, L, S)")
-    want = _masked_softmax(scores, mask)
-    diff = f"(largest difference: {max_diff(weights, want):.2g})"
-    pads = mask.expand_as(scores)  # (B, L, S)
-    if not close(weights, want):
-        on_real = (weights.nan_to_num() * ~pads).sum(-1)  # (B, L): weight each query gives the real tokens
-        if torch.isnan(weights).any():
-            nan_rows = torch.isnan(weights).any(-1)  # (B, L)
-            if bool(nan_rows[0].all()) and not bool(nan_rows[1:].any()):
-                raise ExerciseError(
-                    f"the sentence WITHOUT pads gets NaN and the others do not {diff}: you used the mask with "
-                    f"inverted polarity, so a sentence with no pad has every key masked (softmax of all -inf = NaN). "
-                    f"Here True = IGNORE: fill the scores with -inf where mask is True."
-                )
-            if torch.equal(torch.isnan(weights), pads):
-                raise ExerciseError(
-                    f"your weights are NaN exactly in the pad columns {diff}: softmax ran down the columns (over the "
-                    f"queries), and a pad column is all -inf. Each query's weights over the keys must sum to 1: "
-                    f"softmax(..., dim=-1)."
-                )
-            raise ExerciseError(
-                f"your weights contain NaN {diff}: a row whose scores are all -inf gives 0 / 0. Mask the padded KEYS "
-                f"(the columns: the (B, 1, S) mask broadcasts over the rows), never whole query rows."
-            )
-        if _sums_to(on_real[1:], 0.0) and _sums_to(weights[1:].sum(-1), 1.0):
-            raise ExerciseError(
-                f"your function puts all the weight on the pads and none on the real tokens {diff}: you used the "
-                f"mask with inverted polarity. Here True = IGNORE (nn.MultiheadAttention's convention): mask where "
-                f"mask is True, not where it is False."
-            )
-        if close(weights, torch.softmax(scores, -1)):
-            raise ExerciseError(
-                f"your function puts weight up to {_pad_weight(weights, pads):.2f} on pad positions: the mask was not "
-                f"applied. Fill the masked scores with float('-inf') BEFORE the softmax."
-            )
-        if close(weights, torch.softmax(scores, -1).masked_fill(pads, 0.0)):
-            raise ExerciseError(
-                f"your rows sum to {float(on_real.min()):.2f}..{float(on_real.max()):.2f}, not 1 {diff}: you zeroed "
-                f"the pads AFTER the softmax, so the share the pads took is lost. Mask the scores with -inf before "
-                f"the softmax."
-            )
-        if close(weights, torch.softmax(scores.masked_fill(pads, float("-inf")), -2).nan_to_num()):
-            raise ExerciseError(
-                f"your weights sum to 1 down the columns {diff}: softmax ran over the queries. Each query's weights "
-                f"over the keys must sum to 1: softmax(..., dim=-1)."
-            )
-        if _pad_weight(weights, pads) > 1e-6:
-            raise ExerciseError(
-                f"your function puts weight up to {_pad_weight(weights, pads):.2g} on pad positions {diff}: fill the "
-                f"masked scores with float('-inf') before the softmax."
-            )
+    if weights.dtype != scores.dtype:
         raise ExerciseError(
-            f"the pads get 0 but the real weights differ from softmax over the unmasked keys {diff}: softmax the "
-            f"masked scores over the last dimension."
+            f"your weights have dtype {weights.dtype} for scores of dtype {scores.dtype}: keep the scores' dtype "
+            f"(no .float() or dtype= on the way)."
+        )
+    want = _masked_softmax(scores, mask)
+    if not close(weights, want):
+        raise ExerciseError(
+            f"{_masked_softmax_mistake(weights, scores, mask)} (largest difference: {max_diff(weights, want):.2g})"
         )
 
     # Huge logits: a finite fill such as -1e9 is then an ordinary score, not minus infinity.
@@ -183,8 +222,8 @@ def check_masked_softmax(fn) -> None:
     if _pad_weight(got, big_mask) > 1e-6:
         raise ExerciseError(
             f"with scores around -1e10 your function puts weight {_pad_weight(got, big_mask):.2f} on the masked "
-            f"key: a large finite fill like -1e9 is not minus infinity once the real scores are even lower. Fill "
-            f"with float('-inf')."
+            f"key: a large finite fill like -1e4 or -1e9 is not minus infinity once the real scores are even "
+            f"lower. Fill with float('-inf')."
         )
 
     # A query with nothing to attend to: a sentence of length 0.

@@ -64,8 +64,8 @@ function draw(p, st) {
   } else {
     out.push(`<div class="ac-panel ac-note"><h4>3. Combined mask</h4>Causal is off: the combined mask is the broadcast padding mask.</div>`);
   }
-  // 4. one copy per head
-  out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, S) = (${B}, ${h}, ${L}, ${L}) → ` +
+  // 4. one copy per head (left out where heads are not introduced yet: show_heads false)
+  if (p.show_heads) out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, S) = (${B}, ${h}, ${L}, ${L}) → ` +
            `(B·h, L, S) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
     ...range(B * h).map((n) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[Math.floor(n / h)][i][j],
                                                                  st.causal_mask[i][j]), small(10, n === 0)),
@@ -74,7 +74,7 @@ function draw(p, st) {
   // 5. scores and weights of one sentence
   const blocked = st.combined_mask[ex], padQuery = (i) => st.query_is_pad[ex][i];
   const qLabels = range(L).map((i) => (padQuery(i) ? `pad ${i}` : `q${i}`));
-  out.push(`<div class="ac-panel"><h4>5. Sentence ${ex} (length ${p.lengths[ex]}): scores, then softmax over the keys it may attend</h4>`,
+  out.push(`<div class="ac-panel"><h4>${p.show_heads ? 5 : 4}. Sentence ${ex} (length ${p.lengths[ex]}): scores, then softmax over the keys it may attend</h4>`,
     `<div class="ac-multiples">`,
     fig(grid(L, L, (i, j) => blocked[i][j]
                ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞", textCls: "ac-num ac-light" }
@@ -106,8 +106,8 @@ function draw(p, st) {
 function render({ model, el }) {
   el.classList.add("ac-widget");
   el.dataset.acWidget = "mask-broadcast";
-  const get = () => Object.fromEntries(["batch_size", "max_len", "lengths", "causal", "num_heads", "example"]
-    .map((k) => [k, model.get(k)]));
+  const get = () => Object.fromEntries(["batch_size", "max_len", "lengths", "causal", "num_heads", "example",
+                                        "show_heads"].map((k) => [k, model.get(k)]));
   const setBatch = (B) => {  // the example first: it must index a sentence of the new batch
     const p = get();
     commit(model, { example: Math.min(p.example, B - 1), lengths: fitLengths(p.lengths, B, p.max_len), batch_size: B });
@@ -138,6 +138,7 @@ function render({ model, el }) {
     controls.batch_size.update(p.batch_size, 1, 4);
     controls.max_len.update(p.max_len, 1, 8);
     controls.num_heads.update(p.num_heads, 1, 4);
+    controls.num_heads.style.display = p.show_heads ? "" : "none";
     controls.causal.update(p.causal);
     controls.example.update(p.example, 0, p.batch_size - 1);
     if (lengthRow.children.length !== p.batch_size) {
@@ -149,7 +150,7 @@ function render({ model, el }) {
     el.dataset.state = JSON.stringify(st);
   };
   const schedule = batched(redraw);
-  for (const k of ["batch_size", "max_len", "lengths", "causal", "num_heads", "example"]) model.on(`change:${k}`, schedule);
+  for (const k of ["batch_size", "max_len", "lengths", "causal", "num_heads", "example", "show_heads"]) model.on(`change:${k}`, schedule);
   redraw();
 }
 

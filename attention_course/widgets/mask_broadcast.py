@@ -37,6 +37,9 @@ class MaskBroadcastWidget(CourseWidget):
     Settings (each a control in the picture): ``batch_size`` 1-4, ``max_len`` (L = S) 1-8, ``lengths`` one per
     sentence in 1..max_len, ``causal``, ``num_heads`` 1-4, ``example`` the sentence whose scores and weights are shown.
 
+    ``show_heads=False`` (fixed when the widget is made) leaves the heads out: no heads control and no
+    ``(B*h, L, S)`` panel, for a chapter that comes before heads; ``num_heads`` stays 1.
+
     Setting ``lengths`` to a wrong count or a length outside 1..max_len raises; changing ``batch_size`` or
     ``max_len`` alone keeps ``lengths`` and ``example`` valid (cut, extended or clamped). To change several at once,
     and to redraw on every Jupyter (ipywidgets 7 and 8): ``w.update(batch_size=2, lengths=[4, 1])``.
@@ -53,8 +56,11 @@ class MaskBroadcastWidget(CourseWidget):
     causal = traitlets.Bool(False).tag(sync=True)
     num_heads = traitlets.Int(1).tag(sync=True)
     example = traitlets.Int(0).tag(sync=True)
+    show_heads = traitlets.Bool(True).tag(sync=True)  # a display choice, not a setting: see the class docstring
 
-    def __init__(self, batch_size=3, max_len=5, lengths=None, causal=False, num_heads=1, example=None, **kwargs):
+    def __init__(self, batch_size=3, max_len=5, lengths=None, causal=False, num_heads=1, example=None,
+                 show_heads=True, **kwargs):
+        self.show_heads = show_heads  # first: the num_heads check reads it
         lengths = fit_lengths(DEFAULT_LENGTHS, batch_size, max_len) if lengths is None else list(lengths)
         if example is None:  # show the shortest sentence: the one whose padding there is most to see
             example = min(range(len(lengths)), key=lengths.__getitem__) if lengths else 0
@@ -73,6 +79,11 @@ class MaskBroadcastWidget(CourseWidget):
 
     @traitlets.validate("num_heads")
     def _valid_num_heads(self, proposal):
+        if not self.show_heads and proposal.value != 1:
+            raise traitlets.TraitError(
+                f"num_heads must be 1 in a widget made with show_heads=False (it leaves heads out), got "
+                f"{proposal.value!r}. For heads: MaskBroadcastWidget(num_heads={proposal.value!r})."
+            )
         return check_range(proposal.value, "num_heads", 1, 4)
 
     @traitlets.validate("example")
@@ -136,10 +147,14 @@ class MaskBroadcastWidget(CourseWidget):
         cells = ListedColormap([KEPT, PAD, FUTURE])  # 0 kept, 1 pad key, 2 future key: the widget's colours
         pad, future = np.array(state["key_padding_mask"], dtype=bool), np.array(state["causal_mask"], dtype=bool)
         kinds = [np.where(pad, 1, 0), np.where(pad[b][None, :], 1, np.where(future, 2, 0))]  # panels 1 and 2
-        fig, axes = plt.subplots(1, 3, figsize=(11, 4))
+        # Two panels above, the weights below: 6.8 in at 100 dpi fits a 688 px page column unscaled, so the
+        # smallest text (8 pt) shows at 11 px.
+        fig, grid = plt.subplots(2, 2, figsize=(6.8, 6.6))
+        grid[1, 1].remove()
+        axes = [grid[0, 0], grid[0, 1], grid[1, 0]]
         panels = [
-            (state["key_padding_mask"], f"key_padding_mask (B, S) = ({self.batch_size}, {L})", "sentence"),
-            (state["combined_mask"][b], f"combined mask (L, S), sentence {b}", "query (L)"),
+            (state["key_padding_mask"], f"key_padding_mask\n(B, S) = ({self.batch_size}, {L})", "sentence"),
+            (state["combined_mask"][b], f"combined mask (L, S),\nsentence {b}", "query (L)"),
             (state["combined_mask"][b], f"weights, sentence {b}\n(grey rows: pad queries)", "query (L)"),
         ]
         for panel, (ax, (mask, title, rows)) in enumerate(zip(axes, panels)):
@@ -152,11 +167,16 @@ class MaskBroadcastWidget(CourseWidget):
                 for j, blocked in enumerate(row):
                     text = "×" if blocked else ("" if panel < 2 else f"{state['weights'][b][i][j]:.2f}")
                     dark = blocked or (panel == 2 and state["weights"][b][i][j] > 0.5)
-                    ax.text(j, i, text, ha="center", va="center", fontsize=8 if panel == 2 else 12,
+                    ax.text(j, i, text, ha="center", va="center", fontsize=8 if panel == 2 else 11,
                             color="white" if dark else "black")
                 if panel == 2 and state["query_is_pad"][b][i]:
                     ax.axhspan(i - 0.5, i + 0.5, color="0.55", alpha=0.3)
-            ax.set(title=title, xlabel="key (S)", ylabel=rows, xticks=range(L), yticks=range(len(mask)))
-        fig.suptitle("True (×) = may NOT attend, the nn.MultiheadAttention convention", fontsize=10)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("key (S)", fontsize=9)
+            ax.set_ylabel(rows, fontsize=9)
+            ax.set(xticks=range(L), yticks=range(len(mask)))
+            ax.tick_params(labelsize=9)
+        fig.text(0.55, 0.25, "True (×) = may NOT attend,\nthe nn.MultiheadAttention\nconvention", fontsize=10,
+                 va="center")
         fig.tight_layout()
         return fig
