@@ -147,14 +147,15 @@ def _wrong_block(got: torch.Tensor, blocks, i: int, where: str, what: str, h: in
     return None
 
 
-def _check_linear(linear, before: nn.Linear, W, b, i: int, h: int) -> None:
-    """block.self.<name> against the i-th third of in_proj (weights W, biases b)."""
+def _check_linear(linear: nn.Linear, before: list[torch.Tensor], W, b, i: int, h: int) -> None:
+    """block.self.<name> against the i-th third of in_proj (weights W, biases b); ``before``: its weight and bias
+    before the learner's function ran."""
     name = f"block.self.{_QKV[i]}"
     if linear.bias is None:
         raise ExerciseError(f"{name} has no bias (bias=None) after your function: BERT's query, key and value "
                             f"Linears have biases; copy the third of in_proj_bias into {name}.bias.")
-    for got, before_p, blocks, what, part in ((linear.weight, before.weight, W, "in_proj_weight", "weight"),
-                                              (linear.bias, before.bias, b, "in_proj_bias", "bias")):
+    for got, was, blocks, what, part in ((linear.weight, before[0], W, "in_proj_weight", "weight"),
+                                         (linear.bias, before[1], b, "in_proj_bias", "bias")):
         got = got.detach()
         if got.dtype != blocks[i].dtype:
             raise ExerciseError(f"{name}.{part} is {str(got.dtype).replace('torch.', '')}, the layer's "
@@ -164,7 +165,7 @@ def _check_linear(linear, before: nn.Linear, W, b, i: int, h: int) -> None:
         if message:
             raise ExerciseError(message)
         if not close(got, blocks[i]):
-            if torch.equal(got, before_p.detach()):
+            if torch.equal(got, was):
                 raise ExerciseError(
                     f"{name}.{part} is UNCHANGED by your function: its copy did not happen. Copy the third "
                     f"of {what} into it with `{name}.{part}.copy_(...)` inside `with torch.no_grad():`.")
@@ -211,13 +212,8 @@ def check_course_to_bert(fn) -> None:
         if not isinstance(linear, nn.Linear):
             raise ExerciseError(f"block.self.{name} is a {type(linear).__name__} after your function; keep it an "
                                 f"nn.Linear and copy into its .weight and .bias.")
-    reference = _bert_attention(D)
     for i, name in enumerate(_QKV):
-        was = getattr(reference.self, name)
-        with torch.no_grad():  # the Linear as it was before the call
-            for p, q in zip(was.parameters(), before[f"self.{name}"]):
-                p.copy_(q)
-        _check_linear(getattr(block.self, name), was, W, b, i, h)
+        _check_linear(getattr(block.self, name), before[f"self.{name}"], W, b, i, h)
     dense = block.output.dense
     out = mha.out_proj
     for part in ("weight", "bias"):
