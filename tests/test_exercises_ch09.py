@@ -31,10 +31,10 @@ def test_course_to_bert_accepts_a_right_answer(capsys):
 @pytest.mark.parametrize("fn, message", [
     (lambda m, b: course_to_bert(m, b, order=(1, 0, 2)), "query.weight holds the key block"),
     (lambda m, b: course_to_bert(m, b, transpose=True), "TRANSPOSED"),
-    (lambda m, b: course_to_bert(m, b, biases=False), "bias is not in_proj_bias"),
-    (lambda m, b: course_to_bert(m, b, dense=False), "block.output.dense is not mha.out_proj"),
+    (lambda m, b: course_to_bert(m, b, biases=False), "query.bias is UNCHANGED"),
+    (lambda m, b: course_to_bert(m, b, dense=False), "block.output.dense.weight is not mha.out_proj"),
     (lambda m, b: course_to_bert(m, b, norm=True), "changed block.output.LayerNorm"),
-    (lambda m, b: None, "Did the copy happen"),
+    (lambda m, b: None, "copy did not happen"),
     (lambda m, b: setattr(b.self, "query", m), "keep it an nn.Linear"),
 ])
 def test_course_to_bert_names_each_mistake(fn, message):
@@ -92,9 +92,9 @@ def test_the_planted_heads_are_what_they_claim():
 @pytest.mark.parametrize("variant, message", [
     (dict(offset=1), "NEXT token"),
     (dict(offset=0), "ITSELF"),
-    (dict(pad_queries=True), "pad queries too"),
+    (dict(queries="all"), "pad queries too"),
     (dict(first_query=True), "counts query 0"),
-    (dict(mean=False), "adds the weights up"),
+    (dict(reduce="sum"), "adds the weights up"),
 ])
 def test_previous_token_names_each_mistake(variant, message):
     fn = lambda w, k: ch09._previous_token_scores(w, k, **variant)  # noqa: E731
