@@ -3,8 +3,9 @@
 Parity before speed: each implementation is first checked against ``nn.MultiheadAttention`` on the benchmark's
 own inputs (output and input gradient). Then the implementations run interleaved, repeat after repeat, and the
 table gives the median time of each and its ratio to the median time of torch's ``need_weights=False`` (ratio < 1:
-faster than torch; the ratio of the two medians shown, so it can be checked against them). "forward" runs in eval mode under ``torch.no_grad()``; "fwd+bwd" runs in
-training mode (dropout 0) and backpropagates the sum of the output into the input and every parameter.
+faster than torch; the ratio of the two medians shown, so it can be checked against them). "forward" runs in eval
+mode under ``torch.no_grad()``; "fwd+bwd" runs in training mode (dropout 0) and backpropagates the sum of the output
+into the input and every parameter.
 
 The compiled rows (``torch.compile(layer, fullgraph=True)``, torch's layer and ours; ``--no-compile`` leaves them
 out) are checked like the others; their first calls compile, in the parity check and the warm-up, so the times are
