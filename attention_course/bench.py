@@ -2,9 +2,10 @@
 
 Parity before speed: each implementation is first checked against ``nn.MultiheadAttention`` on the benchmark's
 own inputs (output and input gradient). Then the implementations run interleaved, repeat after repeat, and the
-table gives the median time of each and the median of the per-repeat ratios to torch's ``need_weights=False``
-(ratio < 1: faster than torch). "forward" runs in eval mode under ``torch.no_grad()``; "fwd+bwd" runs in
-training mode (dropout 0) and backpropagates the sum of the output into the input and every parameter.
+table gives the median time of each and its ratio to the median time of torch's ``need_weights=False`` (ratio < 1:
+faster than torch; the ratio of the two medians shown, so it can be checked against them). "forward" runs in eval
+mode under ``torch.no_grad()``; "fwd+bwd" runs in training mode (dropout 0) and backpropagates the sum of the output
+into the input and every parameter.
 
 The compiled rows (``torch.compile(layer, fullgraph=True)``, torch's layer and ours; ``--no-compile`` leaves them
 out) are checked like the others; their first calls compile, in the parity check and the warm-up, so the times are
@@ -28,6 +29,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 import time
 
 import torch
@@ -123,8 +125,15 @@ def _time_once(f, x: torch.Tensor, backward: bool) -> float:
     return time.perf_counter() - start
 
 
+def _medians_and_ratios(times: list[list[float]]) -> tuple[list[float], list[float]]:
+    """The median of each list of times, and each median divided by the first: the ratio of the two medians a
+    table shows, which a reader can check (a median of per-repeat ratios can disagree with them)."""
+    medians = [statistics.median(t) for t in times]
+    return medians, [m / medians[0] for m in medians]
+
+
 def measure(funcs, layers, x: torch.Tensor, backward: bool, repeats: int) -> tuple[list[float], list[float]]:
-    """Median seconds per function, and median over repeats of each function's time / the first's."""
+    """Median seconds per function, and each median divided by the first function's median."""
     for layer in layers:
         layer.train(backward)
     times = [[] for _ in funcs]
@@ -138,9 +147,7 @@ def measure(funcs, layers, x: torch.Tensor, backward: bool, repeats: int) -> tup
             for layer in layers:
                 layer.zero_grad(set_to_none=True)
             times[i].append(_time_once(funcs[i], x, backward))
-    medians = [statistics.median(t) for t in times]
-    ratios = [statistics.median(t / t0 for t, t0 in zip(ts, times[0])) for ts in times]
-    return medians, ratios
+    return _medians_and_ratios(times)
 
 
 # ---------------------------------------------------------------------------------------------- the attention core
@@ -153,6 +160,20 @@ CORE_NAMES = (
     "tiled",
 )
 FLEX_NAME = "flex_attention (compiled)"
+# The columns of the core's table, 79 characters wide: a page's column, a terminal.
+TABLE_HEADER = (f"{'implementation':<31}{'|out-SDPA|':>10}{'fwd ms':>8}{'ratio':>7}{'GFLOP/s':>8}{'of mm':>6}"
+                f"{'peak MiB':>9}")
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds in at most 7 characters: 0.75, 593.2, 12345."""
+    ms = 1e3 * seconds
+    return f"{ms:.2f}" if ms < 100 else f"{ms:.1f}" if ms < 10_000 else f"{ms:.0f}"
+
+
+def _wrap(text: str) -> list[str]:
+    """A long line of the report as lines of at most 79 characters."""
+    return textwrap.wrap(text, 79, break_on_hyphens=False)
 
 
 def explicit_attention(q, k, v, ignore=None):
@@ -293,7 +314,7 @@ def check_core_parity(funcs, names, q, k, v, grads: bool) -> list[float]:
 
 
 def measure_core(funcs, q, k, v, repeats: int) -> tuple[list[float], list[float]]:
-    """Median forward seconds per function under no_grad, and the median ratio to the first function's time."""
+    """Median forward seconds per function under no_grad, and each median divided by the first function's."""
     times = [[] for _ in funcs]
     with torch.no_grad():
         for f in funcs:  # warm-up
@@ -306,9 +327,7 @@ def measure_core(funcs, q, k, v, repeats: int) -> tuple[list[float], list[float]
                 funcs[i](q, k, v)
                 _sync(q.device)
                 times[i].append(time.perf_counter() - start)
-    medians = [statistics.median(t) for t in times]
-    ratios = [statistics.median(t / t0 for t, t0 in zip(ts, times[0])) for ts in times]
-    return medians, ratios
+    return _medians_and_ratios(times)
 
 
 def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("none", "causal"), flex=True,
@@ -329,15 +348,16 @@ def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("no
     flops = 4 * B * h * L * L * d
     names = CORE_NAMES + ((FLEX_NAME,) if flex else ())
     lines = [
-        f"attention core: q, k, v (B, h, L, d) = ({B}, {h}, {L}, {d}), float32, on {device}, forward under no_grad; "
-        f"tiled block_size={block_size}; median of {repeats} interleaved repeats",
-        f"float32 matmul (2048 x 2048 @ 2048 x 2048) here: {rate:.0f} GFLOP/s; attention counted as "
-        f"4 B h L^2 d = {flops / 1e9:.1f} GFLOP, also when causal (causal needs half of it)",
-        f"{'mask':<8}{'implementation':<33}{'|out - SDPA|':>13}{'forward ms':>11}{'ratio':>7}{'GFLOP/s':>9}"
-        f"{'of mm':>7}{'peak MiB':>10}",
+        *_wrap(f"attention core: q, k, v (B, h, L, d) = ({B}, {h}, {L}, {d}), float32, on {device}, forward under "
+               f"no_grad; tiled block_size={block_size}; median of {repeats} interleaved repeats; ratio = median "
+               f"forward time / SDPA's median"),
+        *_wrap(f"float32 matmul (2048 x 2048 @ 2048 x 2048) here: {rate:.0f} GFLOP/s (the column 'of mm' is the "
+               f"share of it); attention counted as 4 B h L^2 d = {flops / 1e9:.1f} GFLOP, also when causal (causal "
+               f"needs half of it)"),
     ]
     results = {}
     for mask in masks:
+        lines += ["", f"mask: {mask}", TABLE_HEADER]
         causal = mask == "causal"
         funcs = core_implementations(L, causal, block_size, device)
         small_funcs = core_implementations(L_small, causal, block_size, device)
@@ -353,17 +373,17 @@ def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("no
             gflops = flops / t / 1e9
             results[mask, name] = dict(diff=diff, seconds=t, ratio=ratio, gflops=gflops, fraction=gflops / rate,
                                        peak=peak)
-            lines.append(f"{mask:<8}{name:<33}{diff:>13.1e}{1e3 * t:>11.1f}{ratio:>7.2f}{gflops:>9.1f}"
-                         f"{gflops / rate:>7.0%}{peak / 2**20:>10.1f}")
-    lines.append(
+            lines.append(f"{name:<31}{diff:>10.1e}{_ms(t):>8}{ratio:>7.2f}{gflops:>8.1f}"
+                         f"{gflops / rate:>6.0%}{peak / 2**20:>9.1f}")
+    lines += ["", *_wrap(
         "parity with F.scaled_dot_product_attention checked before timing: ok (output at this size; output and "
         f"q, k, v gradients in float64 at (2, 2, {L_small}, 16){', except flex' if flex else ''})"
-    )
+    )]
     if targets and "none" in masks:
         tiled, explicit, sdpa = (results["none", n] for n in ("tiled", "explicit, tutorial style", CORE_NAMES[0]))
         memory = tiled["peak"] / explicit["peak"]
         met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-        lines.append(
+        lines += _wrap(
             f"targets, no mask: tiled peak memory {memory:.1%} of the explicit version's "
             f"{explicit['peak'] / 2**20:.0f} MiB (<= 5%: {met(memory <= 0.05)}); tiled forward "
             f"{tiled['ratio']:.2f}x SDPA (<= 2.5x: {met(tiled['ratio'] <= 2.5)}) and "

@@ -176,11 +176,20 @@ def test_peak_memory_counts_what_a_call_allocates():
 def test_attention_core_checks_parity_and_reports_targets():
     report, results = bench.attention_core(1, 2, 96, 8, block_size=32, repeats=1, masks=("none",), flex=False,
                                           targets=True)
-    assert "parity with F.scaled_dot_product_attention checked before timing: ok" in report
-    assert "targets, no mask: tiled peak memory" in report and "GFLOP/s" in report
+    text = " ".join(report.split())  # the report's long lines are wrapped
+    assert "parity with F.scaled_dot_product_attention checked before timing: ok" in text
+    assert "targets, no mask: tiled peak memory" in text and "GFLOP/s" in text
     assert set(results) == {("none", name) for name in bench.CORE_NAMES}
-    tiled = results["none", "tiled"]
+    tiled, sdpa = results["none", "tiled"], results["none", bench.CORE_NAMES[0]]
     assert tiled["diff"] < 1e-4 and tiled["peak"] > 0 and 0 < tiled["fraction"]
+    assert tiled["ratio"] == tiled["seconds"] / sdpa["seconds"]  # the ratio of the two medians the table shows
+    assert max(len(line) for line in report.splitlines()) <= 79  # fits a page's column
+
+
+def test_ratios_are_ratios_of_the_medians_shown():
+    """A median of per-repeat ratios can disagree with the two medians beside it; the ratio of the medians cannot."""
+    medians, ratios = bench._medians_and_ratios([[1.0, 2.0, 3.0], [5.0, 2.0, 9.0]])
+    assert medians == [2.0, 5.0] and ratios == [1.0, 2.5]  # the median of the per-repeat 5, 1, 3 would be 3
 
 
 def test_core_parity_catches_a_wrong_implementation():
