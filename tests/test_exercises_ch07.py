@@ -109,7 +109,7 @@ class TorchWrapper(nn.Module):
 def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
     check_multihead_attention(lambda D, h, bias: TorchWrapper(D, h, bias))
     out = capsys.readouterr().out
-    assert "all 19 checks passed" in out and "NaN, as torch's do" in out
+    assert "all 21 checks passed" in out and "NaN, as torch's do" in out
 
 
 class NoParameters(nn.Module):
