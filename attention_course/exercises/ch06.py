@@ -427,6 +427,9 @@ def check_case(ours, mha, params, case, h: int) -> None:
             hint = " With average_attn_weights=True, average over the heads: weights.mean(dim=1)."
         elif not average and shape == (B, Lq, Sk):
             hint = " With average_attn_weights=False, return one matrix per head, (B, h, L, S), not their mean."
+        elif shape in ((Lq, B, B), (Lq, h, B, B)):
+            hint = (" That is attention over the batch: your layer reads its inputs as (L, B, D), sequence first. "
+                    "The layer checked here is nn.MultiheadAttention(batch_first=True): inputs (B, L, D).")
         else:
             hint = ""
         raise ExerciseError(f"your weights have shape {shape} {setting}, torch's {want_shape}.{hint}")
