@@ -283,7 +283,12 @@ def _forward(layer, query, key, value, setting: str, **kwargs):
                 f"scores as it is: broadcasting aligns it from the right, as an (L, S) mask of the queries (silently "
                 f"wrong when B == L). Give it its query (and head) axes: key_padding_mask[:, None, None, :], "
                 f"(B, 1, 1, S).") from err
-        if key.shape[1] != query.shape[1] and "view size" not in str(err):
+        cause = str(err.__cause__)
+        if isinstance(err.__cause__, TypeError) and "argument" in cause:
+            raise ExerciseError(f"{str(err).rstrip('.')}. The layer is called as torch's is: forward(query, key, "
+                                f"value, key_padding_mask=None, need_weights=True, attn_mask=None, "
+                                f"average_attn_weights=True), keywords included.") from err
+        if key.shape[1] != query.shape[1] and ("invalid for input of size" in cause or "must match" in cause):
             raise ExerciseError(f"{str(err).rstrip('.')}. Keys and values have S = {key.shape[1]} positions, "
                                 f"queries L = {query.shape[1]}: split k and v with key.shape[1], not the query's "
                                 f"L.") from err
