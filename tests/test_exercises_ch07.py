@@ -1,6 +1,5 @@
 """check_multihead_attention: correct layers pass (ours, a thin wrapper of torch's), each classic mistake is caught
 and named where a diagnosis applies, and a broken layer never hangs or crashes the checker."""
-import copy
 import math
 import threading
 import warnings
@@ -13,6 +12,7 @@ from torch import nn
 from attention_course import MultiheadAttention
 from attention_course.exercises import ExerciseError, check_multihead_attention
 from attention_course.exercises import ch07
+from mutants.ch07 import TorchWrapper  # a thin wrapper of torch's layer, with a from_torch
 
 
 class Layer(nn.Module):
@@ -87,23 +87,6 @@ def test_correct_layers_pass(capsys):
     check_multihead_attention(lambda D, h, bias: Layer(D, h, bias))
     check_multihead_attention(lambda D, h, bias: MultiheadAttention(D, h, bias=bias))
     assert "checks passed" in capsys.readouterr().out
-
-
-class TorchWrapper(nn.Module):
-    """A thin wrapper around nn.MultiheadAttention, with parameter names of its own and a from_torch."""
-
-    def __init__(self, D, h, bias=True):
-        super().__init__()
-        self.inner = nn.MultiheadAttention(D, h, bias=bias, batch_first=True)
-
-    @classmethod
-    def from_torch(cls, mha):
-        layer = cls(mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
-        layer.inner = copy.deepcopy(mha)
-        return layer
-
-    def forward(self, *args, **kwargs):
-        return self.inner(*args, **kwargs)
 
 
 def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
