@@ -187,7 +187,9 @@ def _reference(params, query, key, value, masks, h, *, average=True, in_bias=Tru
     def split(t, n):
         if not transpose:
             return t.reshape(B, h, n, d)
-        return t.reshape(B, n, h, d).transpose(1, 2) if split_order == "hd" else t.reshape(B, n, d, h).permute(0, 3, 1, 2)
+        if split_order == "dh":  # head i takes features i, i + h, i + 2h, ...
+            return t.reshape(B, n, d, h).permute(0, 3, 1, 2)
+        return t.reshape(B, n, h, d).transpose(1, 2)
 
     q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
     scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
