@@ -543,8 +543,9 @@ def check_multihead(cls) -> None:
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` must return
     ``(output (B, L, D), weights)`` like torch's: (B, L, S) averaged, (B, h, L, S) per head, None without weights.
     Checked in float64 to 1e-10 with random non-zero weights and biases, in eval mode, for self- and
-    cross-attention, bool and float masks, outputs, weights and gradients; then scores in the thousands, queries
-    with no key (torch's NaN or the course's zeros), and, if ``cls`` takes ``dropout=``, dropout off in eval mode.
+    cross-attention, bool and float masks (float with finite values too), outputs, weights and gradients; then
+    scores in the thousands, queries with no key (torch's NaN or the course's zeros), and, if ``cls`` takes
+    ``dropout=``, dropout off in eval mode.
     """
     gen = torch.Generator().manual_seed(7)
     B, L, S, D, h = 2, 4, 5, 6, 3
