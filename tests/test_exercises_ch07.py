@@ -216,6 +216,15 @@ MISTAKES = [  # (name, class, key words of the verdict)
                                                                   torch.zeros_like(s).masked_fill(m, -math.inf)).exp()),
      ["mask"]),
     ("keys split with the queries' length", SplitWithQueryLength, ["raised"]),
+    # float masks with finite values: .bool() blocks every nonzero entry (0 / -inf masks alone do not show it)
+    ("a float mask made bool", mistake(fill=lambda self, s, m: s.masked_fill(m.bool(), float("-inf"))),
+     ["check 7 (float masks with finite values)", "used as a bool mask"]),
+    # a tensor created without dtype= is float32: harmless in float64 and float32, a crash in float16
+    ("a float32 bias in float16", mistake(fill=lambda self, s, m: s + torch.zeros(m.shape).masked_fill(m, -math.inf)
+                                          if m.dtype == torch.bool else s + m),
+     ["check 21 (float16)", "without dtype="]),
+    ("a crash labelled by the running check", mistake(fill=lambda self, s, m: 1 / 0),
+     ["check 4 (a bool key_padding_mask)", "raised ZeroDivisionError"]),
 ]
 
 
