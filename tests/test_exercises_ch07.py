@@ -1,6 +1,5 @@
 """check_multihead_attention: correct layers pass (ours, a thin wrapper of torch's), each classic mistake is caught
 and named where a diagnosis applies, and a broken layer never hangs or crashes the checker."""
-import copy
 import math
 import threading
 import warnings
@@ -13,6 +12,7 @@ from torch import nn
 from attention_course import MultiheadAttention
 from attention_course.exercises import ExerciseError, check_multihead_attention
 from attention_course.exercises import ch07
+from mutants.ch07 import TorchWrapper  # a thin wrapper of torch's layer, with a from_torch
 
 
 class Layer(nn.Module):
@@ -89,27 +89,10 @@ def test_correct_layers_pass(capsys):
     assert "checks passed" in capsys.readouterr().out
 
 
-class TorchWrapper(nn.Module):
-    """A thin wrapper around nn.MultiheadAttention, with parameter names of its own and a from_torch."""
-
-    def __init__(self, D, h, bias=True):
-        super().__init__()
-        self.inner = nn.MultiheadAttention(D, h, bias=bias, batch_first=True)
-
-    @classmethod
-    def from_torch(cls, mha):
-        layer = cls(mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
-        layer.inner = copy.deepcopy(mha)
-        return layer
-
-    def forward(self, *args, **kwargs):
-        return self.inner(*args, **kwargs)
-
-
 def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
     check_multihead_attention(lambda D, h, bias: TorchWrapper(D, h, bias))
     out = capsys.readouterr().out
-    assert "all 19 checks passed" in out and "NaN, as torch's do" in out
+    assert "all 21 checks passed" in out and "NaN, as torch's do" in out
 
 
 class NoParameters(nn.Module):
@@ -233,6 +216,15 @@ MISTAKES = [  # (name, class, key words of the verdict)
                                                                   torch.zeros_like(s).masked_fill(m, -math.inf)).exp()),
      ["mask"]),
     ("keys split with the queries' length", SplitWithQueryLength, ["raised"]),
+    # float masks with finite values: .bool() blocks every nonzero entry (0 / -inf masks alone do not show it)
+    ("a float mask made bool", mistake(fill=lambda self, s, m: s.masked_fill(m.bool(), float("-inf"))),
+     ["check 7 (float masks with finite values)", "used as a bool mask"]),
+    # a tensor created without dtype= is float32: harmless in float64 and float32, a crash in float16
+    ("a float32 bias in float16", mistake(fill=lambda self, s, m: s + torch.zeros(m.shape).masked_fill(m, -math.inf)
+                                          if m.dtype == torch.bool else s + m),
+     ["check 21 (float16)", "without dtype="]),
+    ("a crash labelled by the running check", mistake(fill=lambda self, s, m: 1 / 0),
+     ["check 4 (a bool key_padding_mask)", "raised ZeroDivisionError"]),
 ]
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +51,36 @@ def _combine(kpm, attn_mask, B, h, L, S, *, op="or", head_major=False, polarity=
     return ~mask if polarity == "allow" else mask
 
 
+def _combine_hint(err: ExerciseError, kpm, attn_mask, B, h, L, S) -> str:
+    """The likely cause of an exception raised while combining the masks, from the sizes its message names."""
+    cause = err.__cause__
+    if isinstance(cause, (AttributeError, TypeError)) and "NoneType" in str(cause):
+        return (" Either mask may be None (not given): skip it, and start from the other one (or from an all-False "
+                "(B, h, L, S) mask when both are None).")
+    if not isinstance(cause, RuntimeError):
+        return ""
+    sizes = set(int(n) for n in re.findall(r"\((\d+)\)", str(cause)))  # "size of tensor a (4) must match ... (5)"
+    size = re.search(r"input of size (\d+)", str(cause))
+    if size and attn_mask is not None and attn_mask.ndim == 2 and int(size.group(1)) == L * S:
+        return (f" A 2-D attn_mask (L, S) has no batch or head axis: it becomes (1, 1, L, S) = (1, 1, {L}, {S}), "
+                f"shared by every sentence and head; only the 3-D (B*h, L, S) one is viewed as (B, h, L, S).")
+    if kpm is not None and attn_mask is None and sizes == {B, L}:
+        return (f" That is a (B, S) key_padding_mask put against (..., L, S) as it is: broadcasting aligns it from "
+                f"the right, as an (L, S) mask of the queries (B = {B} against L = {L}). Give it its head and query "
+                f"axes: key_padding_mask.view(B, 1, 1, S), or [:, None, None, :].")
+    if kpm is not None and attn_mask is None and sizes == {L, S}:
+        return (f" The key_padding_mask was put on the query axis: (B, 1, S, 1) lines its S = {S} keys up with the "
+                f"L = {L} queries. One entry per key: key_padding_mask.view(B, 1, 1, S).")
+    if attn_mask is not None and attn_mask.ndim == 2 and kpm is None and sizes == {L, S}:
+        return (f" The 2-D attn_mask was turned around: it is (L, S) = ({L}, {S}), queries by keys, and becomes "
+                f"(1, 1, L, S) as it is, without a transpose.")
+    if attn_mask is not None and attn_mask.ndim == 3 and B * h in sizes:
+        return (f" The 3-D attn_mask is flat, (B*h, L, S) = ({B * h}, {L}, {S}): view it as (B, h, L, S) = "
+                f"({B}, {h}, {L}, {S}) before combining (batch-major: row b*h + i is sentence b, head i).")
+    return (" key_padding_mask (B, S) becomes (B, 1, 1, S), a 2-D attn_mask (L, S) becomes (1, 1, L, S), a 3-D one "
+            "(B*h, L, S) becomes (B, h, L, S); then combine with | and .expand(B, h, L, S).")
+
+
 def check_combine_masks(fn) -> None:
     """Check ``fn(key_padding_mask, attn_mask, batch_size, num_heads, query_len, key_len)`` -> (B, h, L, S) bool.
 
@@ -61,8 +92,11 @@ def check_combine_masks(fn) -> None:
     (B, h, L, S), cases = _mask_cases(gen)
     for name, kpm, attn_mask in cases:
         setting = f"with {name} (B={B}, h={h}, L={L}, S={S})"
-        got = require_tensor(call(fn, kpm, attn_mask, B, h, L, S, what=f"your function {setting}"), "the mask",
-                      "your function")
+        try:
+            answer = call(fn, kpm, attn_mask, B, h, L, S, what=f"your function {setting}")
+        except ExerciseError as err:
+            raise ExerciseError(f"{str(err).rstrip('.')}.{_combine_hint(err, kpm, attn_mask, B, h, L, S)}") from err
+        got = require_tensor(answer, "the mask", "your function")
         want = _combine(kpm, attn_mask, B, h, L, S)
         if got.dtype != torch.bool:
             raise ExerciseError(
@@ -117,10 +151,33 @@ def _naive_softmax(scores, dim=-1):
     return e / e.sum(dim, keepdim=True)
 
 
-def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True, out_bias=True, scale="d",
-               transpose=True, merge_transpose=True, out_proj=True, polarity="ignore", softmax_dim=-1,
-               softmax=torch.softmax):
-    """Multi-head attention from torch's parameters; mask (B, h, L, S) bool ignore or None. Options = mistakes."""
+def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="keys", drop=()):
+    """(blocked, bias): the (B, h, L, S) bool entries to fill and the (B, h, L, S) float bias to add, from torch's
+    two mask arguments (bool: True = blocked; float: added), or None for a mask not given. Options = mistakes:
+    ``invert`` bool masks, ``floats`` "bool" (float masks used as bool, .bool()) or "neginf" (only their -inf
+    entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
+    blocked, bias = torch.zeros(B, h, L, S, dtype=torch.bool), torch.zeros(B, h, L, S, dtype=DTYPE)
+    for which, m in (("kpm", kpm), ("attn", attn_mask)):
+        if m is None or which in drop:
+            continue
+        if which == "kpm":
+            m = m.view(B, 1, 1, S) if kpm_axis == "keys" else m.view(B, 1, L, 1)
+        elif m.dim() == 3:
+            m = m.view(B, h, L, S)
+        if m.dtype == torch.bool:
+            blocked = blocked | (~m if invert else m)
+        elif floats == "add":
+            bias = bias + m
+        else:
+            blocked = blocked | (m != 0 if floats == "bool" else torch.isneginf(m))
+    return blocked, bias
+
+
+def _reference(params, query, key, value, masks, h, *, average=True, in_bias=True, out_bias=True, scale="d",
+               transpose=True, merge_transpose=True, out_proj=True, softmax_dim=-1, softmax=torch.softmax,
+               fill=float("-inf"), mask_after=False, multiply=False, split_order="hd", merge_order="hd"):
+    """Multi-head attention from torch's parameters; ``masks`` = (blocked, bias) of :func:`_masks` or None.
+    Options = mistakes."""
     B, L, D = query.shape
     S, d = key.shape[1], D // h
     W_q, W_k, W_v = params["in_proj_weight"].chunk(3)
@@ -128,15 +185,31 @@ def _reference(params, query, key, value, mask, h, *, average=True, in_bias=True
     q, k, v = F.linear(query, W_q, b_q), F.linear(key, W_k, b_k), F.linear(value, W_v, b_v)
 
     def split(t, n):
-        return t.reshape(B, n, h, d).transpose(1, 2) if transpose else t.reshape(B, h, n, d)
+        if not transpose:
+            return t.reshape(B, h, n, d)
+        if split_order == "dh":  # head i takes features i, i + h, i + 2h, ...
+            return t.reshape(B, n, d, h).permute(0, 3, 1, 2)
+        return t.reshape(B, n, h, d).transpose(1, 2)
 
     q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d if scale == "d" else D)  # (B, h, L, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask if polarity == "allow" else mask, float("-inf"))
+    scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
+    if scale is not None:
+        scores = scores / math.sqrt(d if scale == "d" else D)
+    blocked, bias = masks if masks is not None else (None, None)
+    if bias is not None:
+        scores = scores * bias.exp() if multiply else scores + bias
+    if blocked is not None and not mask_after:
+        scores = scores.masked_fill(blocked, fill)
     weights = softmax(scores, dim=softmax_dim)  # (B, h, L, S)
+    if blocked is not None and mask_after:
+        weights = weights.masked_fill(blocked, 0.0)
     heads = weights @ v  # (B, h, L, d)
-    heads = (heads.transpose(1, 2) if merge_transpose else heads).reshape(B, L, D)
+    if not merge_transpose:
+        heads = heads.reshape(B, L, D)
+    elif merge_order == "hd":
+        heads = heads.transpose(1, 2).reshape(B, L, D)
+    else:
+        heads = heads.permute(0, 2, 3, 1).reshape(B, L, D)  # (B, L, d, h): features of the heads interleaved
     out = F.linear(heads, params["out_proj.weight"], params["out_proj.bias"] if out_bias else None) if out_proj \
         else heads
     return out, (weights.mean(1) if average else weights)
@@ -157,19 +230,20 @@ def _layer_cases(gen: torch.Generator, B: int, L: int, S: int, D: int):
     kpm_cross = torch.arange(S)[None, :] >= torch.tensor([S, 3])[:, None]  # (B, S)
     causal = torch.ones(L, L, dtype=torch.bool).triu(1)
     additive = lambda m: torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, float("-inf"))  # noqa: E731
+    # float masks with finite values too: they favour (> 0) or penalise (< 0) a key, only -inf hides one
+    favour = torch.tensor([[0.0, -1.5, 0.7, -0.4], [0.0, 0.9, -2.0, 0.3], [-0.6, 0.0, 1.2, -1.0],
+                           [0.5, -0.8, 0.0, 1.1]], dtype=DTYPE)  # (L, L)
+    favour = favour.masked_fill(causal, float("-inf"))
     return [
         # (name, query, key, value, key_padding_mask, attn_mask, average_attn_weights)
         ("self-attention without masks", x, x, x, None, None, True),
         ("a bool key_padding_mask", x, x, x, kpm_self, None, True),
         ("key padding plus a causal attn_mask", x, x, x, kpm_self, causal, True),
         ("float (additive) masks", x, x, x, additive(kpm_self), additive(causal), True),
+        ("float masks with finite values", x, x, x, additive(kpm_self) - 0.8 * (torch.arange(L) == 1), favour, True),
         ("average_attn_weights=False", x, x, x, kpm_self, causal, False),
         (f"cross-attention, L={L} queries over S={S} keys", x, memory, memory, kpm_cross, None, True),
     ]
-
-
-def _as_ignore(mask):
-    return None if mask is None else (mask if mask.dtype == torch.bool else torch.isneginf(mask))
 
 
 def _matches(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -211,7 +285,12 @@ def _forward(layer, query, key, value, setting: str, **kwargs):
                 f"scores as it is: broadcasting aligns it from the right, as an (L, S) mask of the queries (silently "
                 f"wrong when B == L). Give it its query (and head) axes: key_padding_mask[:, None, None, :], "
                 f"(B, 1, 1, S).") from err
-        if key.shape[1] != query.shape[1] and "view size" not in str(err):
+        cause = str(err.__cause__)
+        if isinstance(err.__cause__, TypeError) and "argument" in cause:
+            raise ExerciseError(f"{str(err).rstrip('.')}. The layer is called as torch's is: forward(query, key, "
+                                f"value, key_padding_mask=None, need_weights=True, attn_mask=None, "
+                                f"average_attn_weights=True), keywords included.") from err
+        if key.shape[1] != query.shape[1] and ("invalid for input of size" in cause or "must match" in cause):
             raise ExerciseError(f"{str(err).rstrip('.')}. Keys and values have S = {key.shape[1]} positions, "
                                 f"queries L = {query.shape[1]}: split k and v with key.shape[1], not the query's "
                                 f"L.") from err
@@ -239,7 +318,7 @@ def _check_large_logits(ours, mha, params, gen, B, L, D, h) -> None:
     if max_diff(out, want_out) <= 1e-9 * scale and max_diff(weights, want_w) <= 1e-9:
         return
     diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
-    naive_out, _ = _reference(params, x, x, x, kpm.view(B, 1, 1, L).expand(B, h, L, L), h, softmax=_naive_softmax)
+    naive_out, _ = _reference(params, x, x, x, _masks(kpm, None, B, h, L, L), h, softmax=_naive_softmax)
     if not torch.isfinite(out).all() and (naive_out.isnan() == out.isnan()).all():
         raise ExerciseError(
             f"{setting} your layer gives NaN or inf where torch's is finite {diff}: a softmax computed as exp(s) / "
@@ -340,7 +419,8 @@ def check_case(ours, mha, params, case, h: int) -> None:
     if weights is None:
         raise ExerciseError(f"your layer returned None for the weights {setting}; with need_weights=True "
                             f"(the default) torch returns them.")
-    want_out, want_w = mha(query, key, value, **kwargs)
+    with torch.no_grad():
+        want_out, want_w = mha(query, key, value, **kwargs)
     Lq, Sk = query.shape[1], key.shape[1]
     if tuple(out.shape) != (B, Lq, D):
         raise ExerciseError(f"your output has shape {tuple(out.shape)} {setting}, expected (B, L, D) = {(B, Lq, D)}.")
@@ -354,6 +434,9 @@ def check_case(ours, mha, params, case, h: int) -> None:
             hint = " With average_attn_weights=True, average over the heads: weights.mean(dim=1)."
         elif not average and shape == (B, Lq, Sk):
             hint = " With average_attn_weights=False, return one matrix per head, (B, h, L, S), not their mean."
+        elif shape in ((Lq, B, B), (Lq, h, B, B)):
+            hint = (" That is attention over the batch: your layer reads its inputs as (L, B, D), sequence first. "
+                    "The layer checked here is nn.MultiheadAttention(batch_first=True): inputs (B, L, D).")
         else:
             hint = ""
         raise ExerciseError(f"your weights have shape {shape} {setting}, torch's {want_shape}.{hint}")
@@ -364,59 +447,91 @@ def check_case(ours, mha, params, case, h: int) -> None:
     if max_diff(again, out) > 0:
         raise ExerciseError(_dropout_message(setting, max_diff(again, out)))
     diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
-    mask = None
-    if kpm is not None or attn_mask is not None:
-        mask = torch.zeros(B, h, Lq, Sk, dtype=torch.bool)
-        if kpm is not None:
-            mask = mask | _as_ignore(kpm).view(B, 1, 1, Sk)
-        if attn_mask is not None:
-            mask = mask | _as_ignore(attn_mask)
+    masked = kpm is not None or attn_mask is not None
+    floats = any(m is not None and m.dtype != torch.bool for m in (kpm, attn_mask))
+    bools = any(m is not None and m.dtype == torch.bool for m in (kpm, attn_mask))
+    masks = lambda **options: _masks(kpm, attn_mask, B, h, Lq, Sk, **options) if masked else None  # noqa: E731
     variants = [
-        (dict(polarity="allow"), "the mask polarity is inverted: in nn.MultiheadAttention a bool True must mean "
-                                 "padding / ignore this key, False attend. Fill the scores with -inf where the "
-                                 "mask is True (masked_fill(mask, float('-inf'))), not where it is False."),
         (dict(softmax_dim=-2), "the softmax ran over the queries (dim=-2 of the (B, h, L, S) scores): each "
                                "query's weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
         (dict(softmax_dim=1), "the softmax ran over the heads (dim=1 of the (B, h, L, S) scores): each query's "
                               "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
         (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
                           f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
+        (dict(scale=None), f"the scores were not scaled: divide q @ k.transpose(-2, -1) by sqrt(d) = sqrt({d}), "
+                           f"d = D / h the head size, before the softmax."),
         (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
                                 "transpose(1, 2); a direct reshape mixes tokens across heads (chapter 5)."),
         (dict(merge_transpose=False), "the heads were merged without undoing the split's transpose: (B, h, L, d) "
                                       "must become (B, L, h, d) with transpose(1, 2) before the reshape to (B, L, "
                                       "D); a direct reshape hands each token pieces of other tokens."),
+        (dict(split_order="dh", merge_order="dh"),
+         "the features were cut into heads in the wrong order, (B, L, d, h): head i must hold the d consecutive "
+         "features i*d ... (i+1)*d - 1, as torch's in_proj and out_proj assume. Split with view(B, L, h, d)."),
+        (dict(merge_order="dh"), "the heads were merged in the wrong order: (B, h, L, d) must become (B, L, h, d) "
+                                 "(transpose(1, 2)), so that head i fills features i*d ... (i+1)*d - 1; "
+                                 "(B, L, d, h) interleaves the heads' features."),
         (dict(in_bias=False), "in_proj_bias is not used: add the biases b_q, b_k, b_v (in_proj_bias.chunk(3)). "
                               "torch starts them at zero, which is why a check with a fresh layer misses this."),
         (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
         (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
     ]
-    if mask is not None:
-        variants.append((dict(mask=None), "your output is the one without any mask: the mask never reaches the "
-                                          "scores (filled where a score is 0 rather than where the mask is True? "
-                                          "a branch that skips it? a result not assigned back?)."))
+    if bools:
+        variants += [
+            (dict(masks=masks(invert=True)),
+             "the mask polarity is inverted: in nn.MultiheadAttention a bool True must mean padding / ignore this "
+             "key, False attend. Fill the scores with -inf where the mask is True (masked_fill(mask, "
+             "float('-inf'))), not where it is False."),
+            (dict(mask_after=True), "the mask was applied after the softmax (weights set to 0 where masked): the "
+                                    "kept weights no longer sum to 1. Fill the SCORES with -inf before the "
+                                    "softmax, which then shares each row among the visible keys."),
+            (dict(fill=0.0), "the masked scores were set to 0, not -inf: a score of 0 still gets the weight "
+                             "exp(0) / sum, as much as an ordinary key. Fill with float('-inf') (or, if you "
+                             "multiplied a mask into the scores: a mask is added, never multiplied)."),
+        ]
+    if floats:
+        variants += [
+            (dict(multiply=True), "the float mask was multiplied into the scores (scores * mask.exp()?): a float "
+                                  "mask is ADDED, scores + mask; -inf added hides a key, while a product turns "
+                                  "its score into 0, which still gets weight."),
+            (dict(masks=masks(floats="bool")),
+             "the float mask was used as a bool mask (.bool(), != 0): every nonzero entry blocked. A float mask is "
+             "added to the scores as it is: finite values favour (> 0) or penalise (< 0) a key, only -inf hides it."),
+            (dict(masks=masks(floats="neginf")),
+             "only the -inf entries of the float mask were used (isneginf, == -inf): its finite values must be "
+             "added too. Add a float mask to the scores as it is, scores + mask."),
+        ]
+    if masked:
+        variants.append((dict(masks=masks(drop=("kpm", "attn"))),
+                         "your output is the one without any mask: the mask never reaches the scores (filled where "
+                         "a score is 0 rather than where the mask is True? a branch that skips it? a result not "
+                         "assigned back?)."))
     if kpm is not None and attn_mask is not None:
-        pads_only = _as_ignore(kpm).view(B, 1, 1, Sk).expand(B, h, Lq, Sk)
-        variants.append((dict(mask=pads_only), "your output is the one with the key_padding_mask alone: the attn_mask "
-                                               "never reaches the scores (a branch that masks with the padding mask "
-                                               "again?). Each branch must use its own mask."))
-        variants.append((dict(mask=_as_ignore(attn_mask).expand(B, h, Lq, Sk)),
+        variants.append((dict(masks=masks(drop=("attn",))),
+                         "your output is the one with the key_padding_mask alone: the attn_mask never reaches the "
+                         "scores (a branch that masks with the padding mask again?). Each branch must use its own "
+                         "mask."))
+        variants.append((dict(masks=masks(drop=("kpm",))),
                          "your output is the one with the attn_mask alone: the key_padding_mask is dropped when both "
                          "are given. Combine them: a key is ignored if either mask ignores it."))
     if kpm is not None and Lq == Sk:  # the padding given the query axis: it blanks query rows, not keys
-        on_queries = _as_ignore(kpm).view(B, 1, Lq, 1).expand(B, h, Lq, Sk)
-        if attn_mask is not None:
-            on_queries = on_queries | _as_ignore(attn_mask)
-        variants.append((dict(mask=on_queries), "the key_padding_mask was applied to the queries, not the keys: "
-                                                 "(B, S) becomes (B, 1, 1, S), one entry per key, so that every "
-                                                 "query ignores the pad keys; (B, 1, S, 1) blanks whole query rows."))
+        variants.append((dict(masks=masks(kpm_axis="queries")),
+                         "the key_padding_mask was applied to the queries, not the keys: (B, S) becomes (B, 1, 1, S), "
+                         "one entry per key, so that every query ignores the pad keys; (B, 1, S, 1) blanks whole "
+                         "query rows."))
     for options, message in variants:
-        v_out, v_w = _reference(params, query, key, value, options.pop("mask", mask), h, average=average, **options)
+        options.setdefault("masks", masks())
+        v_out, v_w = _reference(params, query, key, value, options.pop("masks"), h, average=average, **options)
         if _matches(out, v_out) and _matches(weights, v_w):
             raise ExerciseError(f"{setting}: {message} {diff}")
     if diff_out > ATOL and diff_w <= ATOL:
         raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
                             f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
+    if diff_out <= 1e-4 * max(1.0, float(want_out.abs().max())) and diff_w <= 1e-4:
+        raise ExerciseError(f"{setting}, your layer agrees with nn.MultiheadAttention only to float32 precision "
+                            f"{diff}, though both run in float64: a step of yours computes in float32 (a tensor "
+                            f"created without dtype=, .float(), a float32 constant). Create tensors with the "
+                            f"inputs' dtype and device (dtype=scores.dtype).")
     raise ExerciseError(f"{setting}, your layer differs from nn.MultiheadAttention {diff}.")
 
 
@@ -428,8 +543,9 @@ def check_multihead(cls) -> None:
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` must return
     ``(output (B, L, D), weights)`` like torch's: (B, L, S) averaged, (B, h, L, S) per head, None without weights.
     Checked in float64 to 1e-10 with random non-zero weights and biases, in eval mode, for self- and
-    cross-attention, bool and float masks, outputs, weights and gradients; then scores in the thousands, queries
-    with no key (torch's NaN or the course's zeros), and, if ``cls`` takes ``dropout=``, dropout off in eval mode.
+    cross-attention, bool and float masks (float with finite values too), outputs, weights and gradients; then
+    scores in the thousands, queries with no key (torch's NaN or the course's zeros), and, if ``cls`` takes
+    ``dropout=``, dropout off in eval mode.
     """
     gen = torch.Generator().manual_seed(7)
     B, L, S, D, h = 2, 4, 5, 6, 3
@@ -454,7 +570,7 @@ def check_multihead(cls) -> None:
     for case in cases:
         check_case(ours, mha, params, case, h)
     # Gradients, once forward agrees: of the inputs and of every parameter.
-    name, query, key, value, kpm, attn_mask, average = cases[5]
+    name, query, key, value, kpm, attn_mask, average = cases[-1]  # cross-attention
     grads = {"yours": _gradients(ours, query, key, kpm), "torch": _gradients(mha, query, key, kpm)}
     for what, want in grads["torch"].items():
         got = grads["yours"].get(what)

@@ -9,6 +9,7 @@ the reference with each classic mistake applied (chapter 6's list), never by rea
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import threading
 import warnings
@@ -90,6 +91,19 @@ def _bad_shapes(layer, x, memory, kpm_cross) -> str | None:
     return None
 
 
+def _dtype_hint(fn, dtype: str):
+    """``fn()``; an exception that names dtypes gets the usual cause: a tensor created in forward as float32."""
+    try:
+        return fn()
+    except ExerciseError as err:
+        text = str(err)
+        if "raised" in text and ("dtype" in text or "Half" in text or "Float" in text):
+            raise ExerciseError(f"{text.rstrip('.')}. In {dtype} that is most often a tensor created inside forward "
+                                f"without dtype= (float32 by default) meeting {dtype} ones: create it with the "
+                                f"inputs' dtype (dtype=scores.dtype), or as a Python float.") from err
+        raise
+
+
 def check_multihead_attention(factory) -> None:
     """Check ``factory(embed_dim, num_heads, bias)`` -> a multi-head attention layer against
     ``nn.MultiheadAttention(batch_first=True)``, with every weight and bias random and non-zero.
@@ -97,10 +111,11 @@ def check_multihead_attention(factory) -> None:
     The layer has the interface of ``attention_course.MultiheadAttention``: ``forward(query, key, value,
     key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)`` returning ``(output,
     weights)``, and torch's parameter names or a ``from_torch`` classmethod. Checks, in order: the layer builds and
-    takes torch's weights; 10 features in 4 heads are refused; self- and cross-attention with no mask, bool and float masks, a causal and a per-head
-    (B*h, L, S) mask, per-head weights; need_weights=False; gradients of inputs and parameters; two identical
-    calls; training mode; bias=False; scores in the thousands; queries with no key; wrong shapes raise; float32;
-    nothing printed or warned.
+    takes torch's weights; 10 features in 4 heads are refused; self- and cross-attention with no mask, bool
+    masks, float masks (0 / -inf, and finite values), a causal and a per-head (B*h, L, S) mask, per-head weights;
+    nothing printed or warned; need_weights=False; gradients of inputs and parameters; two identical calls;
+    training mode; bias=False; scores in the thousands; queries with no key; wrong shapes raise; float32; float16.
+    A check that raises is named by its number and name, a crash of the layer included.
     Raises ``ExerciseError`` naming the first failing check; prints "all N checks passed" otherwise.
     """
     gen = torch.Generator().manual_seed(13)
@@ -108,7 +123,7 @@ def check_multihead_attention(factory) -> None:
     mha = _torch_layer(D, h, gen).eval()
     params = {name: p.detach() for name, p in mha.named_parameters()}
     cases = _layer_cases(gen, B, L, S, D)
-    x, memory, kpm_self, kpm_cross = cases[0][1], cases[5][2], cases[1][4], cases[5][4]
+    x, memory, kpm_self, kpm_cross = cases[0][1], cases[-1][2], cases[1][4], cases[-1][4]
     per_head = torch.rand(B * h, L, L, generator=gen) < 0.3
     per_head[..., 0] = False  # every query keeps a key
     cases.append(("a per-head (B*h, L, S) bool attn_mask", x, x, x, None, per_head, False))
@@ -157,9 +172,14 @@ def check_multihead_attention(factory) -> None:
                                 f"{str(caught[0].message)[:90]}). Warnings at every call hide the ones that matter; "
                                 f"a common cause is a size kept as a tensor: use an int and math.sqrt.")
 
-    check("no output and no warnings", quiet)
+    def parity(case):
+        with warnings.catch_warnings():  # the layer's warnings are reported by the check after these
+            warnings.simplefilter("ignore")
+            check_case(ours, mha, params, case, h)
+
     for case in cases:
-        check(case[0], lambda case=case: check_case(ours, mha, params, case, h))
+        check(case[0], lambda case=case: parity(case))
+    check("no output and no warnings", quiet)
 
     def no_weights():
         out, weights = call(lambda: ours(x, memory, memory, key_padding_mask=kpm_cross, need_weights=False),
@@ -251,8 +271,30 @@ def check_multihead_attention(factory) -> None:
             raise ExerciseError(f"in float32 your output differs by {max_diff(out, want):.2g} (torch's agrees with "
                                 f"float64 to about 1e-6): look for a constant or a tensor built in float64.")
 
-    check("float32", float32)
+    check("float32", lambda: _dtype_hint(float32, "float32"))
+
+    def float16():
+        """The layer in float16 keeps its dtype and is as close to float64's answer as torch's float16 layer."""
+        layer16, mha16 = ours.half(), mha.half()  # the last check: both stay in float16 afterwards
+        x16, memory16 = x.half(), memory.half()
+        out, _ = _forward(layer16, x16, memory16, memory16, "in float16", key_padding_mask=kpm_cross)
+        with torch.no_grad():
+            torch16, _ = mha16(x16, memory16, memory16, key_padding_mask=kpm_cross)
+            exact, _ = copy.deepcopy(mha16).double()(x16.double(), memory16.double(), memory16.double(),
+                                                      key_padding_mask=kpm_cross)
+        if out.dtype != torch.float16:
+            raise ExerciseError(f"given float16 weights and inputs your layer returns {out.dtype}: a tensor "
+                                f"created inside forward without dtype= (float32 by default) promotes the result. "
+                                f"Create tensors with the inputs' dtype (dtype=scores.dtype).")
+        tolerance = max(4 * max_diff(torch16, exact), 1e-2)
+        if max_diff(out, exact) > tolerance:
+            raise ExerciseError(f"in float16 your output is off by {max_diff(out, exact):.2g} (torch's float16 "
+                                f"layer by {max_diff(torch16, exact):.2g}): a constant out of float16's range "
+                                f"(above 65504, such as -1e9), or a sum that overflows before the scale?")
+
+    check("float16", lambda: _dtype_hint(float16, "float16"))
     passed(f"all {len(done)} checks passed: outputs, weights and gradients = torch's to 1e-10 in float64, masks "
-           f"of every kind, both layouts of weights, train and eval, no bias, large scores, bad shapes."
+           f"of every kind, both layouts of weights, train and eval, no bias, large scores, bad shapes, float32 and "
+           f"float16."
            + (notes[0] if notes else ""))
 
