@@ -86,14 +86,19 @@ def test_code_lines_fit_the_page(path):
 
 # ------------------------------------------------------------------------------------------------------------------
 # Conventions that keep a notebook readable outside the website (JupyterLab with jupyterlab-myst, Colab):
-#   (a) solution code is hidden: every code cell between a markdown cell with {solution-start} and the matching
-#       {solution-end} has metadata jupyter.source_hidden = true (JupyterLab and Notebook 7 fold it away);
+#   (a) a solution stays folded in JupyterLab: its prose is the BODY of the {solution-start} directive (jupyterlab-myst
+#       folds only the start cell's own directive into the dropdown: a markdown cell between {solution-start} and
+#       {solution-end}, or text after the start directive in its cell, stays in plain view), and every code cell
+#       between them has metadata jupyter.source_hidden = true and jupyter.outputs_hidden = true (JupyterLab and
+#       Notebook 7 fold its code and its output away);
 #   (b) references stay inside their notebook: no {doc} role, and {eq} / {prf:ref} / {ref} / {numref} only to labels
 #       the same notebook defines (one notebook is rendered alone there); another chapter is reached by a relative
 #       link `NN_name.ipynb` or `NN_name.ipynb#anchor` to a notebook that exists, whose anchor it defines;
 #   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees.
 # Each rule is a function from notebook(s) to a list of problems, checked on the chapters and on hand-made notebooks.
-SOLUTION_MARK = re.compile(r"\{solution-(start|end)\}")
+# A whole {solution-start} directive (fence line, options, body up to the closing fence) or {solution-end}.
+SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>start|end)\}[^\n]*(?:\n|$)"
+                           r"(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
 LABEL_DEFINITIONS = [
     re.compile(r"^\s*:label:\s*(\S+)", re.M),  # directive option: exercises, theorems, figures, math
     re.compile(r"^\s*\(([^()\s]+)\)=\s*$", re.M),  # a target line: (label)=
@@ -132,21 +137,33 @@ def anchors_of(notebook) -> set:
 
 
 def hidden_solution_problems(notebook) -> list[str]:
-    """(a) Code cells inside a solution that are not marked jupyter.source_hidden."""
+    """(a) Solution prose outside the start directive's body, and solution code cells not folded away."""
     problems, inside, opened_at = [], False, None
+    leak = ("stays in plain view in JupyterLab: move it into the body of the {{solution-start}} directive of cell "
+            "{at} (or into a comment of the code)")
     for i, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            for mark in SOLUTION_MARK.findall(source):
-                if mark == "start" and inside:
+            position = 0
+            for match in SOLUTION_MARK.finditer(source):
+                between = source[position:match.start()]
+                if inside and between.strip():
+                    problems.append(f"cell {i}: solution prose {between.strip()[:40]!r} " + leak.format(at=opened_at))
+                if match["kind"] == "start" and inside:
                     problems.append(f"cell {i}: a {{solution-start}} inside the solution opened in cell {opened_at}")
-                if mark == "end" and not inside:
+                if match["kind"] == "end" and not inside:
                     problems.append(f"cell {i}: a {{solution-end}} with no {{solution-start}} before it")
-                inside, opened_at = mark == "start", i if mark == "start" else opened_at
+                inside, opened_at = match["kind"] == "start", i if match["kind"] == "start" else opened_at
+                position = match.end()
+            rest = source[position:]
+            if inside and rest.strip():
+                problems.append(f"cell {i}: solution prose {rest.strip()[:40]!r} " + leak.format(at=opened_at))
         elif cell["cell_type"] == "code" and inside:
-            if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is not True:
-                first = source.splitlines()[0] if source else ""
-                problems.append(f"cell {i} (solution code, {first!r}): metadata jupyter.source_hidden is not true")
+            folded = cell.get("metadata", {}).get("jupyter", {})
+            first = source.splitlines()[0] if source else ""
+            for key in ("source_hidden", "outputs_hidden"):
+                if folded.get(key) is not True:
+                    problems.append(f"cell {i} (solution code, {first!r}): metadata jupyter.{key} is not true")
     if inside:
         problems.append(f"the solution opened in cell {opened_at} has no {{solution-end}}")
     return problems
@@ -230,7 +247,7 @@ def md(text):
 
 
 def code(text, hidden=False, tags=()):
-    metadata = {"jupyter": {"source_hidden": True}} if hidden else {}
+    metadata = {"jupyter": {"source_hidden": True, "outputs_hidden": True}} if hidden else {}
     if tags:
         metadata["tags"] = list(tags)
     return {"cell_type": "code", "metadata": metadata, "source": text.splitlines(keepends=True), "outputs": [],
@@ -242,10 +259,13 @@ def notebook(*cells):
 
 
 SOLUTION = ("```{solution-start} ex-one\n:class: dropdown\n```\n", "```{solution-end}\n```\n")
+# The prose in the start directive's body: backticks, math, a list, a nested code block (a longer fence outside).
+SOLUTION_WITH_BODY = ("````{solution-start} ex-one\n:class: dropdown\n\nFill with `-inf`, then:\n\n- $e^{-\\infty} = 0$;"
+                      "\n- the cell below checks it.\n\n```python\nx = 1\n```\n````\n")
 GOOD_ONE = notebook(
     md("# One\n\n(sec-one)=\n## Scores\n\n$$\ns = q^\\top k\n$$ (eq-one)\n\n```{exercise} Do it\n:label: ex-one\n\nGo.\n```"),
     code("x = 1"),
-    md(SOLUTION[0] + "\nThe text of the solution."),
+    md("Text before the solution.\n\n" + SOLUTION_WITH_BODY),
     code("def answer():\n    return 1", hidden=True),
     code("answer()", hidden=True, tags=["nbval-check-output"]),
     md(SOLUTION[1] + "\nSee {eq}`eq-one`, {ref}`sec-one`, {prf:ref}`the exercise <ex-one>`, [two](02_two.ipynb),"
@@ -267,10 +287,38 @@ def test_rules_pass_a_good_notebook():
 def test_visible_solution_code_is_caught():
     bad = notebook(md(SOLUTION[0]), code("def answer():\n    return 1"), md(SOLUTION[1]), code("answer()"))
     problems = hidden_solution_problems(bad)
-    assert len(problems) == 1 and "cell 1" in problems[0] and "def answer" in problems[0]
+    assert len(problems) == 2 and all("cell 1" in p and "def answer" in p for p in problems)
+    assert "source_hidden" in problems[0] and "outputs_hidden" in problems[1]
+    shown_output = code("answer()", hidden=True)
+    del shown_output["metadata"]["jupyter"]["outputs_hidden"]
+    problems = hidden_solution_problems(notebook(md(SOLUTION[0]), shown_output, md(SOLUTION[1])))
+    assert len(problems) == 1 and "cell 1" in problems[0] and "jupyter.outputs_hidden is not true" in problems[0]
     unclosed = notebook(md(SOLUTION[0]), code("x", hidden=True))
     assert "has no {solution-end}" in hidden_solution_problems(unclosed)[0]
     assert "no {solution-start}" in hidden_solution_problems(notebook(md(SOLUTION[1])))[0]
+
+
+@pytest.mark.parametrize("cells, where, prose", [
+    # the old layout: the explanation in a cell of its own after the start directive
+    ([md(SOLUTION[0]), md("Fill with `-inf` first."), code("x", hidden=True), md(SOLUTION[1])], "cell 1", "Fill"),
+    # text after the start directive, in its own cell
+    ([md(SOLUTION[0] + "\nFill with `-inf` first."), code("x", hidden=True), md(SOLUTION[1])], "cell 0", "Fill"),
+    # a comment on the result after the code, before the end
+    ([md(SOLUTION_WITH_BODY), code("x", hidden=True), md("As the output shows.\n\n" + SOLUTION[1])], "cell 2", "As"),
+    ([md(SOLUTION_WITH_BODY), code("x", hidden=True), md("As the output shows."), md(SOLUTION[1])], "cell 2", "As"),
+])
+def test_solution_prose_outside_the_dropdown_is_caught(cells, where, prose):
+    """JupyterLab folds only the start directive: prose anywhere else between the gates is in plain view."""
+    problems = hidden_solution_problems(notebook(*cells))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{where}: solution prose {prose!r}"[:-1]) and "body of the {solution-start}" in problems[0]
+
+
+def test_prose_after_the_end_and_before_the_start_is_no_solution():
+    cells = [md("Before.\n\n" + SOLUTION_WITH_BODY), code("x", hidden=True), md(SOLUTION[1] + "\nAfter, in view.")]
+    assert hidden_solution_problems(notebook(*cells)) == []
+    both = md(SOLUTION[0] + SOLUTION[1] + "\nNothing was inside.")  # start and end in one cell
+    assert hidden_solution_problems(notebook(both)) == []
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -11,7 +11,8 @@ in the same order and the MyST turned into what Colab can show:
 - ``{eq}``, ``{prf:ref}``, ``{ref}``, ``{numref}``: the number or title as plain text; ``{doc}`` and links to
   another chapter (``02_softmax.ipynb#anchor``): a link that opens that chapter's rendition in Colab;
 - ``{solution-start}`` ... ``{solution-end}``: a heading "Solution to Exercise 3.1 (click to show)" whose section is
-  stored collapsed, and each code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to
+  stored collapsed, the body of ``{solution-start}`` (the solution's prose) as a Markdown cell under it, and each
+  code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to
   show)``) that hides its code until clicked;
 - admonitions and dropdowns: block quotes under a bold title; other directives: their text.
 
@@ -202,8 +203,11 @@ def _cell(kind: str, text: str, cell_id: str, metadata=None) -> dict:
     return cell
 
 
-SOLUTION_MARK = re.compile(r"^[ \t]*(`{3,}|:{3,})\{solution-(start|end)\}[ \t]*(\S*).*?\n(?:[ \t]*:[\w-]+:.*\n)*"
-                           r"[ \t]*\1[ \t]*(?:\n|$)", re.M)
+# {solution-start} / {solution-end}, whole: the fence line, options, the body (the solution's prose, backticks and
+# math included) up to the line that closes the fence.
+SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>start|end)\}[ \t]*(?P<label>\S*)[^\n]*"
+                           r"(?:\n|$)(?:[ \t]*:[\w-]+:[^\n]*\n)*(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*(?:\n|$)",
+                           re.M | re.S)
 
 
 def render_notebook(notebook: dict, ctx: Context) -> dict:
@@ -226,7 +230,9 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
         level = min(headings[-1] + 1, 6) if headings else level  # exercises sit one level below their section
         pieces, start = [], 0
         for m in SOLUTION_MARK.finditer(source):
-            pieces += [("text", source[start:m.start()]), (m.group(2), m.group(3))]
+            pieces += [("text", source[start:m.start()]), (m["kind"], m["label"])]
+            if m["kind"] == "start":  # the body: the solution's prose, under the folded heading
+                pieces.append(("text", m["body"]))
             start = m.end()
         pieces.append(("text", source[start:]))
         part = 0
