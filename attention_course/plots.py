@@ -213,11 +213,11 @@ def _recording_formatter(original):
     def formatter(fig):
         with drawn_text_sizes() as sizes:
             data = original(fig)
-        if not data or not sizes:
+        if not data:
             return data
-        points, dpi = min(sizes, key=lambda size: size[0] * size[1])
+        points, dpi = min(sizes, key=lambda size: size[0] * size[1]) if sizes else ("none", fig.dpi)
         raw = base64.b64decode(data) if isinstance(data, str) else data
-        raw = with_png_text(raw, {TEXT_PT_KEY: f"{points:g}", DPI_KEY: f"{dpi:g}"})
+        raw = with_png_text(raw, {TEXT_PT_KEY: f"{points:g}" if sizes else points, DPI_KEY: f"{dpi:g}"})
         return base64.b64encode(raw).decode("ascii") if isinstance(data, str) else raw
 
     formatter.records_text_sizes = True
@@ -226,7 +226,8 @@ def _recording_formatter(original):
 
 def record_text_sizes(shell=None) -> bool:
     """In an IPython kernel: every matplotlib figure it shows as a PNG carries two tEXt chunks, ``TEXT_PT_KEY``
-    (the smallest font size drawn in it, in points) and ``DPI_KEY``. Returns whether it is on.
+    (the smallest font size drawn in it, in points, or "none" when it has no text) and ``DPI_KEY``. Returns whether
+    it is on.
 
     The book's build switches it on (book/_ext/legibility.py sets $ATTENTION_COURSE_RECORD_TEXT_SIZES=1 for the
     kernels it starts; this package calls it when imported there); a learner's kernel is left as it is unless they
@@ -248,6 +249,9 @@ def record_text_sizes(shell=None) -> bool:
         if current is not None and not getattr(current, "records_text_sizes", False):
             formatter.for_type(Figure, _recording_formatter(current))
 
+    backend = getattr(plt, "_get_backend_mod", None)
+    if backend is not None:
+        backend()  # load the inline backend now: it installs its own formatter, which the wrapper then goes around
     wrap()
     if not getattr(shell, "_attention_course_records_text_sizes", False):
         # the inline backend installs its own formatter when the first figure loads it, in the middle of a cell, and

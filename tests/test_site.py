@@ -289,6 +289,82 @@ HARNESS_MARKERS = """() => {
 # The column a chapter's text sits in, at desktop widths: the site has one search box there.
 DESKTOPS = [DESKTOP, {"width": 1600, "height": 1000}]
 
+# Legible at the size shown (at 1280 px wide; see test_desktop_layout and figure_problems):
+# - figures: every image in a cell's output, as shown (its PNG file, natural width, displayed width);
+# - clipped: a <pre> (code, output), a table or a cell's output box in the article whose content is wider than its
+#   box (scrollWidth > clientWidth: the reader must scroll, or never sees the end);
+# - printed tables: output lines laid out in columns (two spaces or more between words, or '|') wider than their box
+#   once printed as they are (outputs wrap on the site, book/_ext/static/attention-course.css, which would hide a
+#   table's overflow by breaking its rows).
+LEGIBILITY = """() => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const where = (e) => (e.closest('section')?.querySelector('h1, h2, h3, h4, h5, h6')?.textContent || '')
+    .replace(/#$/, '').replace(/\\s+/g, ' ').trim().slice(0, 50);
+  const figures = [...article.querySelectorAll('.cell_output img')].map((img) => ({
+    src: decodeURIComponent(new URL(img.src).pathname), natural: img.naturalWidth,
+    shown: img.getBoundingClientRect().width, where: where(img) }));
+  const clipped = [];
+  for (const e of article.querySelectorAll('pre, table, .cell_output')) {
+    // a table may also stand wider than the box it sits in (which then scrolls); borders are not content
+    const [width, box] = e.tagName === 'TABLE' && e.getBoundingClientRect().width > e.parentElement.clientWidth + 1
+      ? [e.getBoundingClientRect().width, e.parentElement.clientWidth] : [e.scrollWidth, e.clientWidth];
+    if (width > box + 1) clipped.push(`${e.tagName.toLowerCase()} in "${where(e)}" (${Math.round(width)} px in ${box} ` +
+      `px): ${e.textContent.trim().split('\\n')[0].slice(0, 60)}`);
+  }
+  const tables = [];
+  const canvas = document.createElement('canvas').getContext('2d');
+  for (const pre of article.querySelectorAll('.cell_output pre')) {
+    const style = getComputedStyle(pre);
+    canvas.font = `${style.fontSize} ${style.fontFamily}`;
+    const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    for (const line of pre.textContent.split('\\n')) {
+      const width = canvas.measureText(line).width;
+      if (/\\S {2,}\\S|[|│]/.test(line) && width > room + 1)
+        tables.push(`printed table in "${where(pre)}": a line of ${line.length} characters is ${Math.round(width)} ` +
+                    `px wide in ${Math.round(room)} px: ${line.trim().slice(0, 60)}`);
+    }
+  }
+  return { figures, clipped, tables };
+}"""
+MIN_TEXT_CSS_PX = 9  # the smallest text a figure may show, in CSS pixels
+
+
+def text_css_px(points: float, dpi: float, natural_width: float, shown_width: float) -> float:
+    """CSS pixels of text drawn at ``points`` in a PNG of ``dpi`` that is ``natural_width`` pixels wide and shown
+    ``shown_width`` CSS pixels wide: dpi / 72 PNG pixels per point, scaled as the page scales the picture."""
+    return points * dpi / 72 * shown_width / natural_width
+
+
+def figure_problems(figures: list[dict], site: Path) -> list[str]:
+    """Figures whose smallest text is under MIN_TEXT_CSS_PX as shown. ``figures``: dicts with ``src`` (the PNG's
+    path on the site), ``natural`` and ``shown`` (its width in PNG pixels and as displayed) and ``where`` (its
+    section's title). The font sizes come from the PNG's own tEXt chunks, written when a chapter shows a figure
+    (attention_course.plots.record_text_sizes, switched on by book/_ext/legibility.py for the build's kernels): the
+    smallest font size matplotlib drew in it, in points, and its dpi."""
+    from attention_course.plots import DPI_KEY, TEXT_PT_KEY, png_text
+
+    problems = []
+    for n, figure in enumerate(figures, 1):
+        name = f"figure {n} ({figure['where']}, {Path(figure['src']).name[:12]})"
+        if not figure["natural"]:
+            continue  # did not load: test_page says so
+        record = png_text((site / figure["src"].lstrip("/")).read_bytes())
+        if TEXT_PT_KEY not in record:
+            problems.append(f"{name}: no text size recorded in the PNG: was the site built with "
+                            "book/_ext/legibility.py (a figure drawn by matplotlib in a chapter)?")
+            continue
+        if record[TEXT_PT_KEY] == "none":
+            continue  # no text in it
+        points, dpi = float(record[TEXT_PT_KEY]), float(record[DPI_KEY])
+        size = text_css_px(points, dpi, figure["natural"], figure["shown"])
+        if size < MIN_TEXT_CSS_PX:
+            needed = MIN_TEXT_CSS_PX * 72 / dpi * figure["natural"] / figure["shown"]
+            problems.append(
+                f"{name}: its smallest text, {points:g} pt at {dpi:g} dpi, shows at {size:.1f} CSS px "
+                f"(< {MIN_TEXT_CSS_PX}): the PNG is {figure['natural']} px wide, shown at {figure['shown']:.0f} px; "
+                f"draw that text at >= {needed:.1f} pt, or the figure narrower")
+    return problems
+
 
 @functools.lru_cache(maxsize=None)
 def ids_in(path: Path) -> frozenset:
@@ -382,7 +458,11 @@ def test_page(site, visit, page):
 @pytest.mark.parametrize("viewport", DESKTOPS, ids=lambda v: f"{v['width']}px")
 @pytest.mark.parametrize("page", PAGES)
 def test_desktop_layout(site, visit, page, viewport):
-    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column."""
+    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column.
+
+    At 1280 px, also legible at the size shown: every figure's smallest text renders at >= MIN_TEXT_CSS_PX CSS px
+    (figure_problems: from the font sizes the PNG records, its pixel width and its displayed width), no code, output
+    line or table is wider than its box (LEGIBILITY)."""
     v = visit(f"{page}.html")
     v.resize(viewport)
     problems = []
@@ -390,6 +470,11 @@ def test_desktop_layout(site, visit, page, viewport):
     if len(boxes) != 1:
         problems.append(f"{len(boxes)} visible search boxes at {viewport['width']} px, expected 1: {boxes}")
     problems += [f"wider than the text column at {viewport['width']} px: {w}" for w in v.tab.evaluate(WIDER_THAN_TEXT, 2)]
+    if viewport == DESKTOP:
+        v.tab.evaluate(BROKEN_IMAGES)  # every image loaded (natural widths known)
+        shown = v.tab.evaluate(LEGIBILITY)
+        problems += [f"illegible at {DESKTOP['width']} px: {p}" for p in figure_problems(shown["figures"], SITE)]
+        problems += [f"wider than its box at {DESKTOP['width']} px: {w}" for w in shown["clipped"] + shown["tables"]]
     problems += v.close()  # console errors, failed requests
     assert not problems, f"{page}.html:\n" + "\n".join(problems)
 
