@@ -314,6 +314,23 @@ def test_solution_prose_outside_the_dropdown_is_caught(cells, where, prose):
     assert problems[0].startswith(f"{where}: solution prose {prose!r}"[:-1]) and "body of the {solution-start}" in problems[0]
 
 
+def test_a_converted_solution_passes_and_its_old_layout_is_caught():
+    """tests/fixtures/solution_in_body.ipynb: chapter 3's Ex. 3.2 with its prose in the start directive's body. Put
+    back as the chapter had it (the prose in a cell of its own, code with source_hidden only), it leaks."""
+    fixture = load(ROOT / "tests" / "fixtures" / "solution_in_body.ipynb")
+    assert hidden_solution_problems(fixture) == []
+    old = json.loads(json.dumps(fixture))
+    start = old["cells"][3]
+    match = SOLUTION_MARK.search("".join(start["source"]))
+    prose = match["body"].split("\n\n", 2)[1]  # the first paragraph, after the blank line that ends the options
+    start["source"] = ["```{solution-start} ex-ch3-masked-softmax\n", ":class: dropdown\n", "```"]
+    old["cells"].insert(4, md(prose))
+    del old["cells"][5]["metadata"]["jupyter"]["outputs_hidden"]
+    problems = hidden_solution_problems(old)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("cell 4: solution prose 'Fill with") and "jupyter.outputs_hidden" in problems[1]
+
+
 def test_prose_after_the_end_and_before_the_start_is_no_solution():
     cells = [md("Before.\n\n" + SOLUTION_WITH_BODY), code("x", hidden=True), md(SOLUTION[1] + "\nAfter, in view.")]
     assert hidden_solution_problems(notebook(*cells)) == []

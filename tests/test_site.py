@@ -627,3 +627,141 @@ def test_rendition_of_a_hand_made_notebook():
     heading = next(c for c in out["cells"] if "".join(c["source"]).startswith("### Solution"))
     assert out["metadata"]["colab"]["collapsed_sections"] == [heading["id"]]
     assert RAW_MYST.search("```{exercise} x\n:label: y\n```") and RAW_MYST.search("see {eq}`a`")
+
+
+# ------------------------------------------------------------------------------------------------ legibility, alone
+def planted_figure(folder: Path, name: str, width_in: float, points: float, dpi: int = 100, record=True) -> str:
+    """A PNG as a chapter would show it: ``width_in`` inches wide at ``dpi``, its smallest text ``points`` tall."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from IPython.core.pylabtools import print_figure
+
+    from attention_course.plots import DPI_KEY, TEXT_PT_KEY, with_png_text
+
+    fig, ax = plt.subplots(figsize=(width_in, 2), dpi=dpi)
+    ax.set_title("a title", fontsize=14)
+    ax.set_xlabel("the smallest label", fontsize=points)
+    png = print_figure(fig, fmt="png", bbox_inches=None)
+    plt.close(fig)
+    if record:
+        png = with_png_text(png, {TEXT_PT_KEY: f"{points:g}", DPI_KEY: str(dpi)})
+    (folder / "_images").mkdir(exist_ok=True)
+    (folder / "_images" / name).write_bytes(png)
+    return f"/_images/{name}"
+
+
+def test_text_css_px():
+    assert text_css_px(9, 72, 500, 500) == 9  # 72 dpi: a point is a pixel
+    assert text_css_px(10, 100, 1396, 688) == pytest.approx(6.85, abs=0.01)  # chapter 2's training figure, before
+    assert text_css_px(8, 100, 600, 600) == pytest.approx(11.11, abs=0.01)  # shown at its own size
+
+
+def test_a_planted_oversized_figure_fails(tmp_path):
+    """1396 px wide (13.96 in at 100 dpi) shown at 688 px: its 8 pt labels come out at 5.5 CSS px."""
+    wide = planted_figure(tmp_path, "wide.png", 13.96, 8)
+    fits = planted_figure(tmp_path, "fits.png", 6.5, 8)  # 650 px: shown at its own size, 11.1 px
+    bare = planted_figure(tmp_path, "bare.png", 6.5, 8, record=False)
+    figures = [{"src": src, "natural": natural, "shown": min(natural, 688), "where": "2.6. Training"}
+               for src, natural in ((wide, 1396), (fits, 650), (bare, 650))]
+    problems = figure_problems(figures, tmp_path)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("figure 1 (2.6. Training, wide.png)") and "8 pt at 100 dpi, shows at 5.5 CSS px" in problems[0]
+    assert "draw that text at >= 13.1 pt" in problems[0]
+    assert problems[1].startswith("figure 3") and "no text size recorded" in problems[1]
+    assert figure_problems(figures[1:2], tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------ a solution's body
+FIXTURE = ROOT / "tests" / "fixtures" / "solution_in_body.ipynb"  # chapter 3's Ex. 3.2, its prose in the body
+FIXTURE_PROSE = "Fill with"  # the first words of that body
+
+
+def fixture_site(out: Path, student: bool):
+    """The fixture built by Sphinx (a process of its own, started now) with the book's MyST extensions,
+    sphinx-exercise and book/_ext/exercise_tools.py, not executed: a function that waits for it and returns the
+    page's HTML."""
+    import shutil
+    import subprocess
+    import sys as _sys
+
+    src = out / "src"
+    src.mkdir(parents=True)
+    shutil.copy(FIXTURE, src / "index.ipynb")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
+        "extensions = ['myst_nb', 'sphinx_exercise', 'exercise_tools']\nnb_execution_mode = 'off'\n"
+        f"myst_enable_extensions = {CONFIG['parse']['myst_enable_extensions']!r}\nstudent_edition = {student}\n")
+    build = subprocess.Popen([_sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q", "-E", str(src), str(out / "html")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def page() -> str:
+        log = build.communicate(timeout=300)[0]
+        assert build.returncode == 0, log
+        return (out / "html" / "index.html").read_text()
+
+    return page
+
+
+def test_a_solution_body_folds_on_the_site_and_leaves_the_student_edition(tmp_path):
+    """The start directive's body opens the dropdown, before the solution's code; the student edition has neither."""
+    from bs4 import BeautifulSoup
+
+    full, student = fixture_site(tmp_path / "full", student=False), fixture_site(tmp_path / "student", student=True)
+    page = BeautifulSoup(full(), "html.parser")
+    solution = page.select_one("div.solution.dropdown")
+    assert solution is not None, "no solution dropdown on the page"
+    content = solution.select_one("#solution-content")
+    blocks = [child for child in content.children if getattr(child, "name", None)]
+    assert blocks[0].name == "p" and blocks[0].get_text().startswith(FIXTURE_PROSE), blocks[:2]
+    assert blocks[1].name == "ul" and "$0 / 0$" not in blocks[1].get_text() and "0 / 0" in blocks[1].get_text()
+    assert "cell" in blocks[2].get("class", []) and "my_masked_softmax" in blocks[2].get_text()
+    outside = page.get_text().replace(solution.get_text(), "")
+    assert FIXTURE_PROSE not in outside and "def my_masked_softmax" not in outside
+    student = student()
+    assert FIXTURE_PROSE not in student and "def my_masked_softmax" not in student and "Masked softmax" in student
+
+
+def test_a_solution_body_in_the_colab_rendition():
+    """Colab: the body is a Markdown cell right under the collapsed "Solution to ..." heading, before the code form."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colab_rendition", ROOT / "book" / "_ext" / "colab_rendition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ctx = module.Context({"ex-ch3-masked-softmax": "Exercise 3.2"}, chapter="3")
+    out = module.render_notebook(json.loads(FIXTURE.read_text()), ctx)
+    texts = ["".join(c["source"]) for c in out["cells"]]
+    at = texts.index("## Solution to Exercise 3.2 (click to show)")
+    assert out["cells"][at]["id"] in out["metadata"]["colab"]["collapsed_sections"]
+    body = texts[at + 1]
+    assert body.startswith(FIXTURE_PROSE) and "`-inf`" in body and "$0 / 0$" in body
+    assert "solution-start" not in body and ":class:" not in body and not RAW_MYST.search(body)
+    assert out["cells"][at + 2]["metadata"]["cellView"] == "form"
+    assert texts[at + 2].startswith(SOLUTION_TITLE + "\ndef my_masked_softmax")
+    assert texts[at + 3].startswith("A query whose keys")
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_solution_bodies_are_in_their_dropdowns(page):
+    """On the built site: the prose in each {solution-start}'s body stands in that solution's dropdown."""
+    from bs4 import BeautifulSoup
+
+    import sys as _sys
+    _sys.path.insert(0, str(ROOT))
+    from instructor.exercises import START
+
+    source = json.loads((BOOK / f"{page}.ipynb").read_text())
+    bodies = [m["body"] for c in _cells(source, "markdown") for m in START.finditer("".join(c["source"]))]
+    html_text = page_html(page)
+    shown = len(re.findall(r'<div class="solution[ "]', html_text))
+    assert shown == len(bodies), f"{shown} solutions on the page, {len(bodies)} in the notebook"
+    if not any(body.strip() for body in bodies):
+        return
+    dropdowns = BeautifulSoup(html_text, "html.parser").select("div.solution")
+    for n, (body, dropdown) in enumerate(zip(bodies, dropdowns), 1):
+        words = re.findall(r"[A-Za-z]{4,}", re.sub(r"\$[^$]*\$|`[^`]*`|\]\([^)]*\)", " ", body))[:6]  # no math, code, URLs
+        text = " ".join(dropdown.get_text().split())
+        missing = [w for w in words if w not in text]
+        assert not missing, f"{page} solution {n}: its body's words {missing} are not in its dropdown"
