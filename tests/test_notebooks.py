@@ -94,7 +94,8 @@ def test_code_lines_fit_the_page(path):
 #   (b) references stay inside their notebook: no {doc} role, and {eq} / {prf:ref} / {ref} / {numref} only to labels
 #       the same notebook defines (one notebook is rendered alone there); another chapter is reached by a relative
 #       link `NN_name.ipynb` or `NN_name.ipynb#anchor` to a notebook that exists, whose anchor it defines;
-#   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees.
+#   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees;
+#   (d) JupyterLab gives exercises, theorems and equations the website's numbers (numbering_problems).
 # Each rule is a function from notebook(s) to a list of problems, checked on the chapters and on hand-made notebooks.
 # A whole {solution-start} directive (fence line, options, body up to the closing fence) or {solution-end}.
 SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>start|end)\}[^\n]*(?:\n|$)"
@@ -220,7 +221,48 @@ def nbval_marker_problems(notebook) -> list[str]:
     return problems
 
 
+def _lab_numbering():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lab_numbering", ROOT / "book" / "_ext" / "lab_numbering.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAB_NUMBERING = _lab_numbering()
+DISPLAY_MATH = re.compile(r"\$\$(?P<body>.+?)\$\$(?P<label>[ \t]*\([^()\s]+\))?", re.S)
+
+
+def numbering_problems(notebook, chapter: str) -> list[str]:
+    """(d) JupyterLab numbers as the website does: the first Markdown cell opens with the frontmatter that numbers
+    exercises, equations and theorems "chapter.n" (book/_ext/lab_numbering.py), and every display equation has a
+    label (JupyterLab numbers them all, the website only labelled ones)."""
+    problems = []
+    first = next((c for c in notebook["cells"] if c["cell_type"] == "markdown"), None)
+    block = LAB_NUMBERING.split_frontmatter("".join(first["source"]))[0] if first else ""
+    if block != LAB_NUMBERING.frontmatter(chapter):
+        found = f"it has {block!r}" if block else "it has none"
+        problems.append(f"the first Markdown cell must open with the frontmatter numbering chapter {chapter} in "
+                        f"JupyterLab ({found}): run `python book/_ext/lab_numbering.py`")
+    for i, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "markdown":
+            for match in DISPLAY_MATH.finditer("".join(cell["source"])):
+                if not match["label"]:
+                    problems.append(f"cell {i}: the display equation {' '.join(match['body'].split())[:40]!r} has "
+                                    "no label: JupyterLab numbers it, the website does not; add one: $$ ... $$ (eq-...)")
+    return problems
+
+
 CHAPTERS = {path.name: load(path) for path in NOTEBOOKS}
+NUMBERS = {f"{entry.split('/')[-1]}.ipynb": number for entry, number in LAB_NUMBERING.chapter_numbers(ROOT).items()}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_jupyterlab_numbers_as_the_website(path):
+    assert path.name in NUMBERS, f"{path.name} is in no numbered part of _toc.yml"
+    problems = numbering_problems(CHAPTERS[path.name], NUMBERS[path.name])
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -378,3 +420,32 @@ def test_jupyterlab_loads_jupyterlab_myst():
     assert line is not None, f"jupyterlab-myst is not installed as a JupyterLab extension:\n{text}"
     assert "enabled" in line and line.split("enabled", 1)[1].strip().startswith("OK"), (
         f"JupyterLab does not load jupyterlab-myst (see requirements.txt):\n{text}")
+
+
+def test_numbering_rule_and_its_writer(tmp_path):
+    """The frontmatter is required, with the chapter's own number; unlabelled display equations are caught;
+    lab_numbering.py writes the block from _toc.yml, and the site's reader cuts it."""
+    title = md("# Three\n\n$$\na\n$$ (eq-a)\n\nand\n\n$$\nb = c\n$$")
+    problems = numbering_problems(notebook(title), "3")
+    assert len(problems) == 2 and "it has none" in problems[0] and "lab_numbering.py" in problems[0]
+    assert problems[1].startswith("cell 0: the display equation 'b = c' has no label")
+    good = notebook(md(LAB_NUMBERING.frontmatter("3") + "# Three\n\n$$\na\n$$ (eq-a)"))
+    assert numbering_problems(good, "3") == []
+    assert "numbering chapter 4" in numbering_problems(good, "4")[0]  # the number of another chapter
+    assert "exercise:\n    enumerator: 3.%s" in LAB_NUMBERING.frontmatter("3")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nparts:\n  - caption: C\n    numbered: true\n"
+                                       "    chapters:\n      - file: notebooks/01_a\n      - file: notebooks/02_b\n"
+                                       "  - caption: D\n    chapters:\n      - file: guide\n")
+    for name in ("01_a", "02_b"):
+        (tmp_path / "notebooks" / f"{name}.ipynb").write_text(json.dumps(notebook(md("# A"), code("x = 1"))))
+    assert len(LAB_NUMBERING.write(tmp_path)) == 2 and LAB_NUMBERING.write(tmp_path) == []  # and once only
+    second = load(tmp_path / "notebooks" / "02_b.ipynb")
+    assert numbering_problems(second, "2") == [] and "".join(second["cells"][0]["source"]).endswith("---\n# A")
+
+    class App:  # what cut_frontmatter uses of Sphinx
+        env = type("Env", (), {"doc2path": lambda self, name: f"{name}.ipynb"})()
+
+    source = [json.dumps(second)]
+    LAB_NUMBERING.cut_frontmatter(App(), "notebooks/02_b", source)
+    assert json.loads(source[0])["cells"][0]["source"] == "# A"

@@ -7,6 +7,7 @@ in the same order and the MyST turned into what Colab can show:
 
 - ``{exercise}`` / ``{prf:theorem}`` ... : a heading or a bold line with the number the website gives it ("Exercise
   3.1 (title)", "Theorem 3.1 (title)"), then the text; ``{prf:proof}``: "Proof." ... "∎";
+- the frontmatter that numbers the chapter in JupyterLab (book/_ext/lab_numbering.py): dropped;
 - ``$$ ... $$ (label)``: the equation with its website number as ``\\tag{3.1}``; ``(label)=`` targets: dropped;
 - ``{eq}``, ``{prf:ref}``, ``{ref}``, ``{numref}``: the number or title as plain text; ``{doc}`` and links to
   another chapter (``02_softmax.ipynb#anchor``): a link that opens that chapter's rendition in Colab;
@@ -36,6 +37,7 @@ PLAIN_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<content>[^`]*)`")
 LABELLED_MATH = re.compile(r"\$\$(?P<body>.+?)\$\$[ \t]*\((?P<label>[^()\s]+)\)", re.S)
 TARGET_LINE = re.compile(r"^[ \t]*\([^()\s]+\)=[ \t]*\n?", re.M)
+FRONTMATTER = re.compile(r"\A---[ \t]*\n.*?\n---[ \t]*(?:\n|\Z)", re.S)  # a notebook's, in its first cell
 CHAPTER_LINK = re.compile(r"\]\(\s*(?P<name>\d\d_[A-Za-z0-9_]+)\.ipynb(?:#[^)\s]*)?\s*\)")
 ADMONITIONS = {"note", "tip", "hint", "important", "warning", "caution", "attention", "danger", "error", "seealso",
                "admonition", "dropdown", "margin", "sidebar", "topic", "epigraph", "pull-quote"}
@@ -226,6 +228,8 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
                 new["source"] = f"{SOLUTION_TITLE}\n{source}".splitlines(keepends=True)
             cells.append(new)
             continue
+        if first:  # JupyterLab's numbering (book/_ext/lab_numbering.py): Colab would show it as text
+            source = FRONTMATTER.sub("", source, count=1)
         headings = [len(h) for h in re.findall(r"^(#{1,5}) ", source, re.M)]
         level = min(headings[-1] + 1, 6) if headings else level  # exercises sit one level below their section
         pieces, start = [], 0
