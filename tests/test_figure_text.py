@@ -80,6 +80,7 @@ def test_a_shown_figure_carries_its_smallest_text_and_dpi():
     record = shell.show(figure(11, 6.5, 9))
     assert record[TEXT_PT_KEY] == "6.5" and record[DPI_KEY] == "100"
     assert shell.show(figure())[TEXT_PT_KEY] == "none"  # no text at all
+    assert shell.display_formatter.formatters["image/png"](plt.figure()) is None  # nothing drawn, nothing shown
     bare = PNGFormatter()  # bytes instead of base64 text
     bare.for_type(Figure, plots._recording_formatter(partial(print_figure, fmt="png")))
     assert png_text(bare(figure(8)))[TEXT_PT_KEY] == "8"

@@ -298,7 +298,8 @@ DESKTOPS = [DESKTOP, {"width": 1600, "height": 1000}]
 #   table's overflow by breaking its rows).
 LEGIBILITY = """() => {
   const article = document.querySelector('article.bd-article') || document.body;
-  const where = (e) => (e.closest('section')?.querySelector('h1, h2, h3, h4, h5, h6')?.textContent || '')
+  const where = (e) => (e.closest('section:has(> h1, > h2, > h3, > h4, > h5, > h6)')
+    ?.querySelector(':scope > h1, :scope > h2, :scope > h3, :scope > h4, :scope > h5, :scope > h6')?.textContent || '')
     .replace(/#$/, '').replace(/\\s+/g, ' ').trim().slice(0, 50);
   const figures = [...article.querySelectorAll('.cell_output img')].map((img) => ({
     src: decodeURIComponent(new URL(img.src).pathname), natural: img.naturalWidth,
@@ -317,11 +318,12 @@ LEGIBILITY = """() => {
     const style = getComputedStyle(pre);
     canvas.font = `${style.fontSize} ${style.fontFamily}`;
     const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-    for (const line of pre.textContent.split('\\n')) {
-      const width = canvas.measureText(line).width;
-      if (/\\S {2,}\\S|[|│]/.test(line) && width > room + 1)
-        tables.push(`printed table in "${where(pre)}": a line of ${line.length} characters is ${Math.round(width)} ` +
-                    `px wide in ${Math.round(room)} px: ${line.trim().slice(0, 60)}`);
+    const wide = pre.textContent.split('\\n').filter((line) => /\\S {2,}\\S|[|│]/.test(line))
+      .map((line) => [canvas.measureText(line).width, line]).filter(([width]) => width > room + 1);
+    if (wide.length) {
+      const [width, line] = wide.reduce((a, b) => (b[0] > a[0] ? b : a));
+      tables.push(`printed table in "${where(pre)}": ${wide.length} line(s) wider than its ${Math.round(room)} px, ` +
+                  `the widest ${line.length} characters (${Math.round(width)} px): ${line.trim().slice(0, 50)}`);
     }
   }
   return { figures, clipped, tables };
