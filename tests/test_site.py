@@ -579,6 +579,13 @@ def test_colab_rendition(page):
         problems.append(f"{len(headings)} solution headings, one per {{solution-start}} expected")
     collapsed = set(rendition["metadata"].get("colab", {}).get("collapsed_sections", []))
     problems += [f"solution heading {h['id']} is not stored collapsed" for h in headings if h["id"] not in collapsed]
+    folded_at = None  # the level of the collapsed heading whose section we are in: Colab hides it up to the next
+    for k, cell in enumerate(rendition["cells"]):  # heading as deep or deeper
+        opening = re.match(r"(#{1,6}) ", "".join(cell["source"])) if cell["cell_type"] == "markdown" else None
+        if opening and (folded_at is None or len(opening.group(1)) <= folded_at):
+            folded_at = len(opening.group(1)) if cell["id"] in collapsed else None
+        elif folded_at and cell["cell_type"] == "code" and cell["metadata"].get("cellView") != "form":
+            problems.append(f"cell {k} ({''.join(cell['source'])[:40]!r}) is no solution but folded away with one")
     assert not problems, f"{RENDITIONS}/{page}.ipynb:\n" + "\n".join(problems)
 
 
@@ -623,6 +630,7 @@ def test_rendition_of_a_hand_made_notebook():
                      "### Solution to Exercise 1.1 (click to show)", "As Theorem 1.1 says.", "Exercises, (1.1)."]:
         assert expected in text, f"{expected!r} not in the rendition:\n{text}"
     assert not RAW_MYST.search(text), RAW_MYST.search(text)
+    assert "(continued)" not in text  # the text after the solution opens with a heading of its own
     codes = [c for c in out["cells"] if c["cell_type"] == "code"]
     assert ["".join(c["source"]) for c in codes] == ["import sys  # setup", f"{SOLUTION_TITLE}\ndef answer():\n    return 1"]
     assert codes[1]["metadata"]["cellView"] == "form" and "cellView" not in codes[0]["metadata"]
@@ -742,7 +750,8 @@ def test_a_solution_body_in_the_colab_rendition():
     assert "solution-start" not in body and ":class:" not in body and not RAW_MYST.search(body)
     assert out["cells"][at + 2]["metadata"]["cellView"] == "form"
     assert texts[at + 2].startswith(SOLUTION_TITLE + "\ndef my_masked_softmax")
-    assert texts[at + 3].startswith("A query whose keys")
+    assert texts[at + 3:at + 5] == ["## Exercise 3.2 (continued)", "A query whose keys are all masked gets a row of zeros:"]
+    assert out["cells"][at + 3]["id"] not in out["metadata"]["colab"]["collapsed_sections"]  # not folded away
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)

@@ -13,8 +13,9 @@ in the same order and the MyST turned into what Colab can show:
   another chapter (``02_softmax.ipynb#anchor``): a link that opens that chapter's rendition in Colab;
 - ``{solution-start}`` ... ``{solution-end}``: a heading "Solution to Exercise 3.1 (click to show)" whose section is
   stored collapsed, the body of ``{solution-start}`` (the solution's prose) as a Markdown cell under it, and each
-  code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to
-  show)``) that hides its code until clicked;
+  code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to show)``) that hides its
+  code until clicked; what follows ``{solution-end}`` (the test cell, the text) goes under a heading "Exercise 3.1
+  (continued)" unless it opens with a heading, so that it is not folded away with the solution;
 - admonitions and dropdowns: block quotes under a bold title; other directives: their text.
 
 The numbers come from the Sphinx environment of this very build, so they are the website's. The Colab button of
@@ -215,6 +216,19 @@ SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>st
 def render_notebook(notebook: dict, ctx: Context) -> dict:
     """The Colab rendition of one chapter notebook (a new dict; ``notebook`` is left as it is)."""
     cells, collapsed, inside, level, first = [], [], False, 3, True
+    solution, ended = None, None  # (heading level, "Exercise 3.1") of the solution open / just closed
+
+    def reopen(text: str, cell_id: str) -> None:
+        """Colab folds a collapsed heading's section up to the next heading as deep or deeper: what follows a
+        solution (its test cell, the text) gets a heading of its own unless it opens with one."""
+        nonlocal ended
+        if ended is not None:
+            depth, name = ended
+            opening = re.match(r"(#{1,6}) ", text)
+            if not (opening and len(opening.group(1)) <= depth):
+                cells.append(_cell("markdown", f"{'#' * depth} {name} (continued)", f"{cell_id}-after-solution"))
+        ended = None
+
     for n, cell in enumerate(notebook["cells"]):
         cell_id = str(cell.get("id") or f"cell-{n}")
         source = _source(cell)
@@ -226,6 +240,7 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
             if cell["cell_type"] == "code" and inside:
                 new["metadata"] = {**new.get("metadata", {}), "cellView": "form"}
                 new["source"] = f"{SOLUTION_TITLE}\n{source}".splitlines(keepends=True)
+            reopen("", cell_id)
             cells.append(new)
             continue
         if first:  # JupyterLab's numbering (book/_ext/lab_numbering.py): Colab would show it as text
@@ -247,19 +262,21 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
                 if first and text.startswith("# ") and ctx.chapter:
                     text = f"# {ctx.chapter}. {text[2:]}"
                 if text:
+                    reopen(text, part_id)
                     cells.append(_cell("markdown", text, part_id))
                     part += 1
                 if first and text:
                     first = False
                     cells.append(_cell("markdown", COLAB_NOTE, f"{cell_id}-colab-note"))
             elif what == "start":
-                heading = f"{'#' * level} Solution to {_title('exercise', value, '', ctx)} (click to show)"
+                solution = (level, _title("exercise", value, "", ctx))
+                heading = f"{'#' * level} Solution to {solution[1]} (click to show)"
                 cells.append(_cell("markdown", heading, part_id,
                                    {"jp-MarkdownHeadingCollapsed": True, "heading_collapsed": True}))
                 collapsed.append(part_id)
                 inside, part = True, part + 1
             else:
-                inside = False
+                inside, ended = False, solution
     metadata = copy.deepcopy(notebook.get("metadata", {}))
     metadata["colab"] = {"provenance": [], "toc_visible": True, "collapsed_sections": collapsed}
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": max(notebook.get("nbformat_minor", 5), 5)}
