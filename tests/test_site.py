@@ -3,8 +3,10 @@
 The site (``_build/html``, or the folder in $ATTENTION_COURSE_SITE) is served on 127.0.0.1; every request to any
 other host is blocked and counted. For every page in ``_toc.yml``: no console or page errors, no failed or
 blocked requests, math typeset, images loaded, internal links and anchors resolve, notebook pages' Colab and
-download buttons point at their notebook, no horizontal overflow at a phone's width. Plus the site search and the
-two widgets, which must redraw when a control moves (no kernel). Screenshots of every page, at desktop and phone
+download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
+size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
+output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
+control moves (no kernel), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
@@ -301,9 +303,14 @@ LEGIBILITY = """() => {
   const where = (e) => (e.closest('section:has(> h1, > h2, > h3, > h4, > h5, > h6)')
     ?.querySelector(':scope > h1, :scope > h2, :scope > h3, :scope > h4, :scope > h5, :scope > h6')?.textContent || '')
     .replace(/#$/, '').replace(/\\s+/g, ' ').trim().slice(0, 50);
+  const shownWidth = (img) => {  // in a folded dropdown: the width its box would give it
+    let box = img.parentElement;
+    while (box && !box.clientWidth) box = box.parentElement;
+    return img.getBoundingClientRect().width || Math.min(img.naturalWidth, box ? box.clientWidth : img.naturalWidth);
+  };
   const figures = [...article.querySelectorAll('.cell_output img')].map((img) => ({
-    src: decodeURIComponent(new URL(img.src).pathname), natural: img.naturalWidth,
-    shown: img.getBoundingClientRect().width, where: where(img) }));
+    src: decodeURIComponent(new URL(img.src).pathname), natural: img.naturalWidth, shown: shownWidth(img),
+    where: where(img) }));
   const clipped = [];
   for (const e of article.querySelectorAll('pre, table, .cell_output')) {
     // a table may also stand wider than the box it sits in (which then scrolls); borders are not content
