@@ -2,8 +2,18 @@
 
 Numbers or words written on a heatmap's cells (``annotate_cells``) take black or white, whichever contrasts more
 with the colour of their own cell, and are never smaller than ``MIN_LABEL_POINTS``.
+
+``record_text_sizes`` (switched on by the book's build alone, see its docstring) writes into the PNG of every
+figure a notebook shows the smallest text it was drawn with, so that the site's tests can tell whether that text is
+legible at the size the page shows the picture.
 """
 from __future__ import annotations
+
+import base64
+import os
+import struct
+import zlib
+from contextlib import contextmanager
 
 import matplotlib.pyplot as plt
 import torch
@@ -145,3 +155,112 @@ def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=
         )
     ax.set_title(title if title is not None else f"{polarity} mask")
     return ax
+
+
+# ---------------------------------------------------------------------------------------------- text sizes in PNGs
+TEXT_PT_KEY = "attention-course:smallest-text-pt"  # tEXt chunk: the smallest font size drawn, in points
+DPI_KEY = "attention-course:dpi"  # tEXt chunk: the dots per inch it was drawn at (pixels per point = dpi / 72)
+RECORD_ENV = "ATTENTION_COURSE_RECORD_TEXT_SIZES"  # "1": record_text_sizes() runs when this package is imported
+
+
+@contextmanager
+def drawn_text_sizes():
+    """Collect (font size in points, dpi) of every non-empty text matplotlib's Agg renderer draws meanwhile: tick
+    labels, titles, legends, annotations, mathtext; texts that are hidden or outside the drawn area never reach it."""
+    from matplotlib.backends.backend_agg import RendererAgg
+
+    sizes, draw_text = [], RendererAgg.draw_text
+
+    def recording(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if str(s).strip():
+            sizes.append((prop.get_size_in_points(), self.dpi))
+        return draw_text(self, gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+
+    RendererAgg.draw_text = recording
+    try:
+        yield sizes
+    finally:
+        RendererAgg.draw_text = draw_text
+
+
+def png_text(png: bytes) -> dict:
+    """The tEXt chunks of a PNG, as a dict (keyword -> text)."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG: it does not start with the PNG signature.")
+    found, at = {}, 8
+    while at + 8 <= len(png):
+        length, kind = struct.unpack(">I4s", png[at:at + 8])
+        if kind == b"tEXt":
+            key, _, value = png[at + 8:at + 8 + length].partition(b"\0")
+            found[key.decode("latin-1")] = value.decode("latin-1")
+        at += 12 + length
+    return found
+
+
+def with_png_text(png: bytes, items: dict) -> bytes:
+    """``png`` with a tEXt chunk per item, placed right after the header chunk (IHDR); the image is unchanged."""
+    png_text(png)  # checks the signature
+    end_of_header = 8 + 12 + struct.unpack(">I", png[8:12])[0]
+    chunks = b""
+    for key, value in items.items():
+        data = f"{key}\0{value}".encode("latin-1")
+        chunks += struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    return png[:end_of_header] + chunks + png[end_of_header:]
+
+
+def _recording_formatter(original):
+    """A PNG formatter for Figures: ``original``'s picture, with the smallest text drawn in it recorded."""
+    def formatter(fig):
+        with drawn_text_sizes() as sizes:
+            data = original(fig)
+        if not data:
+            return data
+        points, dpi = min(sizes, key=lambda size: size[0] * size[1]) if sizes else ("none", fig.dpi)
+        raw = base64.b64decode(data) if isinstance(data, str) else data
+        raw = with_png_text(raw, {TEXT_PT_KEY: f"{points:g}" if sizes else points, DPI_KEY: f"{dpi:g}"})
+        return base64.b64encode(raw).decode("ascii") if isinstance(data, str) else raw
+
+    formatter.records_text_sizes = True
+    return formatter
+
+
+def record_text_sizes(shell=None) -> bool:
+    """In an IPython kernel: every matplotlib figure it shows as a PNG carries two tEXt chunks, ``TEXT_PT_KEY``
+    (the smallest font size drawn in it, in points, or "none" when it has no text) and ``DPI_KEY``. Returns whether
+    it is on.
+
+    The book's build switches it on (book/_ext/legibility.py sets $ATTENTION_COURSE_RECORD_TEXT_SIZES=1 for the
+    kernels it starts; this package calls it when imported there); a learner's kernel is left as it is unless they
+    call it. The pictures themselves are unchanged: the chunks are metadata that viewers ignore.
+    """
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:  # pragma: no cover - IPython comes with Jupyter
+            return False
+        shell = get_ipython()
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return False
+    from matplotlib.figure import Figure
+
+    def wrap(*_):
+        formatter = shell.display_formatter.formatters["image/png"]
+        current = formatter.lookup_by_type(Figure) if Figure in formatter else None
+        if current is not None and not getattr(current, "records_text_sizes", False):
+            formatter.for_type(Figure, _recording_formatter(current))
+
+    backend = getattr(plt, "_get_backend_mod", None)
+    if backend is not None:
+        backend()  # load the inline backend now: it installs its own formatter, which the wrapper then goes around
+    wrap()
+    if not getattr(shell, "_attention_course_records_text_sizes", False):
+        # the inline backend installs its own formatter when the first figure loads it, in the middle of a cell, and
+        # shows that cell's figures after it (post_execute): wrap again before each cell and after it
+        shell.events.register("pre_run_cell", wrap)
+        shell.events.register("post_execute", wrap)
+        shell._attention_course_records_text_sizes = True
+    return True
+
+
+if os.environ.get(RECORD_ENV) == "1":
+    record_text_sizes()

@@ -4,8 +4,10 @@ How a notebook marks an exercise (see the instructor guide):
 
 * a markdown ```` ```{exercise} Title ```` directive with ``:label: ex-chN-name``;
 * its solution between ```` ```{solution-start} ex-chN-name ```` and ```` ```{solution-end} ````, gated, so that
-  code cells may sit inside it: prose there is solution prose, and every code cell there carries nbgrader
-  metadata ``solution: true`` with ``grade_id`` the label (``label-2``, ``label-3`` for further cells);
+  code cells may sit inside it. The solution's prose is the BODY of the start directive (JupyterLab folds only the
+  start cell's own text into the dropdown: a markdown cell between the gates would stay in plain view; the rules
+  test in tests/test_notebooks.py forbids one); prose found between the gates anyway is still cut from the
+  student edition. Every code cell between the gates carries nbgrader metadata ``solution: true`` with ``grade_id`` the label (``label-2``, ``label-3`` for further cells);
   ``### BEGIN SOLUTION`` / ``### END SOLUTION`` mark the answer when only part of a cell is (the rest, such as the
   ``def`` line, stays in the student's copy);
 * an auto-checked exercise has, after its solution, a test cell: nbgrader ``grade: true``, ``locked: true``,
@@ -21,8 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 EXERCISE = re.compile(r"```\{exercise\}\s*(?P<title>[^\n]*)\n:label:\s*(?P<label>\S+)")
-START = re.compile(r"```\{solution-start\}\s*(?P<label>\S+)[^`]*?```", re.S)
-END = re.compile(r"```\{solution-end\}\s*\n```")
+# A {solution-start} directive, whole: its options, then its body (the solution's prose, which may hold backticks,
+# math and lists), up to the line that closes its fence (as MyST reads it: the same fence, alone on its line).
+START = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-start\}[ \t]*(?P<label>\S+)[^\n]*(?:\n|$)"
+                   r"(?P<options>(?:[ \t]*:[\w-]+:[^\n]*\n)*)(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
+END = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-end\}[ \t]*\n[ \t]*(?P=fence)[ \t]*$", re.M)
 BEGIN_MARK, END_MARK = "### BEGIN SOLUTION", "### END SOLUTION"
 
 

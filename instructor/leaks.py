@@ -1,11 +1,12 @@
 """Find solution text in a built edition: ``python -m instructor.leaks _build/student``.
 
-What counts as solution text is read from the full chapters: the code between ``### BEGIN SOLUTION`` and
-``### END SOLUTION`` in solution cells, and the prose between ``{solution-start}`` and ``{solution-end}``. Lines
-that also appear outside the solutions (a shared ``return out``, say) prove nothing and are dropped. Every file of
-the edition is searched, whatever it is (pages, ``_sources``, notebooks with their metadata and outputs, the
-search index, scripts): markup is stripped and whitespace collapsed before comparing. The search index holds word
-stems, not sentences, so it is searched for the stems that occur only in solutions.
+What counts as solution text is read from the full chapters: the code between ``### BEGIN SOLUTION`` and ``### END
+SOLUTION`` in solution cells, and the prose of the solutions (the body of ``{solution-start}``, and any text between
+it and ``{solution-end}``). Lines that also appear outside the solutions (a shared ``return out``, say) prove
+nothing and are dropped. Every file of the edition is searched, whatever it is (pages, ``_sources``, notebooks with
+their metadata and outputs, the search index, scripts): markup is stripped and whitespace collapsed before
+comparing. The search index holds word stems, not sentences, so it is searched for the stems that occur only in
+solutions.
 """
 from __future__ import annotations
 
@@ -38,10 +39,13 @@ def _answer_lines(cell: dict) -> list[str]:
 
 
 def _prose(text: str) -> tuple[str, str]:
-    """(the part of a markdown cell inside gated solutions, the part outside)."""
+    """(the part of a markdown cell inside gated solutions, the part outside). A solution's prose is the body of
+    its {solution-start} directive, and whatever stands between the gates."""
     inside_parts, outside_parts, position, inside = [], [], 0, False
     for match in sorted([*START.finditer(text), *END.finditer(text)], key=lambda m: m.start()):
         (inside_parts if inside else outside_parts).append(text[position:match.start()])
+        if match.re is START:
+            inside_parts.append(match["body"])
         position, inside = match.end(), match.re is START
     (inside_parts if inside else outside_parts).append(text[position:])
     return "\n".join(inside_parts), "\n".join(outside_parts)

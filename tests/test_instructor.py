@@ -73,6 +73,55 @@ def test_solution_prose_is_cut_between_the_gates():
     assert "Do it." in text and "After." in text and "x = 1" in text  # code is nbgrader's to clear
 
 
+FIXTURE = ROOT / "tests" / "fixtures" / "solution_in_body.ipynb"  # chapter 3's Ex. 3.2, its prose in the body
+PROSE = "Fill with $-\\infty$ before the softmax"
+
+
+@pytest.mark.parametrize("text, body", [
+    ("```{solution-start} ex-a\n:class: dropdown\n```\n", ""),
+    ("```{solution-start} ex-a\n:class: dropdown\n\nUse `x[..., None]`, then $e^{-\\infty} = 0$:\n\n- one;\n- two.\n```",
+     "\nUse `x[..., None]`, then $e^{-\\infty} = 0$:\n\n- one;\n- two.\n"),
+    ("````{solution-start} ex-a\n:class: dropdown\n\nLike this:\n\n```python\nx = 1\n```\n````\nAfter.",
+     "\nLike this:\n\n```python\nx = 1\n```\n"),
+    (":::{solution-start} ex-a\n:class: dropdown\nThe `body`.\n:::\n", "The `body`.\n"),
+])
+def test_a_start_directive_is_read_whole(text, body):
+    """Options and body up to the closing fence, whatever the body holds (backticks, math, lists, code blocks)."""
+    from instructor.exercises import START
+
+    match = START.search(text)
+    assert match and match["label"] == "ex-a" and match["body"] == body
+    assert text[match.end():].lstrip("\n") in ("", "After.")
+
+
+def test_a_solution_in_the_start_directives_body():
+    """Chapter 3's Ex. 3.2 converted: the prose in the start directive is solution prose, cut from the student's
+    notebook and looked for by the leak check; the code between the gates is the solution's code."""
+    nb = load(FIXTURE)
+    assert solution_spans(nb) == [None, None, None, *["ex-ch3-masked-softmax"] * 3, None]
+    [exercise] = exercises(FIXTURE)
+    assert exercise.label == "ex-ch3-masked-softmax" and exercise.solution_cells == [4]
+    text = json.dumps(strip_solution_prose(nb))
+    assert "Fill with" not in text and "0 / 0" not in text and "solution-start" not in text
+    assert "Write `my_masked_softmax" in text and "A query whose keys" in text and "### BEGIN SOLUTION" in text
+    solution, other = leaks.split([FIXTURE])
+    assert any(line.startswith(PROSE) for line in solution) and not any("Fill with" in line for line in other)
+    assert not any(line.startswith((":class:", "```")) for line in solution)
+    prints = leaks.fingerprints([FIXTURE])
+    assert any(p.startswith(PROSE) for p in prints) and any("masked_fill(mask" in p for p in prints)
+
+
+@needs_nbgrader
+def test_the_student_copy_of_a_solution_in_the_body(tmp_path):
+    """Released with nbgrader: neither the prose nor the answer reaches the student; the leak check agrees."""
+    from instructor import student
+
+    released = student.release(tmp_path / "course", tmp_path / "edition", paths=[FIXTURE])
+    text = json.dumps(load(released[0]))
+    assert "raise NotImplementedError()" in text and "Fill with" not in text and "torch.softmax" not in text
+    assert leaks.find(tmp_path / "edition", prints=leaks.fingerprints([FIXTURE]), words=set()) == []
+
+
 # --- no leaks -----------------------------------------------------------------------------------------------------
 
 def test_fingerprints_are_the_answers_not_the_scaffolding():

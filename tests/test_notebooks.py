@@ -86,14 +86,20 @@ def test_code_lines_fit_the_page(path):
 
 # ------------------------------------------------------------------------------------------------------------------
 # Conventions that keep a notebook readable outside the website (JupyterLab with jupyterlab-myst, Colab):
-#   (a) solution code is hidden: every code cell between a markdown cell with {solution-start} and the matching
-#       {solution-end} has metadata jupyter.source_hidden = true (JupyterLab and Notebook 7 fold it away);
+#   (a) a solution stays folded in JupyterLab: its prose is the BODY of the {solution-start} directive (jupyterlab-myst
+#       folds only the start cell's own directive into the dropdown: a markdown cell between {solution-start} and
+#       {solution-end}, or text after the start directive in its cell, stays in plain view), and every code cell
+#       between them has metadata jupyter.source_hidden = true and jupyter.outputs_hidden = true (JupyterLab and
+#       Notebook 7 fold its code and its output away);
 #   (b) references stay inside their notebook: no {doc} role, and {eq} / {prf:ref} / {ref} / {numref} only to labels
 #       the same notebook defines (one notebook is rendered alone there); another chapter is reached by a relative
 #       link `NN_name.ipynb` or `NN_name.ipynb#anchor` to a notebook that exists, whose anchor it defines;
-#   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees.
+#   (c) nbval's markers are cell tags (nbval-check-output, ...), not `# NBVAL_...` comments a reader sees;
+#   (d) JupyterLab gives exercises, theorems and equations the website's numbers (numbering_problems).
 # Each rule is a function from notebook(s) to a list of problems, checked on the chapters and on hand-made notebooks.
-SOLUTION_MARK = re.compile(r"\{solution-(start|end)\}")
+# A whole {solution-start} directive (fence line, options, body up to the closing fence) or {solution-end}.
+SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>start|end)\}[^\n]*(?:\n|$)"
+                           r"(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
 LABEL_DEFINITIONS = [
     re.compile(r"^\s*:label:\s*(\S+)", re.M),  # directive option: exercises, theorems, figures, math
     re.compile(r"^\s*\(([^()\s]+)\)=\s*$", re.M),  # a target line: (label)=
@@ -132,21 +138,33 @@ def anchors_of(notebook) -> set:
 
 
 def hidden_solution_problems(notebook) -> list[str]:
-    """(a) Code cells inside a solution that are not marked jupyter.source_hidden."""
+    """(a) Solution prose outside the start directive's body, and solution code cells not folded away."""
     problems, inside, opened_at = [], False, None
+    leak = ("stays in plain view in JupyterLab: move it into the body of the {{solution-start}} directive of cell "
+            "{at} (or into a comment of the code)")
     for i, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            for mark in SOLUTION_MARK.findall(source):
-                if mark == "start" and inside:
+            position = 0
+            for match in SOLUTION_MARK.finditer(source):
+                between = source[position:match.start()]
+                if inside and between.strip():
+                    problems.append(f"cell {i}: solution prose {between.strip()[:40]!r} " + leak.format(at=opened_at))
+                if match["kind"] == "start" and inside:
                     problems.append(f"cell {i}: a {{solution-start}} inside the solution opened in cell {opened_at}")
-                if mark == "end" and not inside:
+                if match["kind"] == "end" and not inside:
                     problems.append(f"cell {i}: a {{solution-end}} with no {{solution-start}} before it")
-                inside, opened_at = mark == "start", i if mark == "start" else opened_at
+                inside, opened_at = match["kind"] == "start", i if match["kind"] == "start" else opened_at
+                position = match.end()
+            rest = source[position:]
+            if inside and rest.strip():
+                problems.append(f"cell {i}: solution prose {rest.strip()[:40]!r} " + leak.format(at=opened_at))
         elif cell["cell_type"] == "code" and inside:
-            if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") is not True:
-                first = source.splitlines()[0] if source else ""
-                problems.append(f"cell {i} (solution code, {first!r}): metadata jupyter.source_hidden is not true")
+            folded = cell.get("metadata", {}).get("jupyter", {})
+            first = source.splitlines()[0] if source else ""
+            for key in ("source_hidden", "outputs_hidden"):
+                if folded.get(key) is not True:
+                    problems.append(f"cell {i} (solution code, {first!r}): metadata jupyter.{key} is not true")
     if inside:
         problems.append(f"the solution opened in cell {opened_at} has no {{solution-end}}")
     return problems
@@ -203,7 +221,48 @@ def nbval_marker_problems(notebook) -> list[str]:
     return problems
 
 
+def _lab_numbering():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lab_numbering", ROOT / "book" / "_ext" / "lab_numbering.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAB_NUMBERING = _lab_numbering()
+DISPLAY_MATH = re.compile(r"\$\$(?P<body>.+?)\$\$(?P<label>[ \t]*\([^()\s]+\))?", re.S)
+
+
+def numbering_problems(notebook, chapter: str) -> list[str]:
+    """(d) JupyterLab numbers as the website does: the first Markdown cell opens with the frontmatter that numbers
+    exercises, equations and theorems "chapter.n" (book/_ext/lab_numbering.py), and every display equation has a
+    label (JupyterLab numbers them all, the website only labelled ones)."""
+    problems = []
+    first = next((c for c in notebook["cells"] if c["cell_type"] == "markdown"), None)
+    block = LAB_NUMBERING.split_frontmatter("".join(first["source"]))[0] if first else ""
+    if block != LAB_NUMBERING.frontmatter(chapter):
+        found = f"it has {block!r}" if block else "it has none"
+        problems.append(f"the first Markdown cell must open with the frontmatter numbering chapter {chapter} in "
+                        f"JupyterLab ({found}): run `python book/_ext/lab_numbering.py`")
+    for i, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "markdown":
+            for match in DISPLAY_MATH.finditer("".join(cell["source"])):
+                if not match["label"]:
+                    problems.append(f"cell {i}: the display equation {' '.join(match['body'].split())[:40]!r} has "
+                                    "no label: JupyterLab numbers it, the website does not; add one: $$ ... $$ (eq-...)")
+    return problems
+
+
 CHAPTERS = {path.name: load(path) for path in NOTEBOOKS}
+NUMBERS = {f"{entry.split('/')[-1]}.ipynb": number for entry, number in LAB_NUMBERING.chapter_numbers(ROOT).items()}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_jupyterlab_numbers_as_the_website(path):
+    assert path.name in NUMBERS, f"{path.name} is in no numbered part of _toc.yml"
+    problems = numbering_problems(CHAPTERS[path.name], NUMBERS[path.name])
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -230,7 +289,7 @@ def md(text):
 
 
 def code(text, hidden=False, tags=()):
-    metadata = {"jupyter": {"source_hidden": True}} if hidden else {}
+    metadata = {"jupyter": {"source_hidden": True, "outputs_hidden": True}} if hidden else {}
     if tags:
         metadata["tags"] = list(tags)
     return {"cell_type": "code", "metadata": metadata, "source": text.splitlines(keepends=True), "outputs": [],
@@ -242,10 +301,13 @@ def notebook(*cells):
 
 
 SOLUTION = ("```{solution-start} ex-one\n:class: dropdown\n```\n", "```{solution-end}\n```\n")
+# The prose in the start directive's body: backticks, math, a list, a nested code block (a longer fence outside).
+SOLUTION_WITH_BODY = ("````{solution-start} ex-one\n:class: dropdown\n\nFill with `-inf`, then:\n\n- $e^{-\\infty} = 0$;"
+                      "\n- the cell below checks it.\n\n```python\nx = 1\n```\n````\n")
 GOOD_ONE = notebook(
     md("# One\n\n(sec-one)=\n## Scores\n\n$$\ns = q^\\top k\n$$ (eq-one)\n\n```{exercise} Do it\n:label: ex-one\n\nGo.\n```"),
     code("x = 1"),
-    md(SOLUTION[0] + "\nThe text of the solution."),
+    md("Text before the solution.\n\n" + SOLUTION_WITH_BODY),
     code("def answer():\n    return 1", hidden=True),
     code("answer()", hidden=True, tags=["nbval-check-output"]),
     md(SOLUTION[1] + "\nSee {eq}`eq-one`, {ref}`sec-one`, {prf:ref}`the exercise <ex-one>`, [two](02_two.ipynb),"
@@ -267,10 +329,55 @@ def test_rules_pass_a_good_notebook():
 def test_visible_solution_code_is_caught():
     bad = notebook(md(SOLUTION[0]), code("def answer():\n    return 1"), md(SOLUTION[1]), code("answer()"))
     problems = hidden_solution_problems(bad)
-    assert len(problems) == 1 and "cell 1" in problems[0] and "def answer" in problems[0]
+    assert len(problems) == 2 and all("cell 1" in p and "def answer" in p for p in problems)
+    assert "source_hidden" in problems[0] and "outputs_hidden" in problems[1]
+    shown_output = code("answer()", hidden=True)
+    del shown_output["metadata"]["jupyter"]["outputs_hidden"]
+    problems = hidden_solution_problems(notebook(md(SOLUTION[0]), shown_output, md(SOLUTION[1])))
+    assert len(problems) == 1 and "cell 1" in problems[0] and "jupyter.outputs_hidden is not true" in problems[0]
     unclosed = notebook(md(SOLUTION[0]), code("x", hidden=True))
     assert "has no {solution-end}" in hidden_solution_problems(unclosed)[0]
     assert "no {solution-start}" in hidden_solution_problems(notebook(md(SOLUTION[1])))[0]
+
+
+@pytest.mark.parametrize("cells, where, prose", [
+    # the old layout: the explanation in a cell of its own after the start directive
+    ([md(SOLUTION[0]), md("Fill with `-inf` first."), code("x", hidden=True), md(SOLUTION[1])], "cell 1", "Fill"),
+    # text after the start directive, in its own cell
+    ([md(SOLUTION[0] + "\nFill with `-inf` first."), code("x", hidden=True), md(SOLUTION[1])], "cell 0", "Fill"),
+    # a comment on the result after the code, before the end
+    ([md(SOLUTION_WITH_BODY), code("x", hidden=True), md("As the output shows.\n\n" + SOLUTION[1])], "cell 2", "As"),
+    ([md(SOLUTION_WITH_BODY), code("x", hidden=True), md("As the output shows."), md(SOLUTION[1])], "cell 2", "As"),
+])
+def test_solution_prose_outside_the_dropdown_is_caught(cells, where, prose):
+    """JupyterLab folds only the start directive: prose anywhere else between the gates is in plain view."""
+    problems = hidden_solution_problems(notebook(*cells))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{where}: solution prose {prose!r}"[:-1]) and "body of the {solution-start}" in problems[0]
+
+
+def test_a_converted_solution_passes_and_its_old_layout_is_caught():
+    """tests/fixtures/solution_in_body.ipynb: chapter 3's Ex. 3.2 with its prose in the start directive's body. Put
+    back as the chapter had it (the prose in a cell of its own, code with source_hidden only), it leaks."""
+    fixture = load(ROOT / "tests" / "fixtures" / "solution_in_body.ipynb")
+    assert hidden_solution_problems(fixture) == []
+    old = json.loads(json.dumps(fixture))
+    start = old["cells"][3]
+    match = SOLUTION_MARK.search("".join(start["source"]))
+    prose = match["body"].split("\n\n", 2)[1]  # the first paragraph, after the blank line that ends the options
+    start["source"] = ["```{solution-start} ex-ch3-masked-softmax\n", ":class: dropdown\n", "```"]
+    old["cells"].insert(4, md(prose))
+    del old["cells"][5]["metadata"]["jupyter"]["outputs_hidden"]
+    problems = hidden_solution_problems(old)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("cell 4: solution prose 'Fill with") and "jupyter.outputs_hidden" in problems[1]
+
+
+def test_prose_after_the_end_and_before_the_start_is_no_solution():
+    cells = [md("Before.\n\n" + SOLUTION_WITH_BODY), code("x", hidden=True), md(SOLUTION[1] + "\nAfter, in view.")]
+    assert hidden_solution_problems(notebook(*cells)) == []
+    both = md(SOLUTION[0] + SOLUTION[1] + "\nNothing was inside.")  # start and end in one cell
+    assert hidden_solution_problems(notebook(both)) == []
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -313,3 +420,32 @@ def test_jupyterlab_loads_jupyterlab_myst():
     assert line is not None, f"jupyterlab-myst is not installed as a JupyterLab extension:\n{text}"
     assert "enabled" in line and line.split("enabled", 1)[1].strip().startswith("OK"), (
         f"JupyterLab does not load jupyterlab-myst (see requirements.txt):\n{text}")
+
+
+def test_numbering_rule_and_its_writer(tmp_path):
+    """The frontmatter is required, with the chapter's own number; unlabelled display equations are caught;
+    lab_numbering.py writes the block from _toc.yml, and the site's reader cuts it."""
+    title = md("# Three\n\n$$\na\n$$ (eq-a)\n\nand\n\n$$\nb = c\n$$")
+    problems = numbering_problems(notebook(title), "3")
+    assert len(problems) == 2 and "it has none" in problems[0] and "lab_numbering.py" in problems[0]
+    assert problems[1].startswith("cell 0: the display equation 'b = c' has no label")
+    good = notebook(md(LAB_NUMBERING.frontmatter("3") + "# Three\n\n$$\na\n$$ (eq-a)"))
+    assert numbering_problems(good, "3") == []
+    assert "numbering chapter 4" in numbering_problems(good, "4")[0]  # the number of another chapter
+    assert "exercise:\n    enumerator: 3.%s" in LAB_NUMBERING.frontmatter("3")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: intro\nparts:\n  - caption: C\n    numbered: true\n"
+                                       "    chapters:\n      - file: notebooks/01_a\n      - file: notebooks/02_b\n"
+                                       "  - caption: D\n    chapters:\n      - file: guide\n")
+    for name in ("01_a", "02_b"):
+        (tmp_path / "notebooks" / f"{name}.ipynb").write_text(json.dumps(notebook(md("# A"), code("x = 1"))))
+    assert len(LAB_NUMBERING.write(tmp_path)) == 2 and LAB_NUMBERING.write(tmp_path) == []  # and once only
+    second = load(tmp_path / "notebooks" / "02_b.ipynb")
+    assert numbering_problems(second, "2") == [] and "".join(second["cells"][0]["source"]).endswith("---\n# A")
+
+    class App:  # what cut_frontmatter uses of Sphinx
+        env = type("Env", (), {"doc2path": lambda self, name: f"{name}.ipynb"})()
+
+    source = [json.dumps(second)]
+    LAB_NUMBERING.cut_frontmatter(App(), "notebooks/02_b", source)
+    assert json.loads(source[0])["cells"][0]["source"] == "# A"

@@ -3,8 +3,10 @@
 The site (``_build/html``, or the folder in $ATTENTION_COURSE_SITE) is served on 127.0.0.1; every request to any
 other host is blocked and counted. For every page in ``_toc.yml``: no console or page errors, no failed or
 blocked requests, math typeset, images loaded, internal links and anchors resolve, notebook pages' Colab and
-download buttons point at their notebook, no horizontal overflow at a phone's width. Plus the site search and the
-two widgets, which must redraw when a control moves (no kernel). Screenshots of every page, at desktop and phone
+download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
+size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
+output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
+control moves (no kernel), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
@@ -289,6 +291,89 @@ HARNESS_MARKERS = """() => {
 # The column a chapter's text sits in, at desktop widths: the site has one search box there.
 DESKTOPS = [DESKTOP, {"width": 1600, "height": 1000}]
 
+# Legible at the size shown (at 1280 px wide; see test_desktop_layout and figure_problems):
+# - figures: every image in a cell's output, as shown (its PNG file, natural width, displayed width);
+# - clipped: a <pre> (code, output), a table or a cell's output box in the article whose content is wider than its
+#   box (scrollWidth > clientWidth: the reader must scroll, or never sees the end);
+# - printed tables: output lines laid out in columns (two spaces or more between words, or '|') wider than their box
+#   once printed as they are (outputs wrap on the site, book/_ext/static/attention-course.css, which would hide a
+#   table's overflow by breaking its rows).
+LEGIBILITY = """() => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const where = (e) => (e.closest('section:has(> h1, > h2, > h3, > h4, > h5, > h6)')
+    ?.querySelector(':scope > h1, :scope > h2, :scope > h3, :scope > h4, :scope > h5, :scope > h6')?.textContent || '')
+    .replace(/#$/, '').replace(/\\s+/g, ' ').trim().slice(0, 50);
+  const shownWidth = (img) => {  // in a folded dropdown: the width its box would give it
+    let box = img.parentElement;
+    while (box && !box.clientWidth) box = box.parentElement;
+    return img.getBoundingClientRect().width || Math.min(img.naturalWidth, box ? box.clientWidth : img.naturalWidth);
+  };
+  const figures = [...article.querySelectorAll('.cell_output img')].map((img) => ({
+    src: decodeURIComponent(new URL(img.src).pathname), natural: img.naturalWidth, shown: shownWidth(img),
+    where: where(img) }));
+  const clipped = [];
+  for (const e of article.querySelectorAll('pre, table, .cell_output')) {
+    // a table may also stand wider than the box it sits in (which then scrolls); borders are not content
+    const [width, box] = e.tagName === 'TABLE' && e.getBoundingClientRect().width > e.parentElement.clientWidth + 1
+      ? [e.getBoundingClientRect().width, e.parentElement.clientWidth] : [e.scrollWidth, e.clientWidth];
+    if (width > box + 1) clipped.push(`${e.tagName.toLowerCase()} in "${where(e)}" (${Math.round(width)} px in ${box} ` +
+      `px): ${e.textContent.trim().split('\\n')[0].slice(0, 60)}`);
+  }
+  const tables = [];
+  const canvas = document.createElement('canvas').getContext('2d');
+  for (const pre of article.querySelectorAll('.cell_output pre')) {
+    const style = getComputedStyle(pre);
+    canvas.font = `${style.fontSize} ${style.fontFamily}`;
+    const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const wide = pre.textContent.split('\\n').filter((line) => /\\S {2,}\\S|[|│]/.test(line))
+      .map((line) => [canvas.measureText(line).width, line]).filter(([width]) => width > room + 1);
+    if (wide.length) {
+      const [width, line] = wide.reduce((a, b) => (b[0] > a[0] ? b : a));
+      tables.push(`printed table in "${where(pre)}": ${wide.length} line(s) wider than its ${Math.round(room)} px, ` +
+                  `the widest ${line.length} characters (${Math.round(width)} px): ${line.trim().slice(0, 50)}`);
+    }
+  }
+  return { figures, clipped, tables };
+}"""
+MIN_TEXT_CSS_PX = 9  # the smallest text a figure may show, in CSS pixels
+
+
+def text_css_px(points: float, dpi: float, natural_width: float, shown_width: float) -> float:
+    """CSS pixels of text drawn at ``points`` in a PNG of ``dpi`` that is ``natural_width`` pixels wide and shown
+    ``shown_width`` CSS pixels wide: dpi / 72 PNG pixels per point, scaled as the page scales the picture."""
+    return points * dpi / 72 * shown_width / natural_width
+
+
+def figure_problems(figures: list[dict], site: Path) -> list[str]:
+    """Figures whose smallest text is under MIN_TEXT_CSS_PX as shown. ``figures``: dicts with ``src`` (the PNG's
+    path on the site), ``natural`` and ``shown`` (its width in PNG pixels and as displayed) and ``where`` (its
+    section's title). The font sizes come from the PNG's own tEXt chunks, written when a chapter shows a figure
+    (attention_course.plots.record_text_sizes, switched on by book/_ext/legibility.py for the build's kernels): the
+    smallest font size matplotlib drew in it, in points, and its dpi."""
+    from attention_course.plots import DPI_KEY, TEXT_PT_KEY, png_text
+
+    problems = []
+    for n, figure in enumerate(figures, 1):
+        name = f"figure {n} ({figure['where']}, {Path(figure['src']).name[:12]})"
+        if not figure["natural"]:
+            continue  # did not load: test_page says so
+        record = png_text((site / figure["src"].lstrip("/")).read_bytes())
+        if TEXT_PT_KEY not in record:
+            problems.append(f"{name}: no text size recorded in the PNG: was the site built with "
+                            "book/_ext/legibility.py (a figure drawn by matplotlib in a chapter)?")
+            continue
+        if record[TEXT_PT_KEY] == "none":
+            continue  # no text in it
+        points, dpi = float(record[TEXT_PT_KEY]), float(record[DPI_KEY])
+        size = text_css_px(points, dpi, figure["natural"], figure["shown"])
+        if size < MIN_TEXT_CSS_PX:
+            needed = MIN_TEXT_CSS_PX * 72 / dpi * figure["natural"] / figure["shown"]
+            problems.append(
+                f"{name}: its smallest text, {points:g} pt at {dpi:g} dpi, shows at {size:.1f} CSS px "
+                f"(< {MIN_TEXT_CSS_PX}): the PNG is {figure['natural']} px wide, shown at {figure['shown']:.0f} px; "
+                f"draw that text at >= {needed:.1f} pt, or the figure narrower")
+    return problems
+
 
 @functools.lru_cache(maxsize=None)
 def ids_in(path: Path) -> frozenset:
@@ -382,7 +467,11 @@ def test_page(site, visit, page):
 @pytest.mark.parametrize("viewport", DESKTOPS, ids=lambda v: f"{v['width']}px")
 @pytest.mark.parametrize("page", PAGES)
 def test_desktop_layout(site, visit, page, viewport):
-    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column."""
+    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column.
+
+    At 1280 px, also legible at the size shown: every figure's smallest text renders at >= MIN_TEXT_CSS_PX CSS px
+    (figure_problems: from the font sizes the PNG records, its pixel width and its displayed width), no code, output
+    line or table is wider than its box (LEGIBILITY)."""
     v = visit(f"{page}.html")
     v.resize(viewport)
     problems = []
@@ -390,6 +479,11 @@ def test_desktop_layout(site, visit, page, viewport):
     if len(boxes) != 1:
         problems.append(f"{len(boxes)} visible search boxes at {viewport['width']} px, expected 1: {boxes}")
     problems += [f"wider than the text column at {viewport['width']} px: {w}" for w in v.tab.evaluate(WIDER_THAN_TEXT, 2)]
+    if viewport == DESKTOP:
+        v.tab.evaluate(BROKEN_IMAGES)  # every image loaded (natural widths known)
+        shown = v.tab.evaluate(LEGIBILITY)
+        problems += [f"illegible at {DESKTOP['width']} px: {p}" for p in figure_problems(shown["figures"], SITE)]
+        problems += [f"wider than its box at {DESKTOP['width']} px: {w}" for w in shown["clipped"] + shown["tables"]]
     problems += v.close()  # console errors, failed requests
     assert not problems, f"{page}.html:\n" + "\n".join(problems)
 
@@ -492,6 +586,13 @@ def test_colab_rendition(page):
         problems.append(f"{len(headings)} solution headings, one per {{solution-start}} expected")
     collapsed = set(rendition["metadata"].get("colab", {}).get("collapsed_sections", []))
     problems += [f"solution heading {h['id']} is not stored collapsed" for h in headings if h["id"] not in collapsed]
+    folded_at = None  # the level of the collapsed heading whose section we are in: Colab hides it up to the next
+    for k, cell in enumerate(rendition["cells"]):  # heading as deep or deeper
+        opening = re.match(r"(#{1,6}) ", "".join(cell["source"])) if cell["cell_type"] == "markdown" else None
+        if opening and (folded_at is None or len(opening.group(1)) <= folded_at):
+            folded_at = len(opening.group(1)) if cell["id"] in collapsed else None
+        elif folded_at and cell["cell_type"] == "code" and cell["metadata"].get("cellView") != "form":
+            problems.append(f"cell {k} ({''.join(cell['source'])[:40]!r}) is no solution but folded away with one")
     assert not problems, f"{RENDITIONS}/{page}.ipynb:\n" + "\n".join(problems)
 
 
@@ -536,9 +637,149 @@ def test_rendition_of_a_hand_made_notebook():
                      "### Solution to Exercise 1.1 (click to show)", "As Theorem 1.1 says.", "Exercises, (1.1)."]:
         assert expected in text, f"{expected!r} not in the rendition:\n{text}"
     assert not RAW_MYST.search(text), RAW_MYST.search(text)
+    assert "(continued)" not in text  # the text after the solution opens with a heading of its own
     codes = [c for c in out["cells"] if c["cell_type"] == "code"]
     assert ["".join(c["source"]) for c in codes] == ["import sys  # setup", f"{SOLUTION_TITLE}\ndef answer():\n    return 1"]
     assert codes[1]["metadata"]["cellView"] == "form" and "cellView" not in codes[0]["metadata"]
     heading = next(c for c in out["cells"] if "".join(c["source"]).startswith("### Solution"))
     assert out["metadata"]["colab"]["collapsed_sections"] == [heading["id"]]
     assert RAW_MYST.search("```{exercise} x\n:label: y\n```") and RAW_MYST.search("see {eq}`a`")
+
+
+# ------------------------------------------------------------------------------------------------ legibility, alone
+def planted_figure(folder: Path, name: str, width_in: float, points: float, dpi: int = 100, record=True) -> str:
+    """A PNG as a chapter would show it: ``width_in`` inches wide at ``dpi``, its smallest text ``points`` tall."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from IPython.core.pylabtools import print_figure
+
+    from attention_course.plots import DPI_KEY, TEXT_PT_KEY, with_png_text
+
+    fig, ax = plt.subplots(figsize=(width_in, 2), dpi=dpi)
+    ax.set_title("a title", fontsize=14)
+    ax.set_xlabel("the smallest label", fontsize=points)
+    png = print_figure(fig, fmt="png", bbox_inches=None)
+    plt.close(fig)
+    if record:
+        png = with_png_text(png, {TEXT_PT_KEY: f"{points:g}", DPI_KEY: str(dpi)})
+    (folder / "_images").mkdir(exist_ok=True)
+    (folder / "_images" / name).write_bytes(png)
+    return f"/_images/{name}"
+
+
+def test_text_css_px():
+    assert text_css_px(9, 72, 500, 500) == 9  # 72 dpi: a point is a pixel
+    assert text_css_px(10, 100, 1396, 688) == pytest.approx(6.85, abs=0.01)  # chapter 2's training figure, before
+    assert text_css_px(8, 100, 600, 600) == pytest.approx(11.11, abs=0.01)  # shown at its own size
+
+
+def test_a_planted_oversized_figure_fails(tmp_path):
+    """1396 px wide (13.96 in at 100 dpi) shown at 688 px: its 8 pt labels come out at 5.5 CSS px."""
+    wide = planted_figure(tmp_path, "wide.png", 13.96, 8)
+    fits = planted_figure(tmp_path, "fits.png", 6.5, 8)  # 650 px: shown at its own size, 11.1 px
+    bare = planted_figure(tmp_path, "bare.png", 6.5, 8, record=False)
+    figures = [{"src": src, "natural": natural, "shown": min(natural, 688), "where": "2.6. Training"}
+               for src, natural in ((wide, 1396), (fits, 650), (bare, 650))]
+    problems = figure_problems(figures, tmp_path)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("figure 1 (2.6. Training, wide.png)") and "8 pt at 100 dpi, shows at 5.5 CSS px" in problems[0]
+    assert "draw that text at >= 13.1 pt" in problems[0]
+    assert problems[1].startswith("figure 3") and "no text size recorded" in problems[1]
+    assert figure_problems(figures[1:2], tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------ a solution's body
+FIXTURE = ROOT / "tests" / "fixtures" / "solution_in_body.ipynb"  # chapter 3's Ex. 3.2, its prose in the body
+FIXTURE_PROSE = "Fill with"  # the first words of that body
+
+
+def fixture_site(out: Path, student: bool):
+    """The fixture built by Sphinx (a process of its own, started now) with the book's MyST extensions,
+    sphinx-exercise and book/_ext/exercise_tools.py, not executed: a function that waits for it and returns the
+    page's HTML."""
+    import shutil
+    import subprocess
+    import sys as _sys
+
+    src = out / "src"
+    src.mkdir(parents=True)
+    shutil.copy(FIXTURE, src / "index.ipynb")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
+        "extensions = ['myst_nb', 'sphinx_exercise', 'exercise_tools']\nnb_execution_mode = 'off'\n"
+        f"myst_enable_extensions = {CONFIG['parse']['myst_enable_extensions']!r}\nstudent_edition = {student}\n")
+    build = subprocess.Popen([_sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q", "-E", str(src), str(out / "html")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def page() -> str:
+        log = build.communicate(timeout=300)[0]
+        assert build.returncode == 0, log
+        return (out / "html" / "index.html").read_text()
+
+    return page
+
+
+def test_a_solution_body_folds_on_the_site_and_leaves_the_student_edition(tmp_path):
+    """The start directive's body opens the dropdown, before the solution's code; the student edition has neither."""
+    from bs4 import BeautifulSoup
+
+    full, student = fixture_site(tmp_path / "full", student=False), fixture_site(tmp_path / "student", student=True)
+    page = BeautifulSoup(full(), "html.parser")
+    solution = page.select_one("div.solution.dropdown")
+    assert solution is not None, "no solution dropdown on the page"
+    content = solution.select_one("#solution-content")
+    blocks = [child for child in content.children if getattr(child, "name", None)]
+    assert blocks[0].name == "p" and blocks[0].get_text().startswith(FIXTURE_PROSE), blocks[:2]
+    assert blocks[1].name == "ul" and "$0 / 0$" not in blocks[1].get_text() and "0 / 0" in blocks[1].get_text()
+    assert "cell" in blocks[2].get("class", []) and "my_masked_softmax" in blocks[2].get_text()
+    outside = page.get_text().replace(solution.get_text(), "")
+    assert FIXTURE_PROSE not in outside and "def my_masked_softmax" not in outside
+    student = student()
+    assert FIXTURE_PROSE not in student and "def my_masked_softmax" not in student and "Masked softmax" in student
+
+
+def test_a_solution_body_in_the_colab_rendition():
+    """Colab: the body is a Markdown cell right under the collapsed "Solution to ..." heading, before the code form."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colab_rendition", ROOT / "book" / "_ext" / "colab_rendition.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ctx = module.Context({"ex-ch3-masked-softmax": "Exercise 3.2"}, chapter="3")
+    out = module.render_notebook(json.loads(FIXTURE.read_text()), ctx)
+    texts = ["".join(c["source"]) for c in out["cells"]]
+    at = texts.index("## Solution to Exercise 3.2 (click to show)")
+    assert out["cells"][at]["id"] in out["metadata"]["colab"]["collapsed_sections"]
+    body = texts[at + 1]
+    assert body.startswith(FIXTURE_PROSE) and "`-inf`" in body and "$0 / 0$" in body
+    assert "solution-start" not in body and ":class:" not in body and not RAW_MYST.search(body)
+    assert out["cells"][at + 2]["metadata"]["cellView"] == "form"
+    assert texts[at + 2].startswith(SOLUTION_TITLE + "\ndef my_masked_softmax")
+    assert texts[at + 3:at + 5] == ["## Exercise 3.2 (continued)", "A query whose keys are all masked gets a row of zeros:"]
+    assert out["cells"][at + 3]["id"] not in out["metadata"]["colab"]["collapsed_sections"]  # not folded away
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_solution_bodies_are_in_their_dropdowns(page):
+    """On the built site: the prose in each {solution-start}'s body stands in that solution's dropdown."""
+    from bs4 import BeautifulSoup
+
+    import sys as _sys
+    _sys.path.insert(0, str(ROOT))
+    from instructor.exercises import START
+
+    source = json.loads((BOOK / f"{page}.ipynb").read_text())
+    bodies = [m["body"] for c in _cells(source, "markdown") for m in START.finditer("".join(c["source"]))]
+    html_text = page_html(page)
+    shown = len(re.findall(r'<div class="solution[ "]', html_text))
+    assert shown == len(bodies), f"{shown} solutions on the page, {len(bodies)} in the notebook"
+    if not any(body.strip() for body in bodies):
+        return
+    dropdowns = BeautifulSoup(html_text, "html.parser").select("div.solution")
+    for n, (body, dropdown) in enumerate(zip(bodies, dropdowns), 1):
+        words = re.findall(r"[A-Za-z]{4,}", re.sub(r"\$[^$]*\$|`[^`]*`|\]\([^)]*\)", " ", body))[:6]  # no math, code, URLs
+        text = " ".join(dropdown.get_text().split())
+        missing = [w for w in words if w not in text]
+        assert not missing, f"{page} solution {n}: its body's words {missing} are not in its dropdown"

@@ -7,12 +7,15 @@ in the same order and the MyST turned into what Colab can show:
 
 - ``{exercise}`` / ``{prf:theorem}`` ... : a heading or a bold line with the number the website gives it ("Exercise
   3.1 (title)", "Theorem 3.1 (title)"), then the text; ``{prf:proof}``: "Proof." ... "∎";
+- the frontmatter that numbers the chapter in JupyterLab (book/_ext/lab_numbering.py): dropped;
 - ``$$ ... $$ (label)``: the equation with its website number as ``\\tag{3.1}``; ``(label)=`` targets: dropped;
 - ``{eq}``, ``{prf:ref}``, ``{ref}``, ``{numref}``: the number or title as plain text; ``{doc}`` and links to
   another chapter (``02_softmax.ipynb#anchor``): a link that opens that chapter's rendition in Colab;
 - ``{solution-start}`` ... ``{solution-end}``: a heading "Solution to Exercise 3.1 (click to show)" whose section is
-  stored collapsed, and each code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to
-  show)``) that hides its code until clicked;
+  stored collapsed, the body of ``{solution-start}`` (the solution's prose) as a Markdown cell under it, and each
+  code cell in it a Colab form (``cellView: form``, first line ``#@title Solution (click to show)``) that hides its
+  code until clicked; what follows ``{solution-end}`` (the test cell, the text) goes under a heading "Exercise 3.1
+  (continued)" unless it opens with a heading, so that it is not folded away with the solution;
 - admonitions and dropdowns: block quotes under a bold title; other directives: their text.
 
 The numbers come from the Sphinx environment of this very build, so they are the website's. The Colab button of
@@ -35,6 +38,7 @@ PLAIN_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<content>[^`]*)`")
 LABELLED_MATH = re.compile(r"\$\$(?P<body>.+?)\$\$[ \t]*\((?P<label>[^()\s]+)\)", re.S)
 TARGET_LINE = re.compile(r"^[ \t]*\([^()\s]+\)=[ \t]*\n?", re.M)
+FRONTMATTER = re.compile(r"\A---[ \t]*\n.*?\n---[ \t]*(?:\n|\Z)", re.S)  # a notebook's, in its first cell
 CHAPTER_LINK = re.compile(r"\]\(\s*(?P<name>\d\d_[A-Za-z0-9_]+)\.ipynb(?:#[^)\s]*)?\s*\)")
 ADMONITIONS = {"note", "tip", "hint", "important", "warning", "caution", "attention", "danger", "error", "seealso",
                "admonition", "dropdown", "margin", "sidebar", "topic", "epigraph", "pull-quote"}
@@ -202,13 +206,29 @@ def _cell(kind: str, text: str, cell_id: str, metadata=None) -> dict:
     return cell
 
 
-SOLUTION_MARK = re.compile(r"^[ \t]*(`{3,}|:{3,})\{solution-(start|end)\}[ \t]*(\S*).*?\n(?:[ \t]*:[\w-]+:.*\n)*"
-                           r"[ \t]*\1[ \t]*(?:\n|$)", re.M)
+# {solution-start} / {solution-end}, whole: the fence line, options, the body (the solution's prose, backticks and
+# math included) up to the line that closes the fence.
+SOLUTION_MARK = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-(?P<kind>start|end)\}[ \t]*(?P<label>\S*)[^\n]*"
+                           r"(?:\n|$)(?:[ \t]*:[\w-]+:[^\n]*\n)*(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*(?:\n|$)",
+                           re.M | re.S)
 
 
 def render_notebook(notebook: dict, ctx: Context) -> dict:
     """The Colab rendition of one chapter notebook (a new dict; ``notebook`` is left as it is)."""
     cells, collapsed, inside, level, first = [], [], False, 3, True
+    solution, ended = None, None  # (heading level, "Exercise 3.1") of the solution open / just closed
+
+    def reopen(text: str, cell_id: str) -> None:
+        """Colab folds a collapsed heading's section up to the next heading as deep or deeper: what follows a
+        solution (its test cell, the text) gets a heading of its own unless it opens with one."""
+        nonlocal ended
+        if ended is not None:
+            depth, name = ended
+            opening = re.match(r"(#{1,6}) ", text)
+            if not (opening and len(opening.group(1)) <= depth):
+                cells.append(_cell("markdown", f"{'#' * depth} {name} (continued)", f"{cell_id}-after-solution"))
+        ended = None
+
     for n, cell in enumerate(notebook["cells"]):
         cell_id = str(cell.get("id") or f"cell-{n}")
         source = _source(cell)
@@ -220,13 +240,18 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
             if cell["cell_type"] == "code" and inside:
                 new["metadata"] = {**new.get("metadata", {}), "cellView": "form"}
                 new["source"] = f"{SOLUTION_TITLE}\n{source}".splitlines(keepends=True)
+            reopen("", cell_id)
             cells.append(new)
             continue
+        if first:  # JupyterLab's numbering (book/_ext/lab_numbering.py): Colab would show it as text
+            source = FRONTMATTER.sub("", source, count=1)
         headings = [len(h) for h in re.findall(r"^(#{1,5}) ", source, re.M)]
         level = min(headings[-1] + 1, 6) if headings else level  # exercises sit one level below their section
         pieces, start = [], 0
         for m in SOLUTION_MARK.finditer(source):
-            pieces += [("text", source[start:m.start()]), (m.group(2), m.group(3))]
+            pieces += [("text", source[start:m.start()]), (m["kind"], m["label"])]
+            if m["kind"] == "start":  # the body: the solution's prose, under the folded heading
+                pieces.append(("text", m["body"]))
             start = m.end()
         pieces.append(("text", source[start:]))
         part = 0
@@ -237,19 +262,21 @@ def render_notebook(notebook: dict, ctx: Context) -> dict:
                 if first and text.startswith("# ") and ctx.chapter:
                     text = f"# {ctx.chapter}. {text[2:]}"
                 if text:
+                    reopen(text, part_id)
                     cells.append(_cell("markdown", text, part_id))
                     part += 1
                 if first and text:
                     first = False
                     cells.append(_cell("markdown", COLAB_NOTE, f"{cell_id}-colab-note"))
             elif what == "start":
-                heading = f"{'#' * level} Solution to {_title('exercise', value, '', ctx)} (click to show)"
+                solution = (level, _title("exercise", value, "", ctx))
+                heading = f"{'#' * level} Solution to {solution[1]} (click to show)"
                 cells.append(_cell("markdown", heading, part_id,
                                    {"jp-MarkdownHeadingCollapsed": True, "heading_collapsed": True}))
                 collapsed.append(part_id)
                 inside, part = True, part + 1
             else:
-                inside = False
+                inside, ended = False, solution
     metadata = copy.deepcopy(notebook.get("metadata", {}))
     metadata["colab"] = {"provenance": [], "toc_visible": True, "collapsed_sections": collapsed}
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": max(notebook.get("nbformat_minor", 5), 5)}

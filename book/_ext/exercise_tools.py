@@ -8,7 +8,9 @@
    outputs of the graded test cells are dropped: they were computed with the solutions and would only say
    "Correct" to a student whose notebook still holds the stub. (sphinx-exercise's own ``hide_solutions`` drops
    only the start of a gated solution: its code cells stay on the page and the build fails on the orphaned end.)
-3. The directive ``exercise-list`` writes the table of every exercise (chapter, label, auto-checked, points),
+3. A gated solution's prose is the body of its ``{solution-start}`` directive (it folds in JupyterLab too):
+   ``SolutionBodyIntoGate`` keeps it in the dropdown, which sphinx-exercise's merge of gated solutions would drop.
+4. The directive ``exercise-list`` writes the table of every exercise (chapter, label, auto-checked, points),
    read from the notebooks by ``instructor/exercises.py``: the instructor guide never lists them by hand.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.transforms import SphinxTransform
 from sphinx.util.docutils import SphinxDirective
-from sphinx_exercise.nodes import solution_node
+from sphinx_exercise.nodes import solution_node, solution_start_node
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -37,6 +39,25 @@ def drop_marks(app, doctree) -> None:
             for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
                                             and n.get("nb_element") == "cell_code_output")):
                 output.parent.remove(output)
+
+
+class SolutionBodyIntoGate(SphinxTransform):
+    """The body of a ``{solution-start}`` directive (the solution's prose) opens the solution on the page.
+
+    sphinx-exercise 1.2 parses that body but its merge of gated solutions (MergeGatedSolutions, priority 10) keeps
+    only what stands between start and end, and drops it. So, just before the merge, the body moves out of the
+    start node to stand right after it: the merge then puts it first in the dropdown, before the code cells.
+    """
+
+    default_priority = 9
+
+    def apply(self):
+        for start in list(self.document.findall(solution_start_node)):
+            for section in [child for child in start.children if isinstance(child, nodes.section)]:
+                start.remove(section)
+                at = start.parent.index(start) + 1
+                for offset, child in enumerate(list(section.children)):
+                    start.parent.insert(at + offset, child)
 
 
 class RemoveSolutions(SphinxTransform):
@@ -86,6 +107,7 @@ def table(header: list[str], rows: list[list[str]]) -> nodes.table:
 
 def setup(app):
     app.add_config_value("student_edition", False, "env")
+    app.add_transform(SolutionBodyIntoGate)
     app.add_transform(RemoveSolutions)
     app.connect("doctree-read", drop_marks)  # after the transforms
     app.add_directive("exercise-list", ExerciseList)
