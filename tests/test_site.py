@@ -520,12 +520,16 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
         view.wait_for()
         picture = view.locator(".ac-picture")
         before, state = picture.inner_html(), json.loads(view.get_attribute("data-state"))
-        if widget == "mask-broadcast":
+        if widget == "mask-broadcast" and view.locator("input[name=num_heads]").is_visible():
             heads = view.locator("input[name=num_heads]")
             h = 1 if heads.input_value() == "4" else int(heads.input_value()) + 1
             heads.fill(str(h))
             after = json.loads(view.get_attribute("data-state"))
             assert len(after["per_head_mask"]) == h * len(state["lengths"])
+        elif widget == "mask-broadcast":  # chapter 3's widget, before heads exist (show_heads=False): the causal box
+            view.locator("input[name=causal]").click()
+            after = json.loads(view.get_attribute("data-state"))
+            assert after != state, f"{page}: the widget's state did not change when 'causal' was clicked"
         else:
             other = view.locator("button[name=num_heads][aria-pressed=false]").first
             h = int(other.get_attribute("value"))
