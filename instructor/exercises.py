@@ -12,6 +12,12 @@ How a notebook marks an exercise (see the instructor guide):
   ``def`` line, stays in the student's copy);
 * an auto-checked exercise has, after its solution, a test cell: nbgrader ``grade: true``, ``locked: true``,
   ``points``, ``grade_id`` ``label-check``, whose code calls the chapter's checker on the learner's function.
+
+An open exercise (no test cell) is graded by hand. The notebooks need no mark for it: :func:`with_answer_cells`
+adds, to the copy that the student edition and grading give nbgrader, a markdown *answer cell* after the exercise's
+last solution cell, nbgrader's "manually graded answer" (``solution: true``, ``grade: true``, ``points``
+:data:`MANUAL_POINTS`, ``grade_id`` ``label-answer``), where the student writes the answer; the code stub above it
+stays for any computation that supports it.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ START = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-start\}[ \t]*(?P<la
                    r"(?P<options>(?:[ \t]*:[\w-]+:[^\n]*\n)*)(?P<body>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
 END = re.compile(r"^[ \t]*(?P<fence>`{3,}|:{3,})\{solution-end\}[ \t]*\n[ \t]*(?P=fence)[ \t]*$", re.M)
 BEGIN_MARK, END_MARK = "### BEGIN SOLUTION", "### END SOLUTION"
+MANUAL_POINTS = 1  # the points of an open exercise, graded by hand
 
 
 @dataclass
@@ -44,6 +51,11 @@ class Exercise:
     @property
     def checked(self) -> bool:
         return bool(self.test_cells)
+
+    @property
+    def max_points(self) -> float:
+        """What the exercise is worth: its test cells' points, or MANUAL_POINTS for an open one."""
+        return self.points if self.checked else MANUAL_POINTS
 
 
 def load(path: Path) -> dict:
@@ -136,10 +148,42 @@ def strip_solution_prose(nb: dict) -> dict:
     return nb
 
 
+def answer_cell(exercise: Exercise) -> dict:
+    """The manually graded markdown cell in which a student answers an open exercise (nbgrader clears what lies
+    between the solution marks to "YOUR ANSWER HERE"; an answer left so scores 0 without a grader)."""
+    text = (f"**Your answer to Exercise {exercise.number}, {exercise.title}** (graded by hand, {MANUAL_POINTS:g} "
+            f"point{'s' if MANUAL_POINTS != 1 else ''}):\n\n{BEGIN_MARK}\nYOUR ANSWER HERE\n{END_MARK}")
+    meta = {"grade": True, "grade_id": f"{exercise.label}-answer", "locked": False, "points": MANUAL_POINTS,
+            "schema_version": 3, "solution": True, "task": False}
+    return {"cell_type": "markdown", "id": f"{exercise.label}-answer", "metadata": {"nbgrader": meta},
+            "source": text.splitlines(True)}
+
+
+def with_answer_cells(nb: dict, found: list[Exercise]) -> dict:
+    """A copy of ``nb`` with an answer cell after the last solution cell of each open exercise of ``found`` (the
+    chapter's exercises; cells are found by grade_id, so ``nb`` may already have lost its solution prose)."""
+    nb = json.loads(json.dumps(nb))
+    for exercise in found:
+        if exercise.checked:
+            continue
+        own = re.compile(re.escape(exercise.label) + r"(-\d+)?")
+        last = max((i for i, cell in enumerate(nb["cells"]) if own.fullmatch(nbgrader(cell).get("grade_id", ""))),
+                   default=None)
+        if last is not None:
+            nb["cells"].insert(last + 1, answer_cell(exercise))
+    return nb
+
+
+def nbgrader_source(path: Path) -> dict:
+    """The chapter as nbgrader gets it, for the student edition and for grading: the solution prose cut, an answer
+    cell for each open exercise."""
+    return with_answer_cells(strip_solution_prose(load(path)), exercises(path))
+
+
 def markdown_table() -> str:
     """The list of exercises as a Markdown table, for the instructor guide."""
     rows = ["| chapter | # | label | exercise | auto-checked | points |", "|---|---|---|---|---|---|"]
     for ex in catalogue():
-        checked = "yes" if ex.checked else "no (solution shown in the book)"
-        rows.append(f"| {ex.chapter} | {ex.number} | `{ex.label}` | {ex.title} | {checked} | {ex.points:g} |")
+        checked = "yes" if ex.checked else "no: graded by hand"
+        rows.append(f"| {ex.chapter} | {ex.number} | `{ex.label}` | {ex.title} | {checked} | {ex.max_points:g} |")
     return "\n".join(rows)

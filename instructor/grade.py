@@ -27,7 +27,9 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
-from .exercises import ROOT, chapters, exercises, load, save, strip_solution_prose
+from . import export
+from .accounting import Entry, account, summary
+from .exercises import ROOT, chapters, exercises, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "grades"
 KERNEL = "attention-course-grader"
@@ -70,7 +72,7 @@ def prepare(course: Path, out: Path, names: set[str]) -> None:
             continue
         folder = course / "source" / path.stem
         folder.mkdir(parents=True, exist_ok=True)
-        save(strip_solution_prose(load(path)), folder / path.name)
+        save(nbgrader_source(path), folder / path.name)
         run = nbgrader(course, out, "generate_assignment", path.stem, "--force")
         if run.returncode:
             raise SystemExit(f"nbgrader generate_assignment {path.stem} failed:\n{run.stderr[-3000:]}")
@@ -124,18 +126,40 @@ def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout:
     return None
 
 
-def rows_for(course: Path, gradebook: Gradebook, student: str, chapter: str, failure: str | None):
+def manual_row(gradebook: Gradebook, exercise, student: str, chapter: str, failure: str | None):
+    """An open exercise's row: passed "manual"; points once a grader gave them (formgrader), 0 for an answer
+    left as the stub, else empty."""
+    grade_id, most = f"{exercise.label}-answer", exercise.max_points
+    if failure is not None:
+        return "", f"to grade by hand, up to {most:g} (the notebook was not autograded: {failure})"
+    try:
+        grade = gradebook.find_grade(grade_id, chapter, chapter, student)
+    except MissingEntry:
+        return "", f"to grade by hand, up to {most:g} (the answer cell {grade_id} is missing)"
+    if grade.manual_score is not None:
+        return f"{grade.manual_score:g}", "graded by hand"
+    if grade.auto_score == 0:
+        return "0", "no answer: the answer cell is still YOUR ANSWER HERE"
+    return "", f"to grade by hand, up to {most:g}"
+
+
+def rows_for(course: Path, gradebook: Gradebook, entry: Entry, failure: str | None):
+    """The rows of grades.csv (export.COLUMNS) for one graded notebook: one per exercise of its chapter."""
+    student, chapter = entry.student, entry.chapter
     graded_path = course / "autograded" / student / chapter / f"{chapter}.ipynb"
     graded = load(graded_path) if graded_path.exists() and failure is None else None
     cells = {} if graded is None else {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in graded["cells"]}
     answers = lambda label: [c for gid, c in cells.items() if gid and (gid == label or  # noqa: E731
                                                                      gid.startswith(f"{label}-") and gid[-1].isdigit())]
     for exercise in exercises(ROOT / "notebooks" / f"{chapter}.ipynb"):
+        row = [student, chapter, exercise.label]
+        tail = [f"{exercise.max_points:g}", entry.path, entry.note]
         if not exercise.checked:
+            yield row + ["manual", *manual_row(gradebook, exercise, student, chapter, failure)] + tail
             continue
         grade_id = f"{exercise.label}-check"
         if graded is None:
-            yield [student, chapter, exercise.label, 0, 0, failure]
+            yield row + [0, 0, failure] + tail
             continue
         try:
             grade = gradebook.find_grade(grade_id, chapter, chapter, student)
@@ -143,7 +167,17 @@ def rows_for(course: Path, gradebook: Gradebook, student: str, chapter: str, fai
         except MissingEntry:
             points = 0.0
         passed = int(points >= exercise.points > 0)
-        yield [student, chapter, exercise.label, passed, f"{points:g}", cell_message(cells.get(grade_id), answers(exercise.label))]
+        yield row + [passed, f"{points:g}", cell_message(cells.get(grade_id), answers(exercise.label))] + tail
+
+
+def assignment_ids(pairs: list[str]) -> dict[str, str]:
+    ids = {}
+    for pair in pairs:
+        chapter, _, number = pair.partition("=")
+        if not number.strip():
+            raise SystemExit(f"--canvas-assignment {pair}: expected <chapter>=<assignment id>, e.g. 03_masks=123")
+        ids[chapter.strip().removesuffix(".ipynb")] = number.strip()
+    return ids
 
 
 def main(argv=None) -> Path:
@@ -153,45 +187,68 @@ def main(argv=None) -> Path:
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
     parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--memory", default="4G", help="memory limit of a submission's kernel (default 4G)")
+    parser.add_argument("--roster", type=Path, help="a Canvas gradebook export (Student, ID, SIS User ID, SIS Login "
+                        "ID, Section): also write canvas.csv, for Canvas's gradebook import")
+    parser.add_argument("--canvas-assignment", action="append", default=[], metavar="CHAPTER=ID",
+                        help="Canvas's assignment id of a chapter (e.g. 03_masks=123), repeatable")
     args = parser.parse_args(argv)
-    known = {path.stem for path in chapters()}
-    submissions = sorted(
-        (student.name, path.stem, path)
-        for student in args.submissions.iterdir() if student.is_dir()
-        for path in student.glob("*.ipynb") if path.stem in known
-    )
-    if not submissions:
-        raise SystemExit(f"no submissions found: expected {args.submissions}/<student>/<chapter>.ipynb, with "
-                         f"<chapter> one of {sorted(known)}")
+    if not args.submissions.is_dir():
+        raise SystemExit(f"{args.submissions} is not a folder: expected <dir>/<student>/<chapter>.ipynb")
+    ids = assignment_ids(args.canvas_assignment)
+    roster = export.read_roster(args.roster) if args.roster else None
+    entries = account(args.submissions)
+    submissions = [entry for entry in entries if entry.graded]
     course = args.out / "course"
-    write_kernel(args.out, args.notebook_timeout, args.memory)
-    prepare(course, args.out, {chapter for _, chapter, _ in submissions})
-    for student, chapter, path in submissions:
-        folder = course / "submitted" / student / chapter
+    args.out.mkdir(parents=True, exist_ok=True)
+    if submissions:
+        write_kernel(args.out, args.notebook_timeout, args.memory)
+        prepare(course, args.out, {entry.chapter for entry in submissions})
+    for entry in submissions:
+        folder = course / "submitted" / entry.student / entry.chapter
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        shutil.copy(path, folder / f"{chapter}.ipynb")
-    table = [["student", "notebook", "exercise", "passed", "points", "message"]]
+        shutil.copy(args.submissions / entry.path, folder / f"{entry.chapter}.ipynb")
     failures = {}
-    for student, chapter, _ in submissions:
-        failures[student, chapter] = grade_one(course, args.out, student, chapter, args.cell_timeout,
-                                               args.notebook_timeout)
-        print(f"graded {student}/{chapter}: {failures[student, chapter] or 'ok'}", flush=True)
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        for student, chapter, _ in submissions:
-            table.extend(rows_for(course, gradebook, student, chapter, failures[student, chapter]))
-    for student, chapter, _ in submissions:
-        if failures[student, chapter] is None:
-            nbgrader(course, args.out, "generate_feedback", chapter, f"--student={student}", "--force")
-            html = course / "feedback" / student / chapter / f"{chapter}.html"
+    for entry in submissions:
+        failures[entry.student, entry.chapter] = grade_one(course, args.out, entry.student, entry.chapter,
+                                                           args.cell_timeout, args.notebook_timeout)
+        note = f" [{entry.note}]" if entry.note else ""
+        print(f"graded {entry.path}{note}: {failures[entry.student, entry.chapter] or 'ok'}", flush=True)
+    rows = []
+    if submissions:
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+            for entry in submissions:
+                rows.extend(rows_for(course, gradebook, entry, failures[entry.student, entry.chapter]))
+    for entry in entries:
+        if not entry.graded:
+            print(f"{entry.path}: {entry.reason}", flush=True)
+            rows.append([entry.student or "", "", "", "", "", entry.reason, "", entry.path, ""])
+    for entry in submissions:
+        if failures[entry.student, entry.chapter] is None:
+            nbgrader(course, args.out, "generate_feedback", entry.chapter, f"--student={entry.student}", "--force")
+            html = course / "feedback" / entry.student / entry.chapter / f"{entry.chapter}.html"
             if html.exists():
-                (args.out / "feedback" / student).mkdir(parents=True, exist_ok=True)
-                shutil.copy(html, args.out / "feedback" / student / f"{chapter}.html")
-    grades = args.out / "grades.csv"
-    with grades.open("w", newline="") as f:
-        csv.writer(f).writerows(table)
-    print(f"{len(table) - 1} rows in {grades}; feedback in {args.out / 'feedback'}; gradebook "
-          f"{course / 'gradebook.db'}")
+                (args.out / "feedback" / entry.student).mkdir(parents=True, exist_ok=True)
+                shutil.copy(html, args.out / "feedback" / entry.student / f"{entry.chapter}.html")
+    table = [export.COLUMNS] + [[str(value) for value in row] for row in rows]
+    grades = export.write(table, args.out / "grades.csv")
+    records = [dict(zip(export.COLUMNS, row)) for row in table[1:]]
+    chapters_shown = {path.stem: exercises(path) for path in chapters()
+                      if any(entry.chapter == path.stem for entry in submissions)}
+    students = sorted({entry.student for entry in entries if entry.student})
+    export.write(export.wide(records, chapters_shown, students), args.out / "grades_wide.csv")
+    text = summary(entries, failures)
+    if roster is not None:
+        table, unknown = export.canvas(records, chapters_shown, roster, ids)
+        export.write(table, args.out / "canvas.csv")
+        text += f"\ncanvas.csv: {len(roster)} students of the roster"
+        text += ("; every student folder is in the roster\n" if not unknown else
+                 f"; {len(unknown)} student folder(s) not in the roster, so not in canvas.csv: "
+                 f"{', '.join(unknown)}\n")
+    (args.out / "summary.txt").write_text(text)
+    print("\n" + text, end="")
+    print(f"{len(rows)} rows in {grades}; grades_wide.csv, summary.txt{', canvas.csv' if roster else ''} beside "
+          f"it; feedback in {args.out / 'feedback'}; gradebook {course / 'gradebook.db'}")
     return grades
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .exercises import ROOT, chapters, load, save, strip_solution_prose
+from .exercises import ROOT, chapters, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "student"
 NBGRADER = ROOT / ".venv-grader" / "bin" / "nbgrader"
@@ -44,7 +44,7 @@ def release(course: Path, target: Path, paths: list[Path] | None = None) -> list
     for path in paths:
         folder = course / "source" / path.stem
         folder.mkdir(parents=True)
-        save(strip_solution_prose(load(path)), folder / path.name)
+        save(nbgrader_source(path), folder / path.name)
         nbgrader(course, "generate_assignment", path.stem, "--force", "--log-level=WARN")
     target.mkdir(parents=True, exist_ok=True)
     released = []

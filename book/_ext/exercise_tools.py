@@ -82,7 +82,8 @@ class ExerciseList(SphinxDirective):
         for path in chapters():
             self.env.note_dependency(str(path))
         header = ["chapter", "label", "exercise", "auto-checked", "points"]
-        rows = [[ex.chapter, ex.label, ex.title, "yes" if ex.checked else "no", f"{ex.points:g}"]
+        rows = [[ex.chapter, ex.label, ex.title, "yes" if ex.checked else "no (by hand)",
+                 f"{ex.max_points:g}"]
                 for ex in catalogue()]
         return [table(header, rows)]
 
