@@ -1,4 +1,4 @@
-"""Every file of a submissions folder accounted for: which ones are graded, as which chapter, and why the others are not.
+"""Every file of a submissions folder accounted for: which are graded, as which chapter, and why the others are not.
 
 :func:`account` looks at every file under ``<dir>`` without running anything and returns one :class:`Entry` per
 file (and one per empty student folder). A notebook is graded when it stands in a student folder,
@@ -207,7 +207,8 @@ def account(submissions: Path, known: list[Chapter] | None = None) -> list[Entry
             else:
                 entry.kind = SECOND_COPY
                 entry.reason = (f"not graded: a second copy of {stem} ({entry.note or 'its own name'}); "
-                                f"{Path(chosen.path).name} was graded (the rule: the newest file; on a tie, the chapter's exact name)")
+                                f"{Path(chosen.path).name} was graded (the rule: the newest file; on a tie, the "
+                                f"chapter's exact name)")
             entry.note = ""
     entries.sort(key=lambda entry: entry.path)
     return entries
@@ -222,14 +223,15 @@ def summary(entries: list[Entry], failures: dict[tuple[str, str], str] | None = 
     failed = [entry for entry in entries if entry.graded and (entry.student, entry.chapter) in failures]
     skipped = [entry for entry in entries if not entry.graded]
     kinds = Counter(entry.kind for entry in skipped) + Counter({GRADING_FAILED: len(failed)} if failed else {})
+    noted = sorted((entry for entry in graded + failed if entry.note), key=lambda entry: entry.path)
+    renamed = sum(bool(entry.note) for entry in graded)
     lines = [f"students: {len(students)}",
-             f"notebooks graded: {len(graded)}" + (f" ({sum(bool(e.note) for e in graded)} renamed or another "
-                                                   f"chapter, see the notes below)" if any(e.note for e in graded) else ""),
+             f"notebooks graded: {len(graded)}" + (f" ({renamed} renamed or another chapter, see the notes below)"
+                                                   if renamed else ""),
              f"not graded: {len(skipped) + len(failed)}"]
     lines += [f"  {count:4d}  {kind}" for kind, count in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))]
-    if any(entry.note for entry in graded + failed):
-        lines += ["", "graded, with a note:"]
-        lines += [f"  {entry.path}: {entry.note}" for entry in sorted(graded + failed, key=lambda e: e.path) if entry.note]
+    if noted:
+        lines += ["", "graded, with a note:"] + [f"  {entry.path}: {entry.note}" for entry in noted]
     if skipped or failed:
         lines += ["", "not graded:"]
         why = {entry.path: entry.reason for entry in skipped}

@@ -151,8 +151,9 @@ def strip_solution_prose(nb: dict) -> dict:
 def answer_cell(exercise: Exercise) -> dict:
     """The manually graded markdown cell in which a student answers an open exercise (nbgrader clears what lies
     between the solution marks to "YOUR ANSWER HERE"; an answer left so scores 0 without a grader)."""
-    text = (f"**Your answer to Exercise {exercise.number}, {exercise.title}** (graded by hand, {MANUAL_POINTS:g} "
-            f"point{'s' if MANUAL_POINTS != 1 else ''}):\n\n{BEGIN_MARK}\nYOUR ANSWER HERE\n{END_MARK}")
+    chapter = f"{int(exercise.chapter[:2])}." if exercise.chapter[:2].isdigit() else ""
+    text = (f"**Your answer to Exercise {chapter}{exercise.number}, {exercise.title}** (graded by hand, "
+            f"{MANUAL_POINTS:g} point{'s' if MANUAL_POINTS != 1 else ''}):\n\n{BEGIN_MARK}\nYOUR ANSWER HERE\n{END_MARK}")
     meta = {"grade": True, "grade_id": f"{exercise.label}-answer", "locked": False, "points": MANUAL_POINTS,
             "schema_version": 3, "solution": True, "task": False}
     return {"cell_type": "markdown", "id": f"{exercise.label}-answer", "metadata": {"nbgrader": meta},

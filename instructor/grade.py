@@ -1,19 +1,36 @@
 """``make grade SUBMISSIONS=<dir>``: grade a class's notebooks with nbgrader.
 
 ``<dir>/<student>/<chapter>.ipynb`` holds the submissions (``<chapter>`` as in ``notebooks/``, e.g.
-``03_masks.ipynb``). Each is autograded by nbgrader in a fresh kernel of the project's environment, with a time
-limit per cell (the cell is interrupted and the next one runs), a time limit for the whole notebook and a memory
-limit (the kernel is killed; every exercise of that notebook is then reported with the reason). Nothing a
-submission does stops the run. Written under ``_build/grades/``:
+``03_masks.ipynb``). Every file under ``<dir>`` is accounted for first (instructor/accounting.py): a renamed copy
+of a chapter (``03_masks (1).ipynb``) or another chapter saved under a chapter's name is recognised and graded as
+the chapter it is, with a note; any other file is reported as not graded, with the reason. Each notebook is then
+autograded by nbgrader in a fresh kernel of the project's environment, with a time limit per cell (the cell is
+interrupted and the next one runs), a time limit for the whole notebook and a memory limit (the kernel is killed;
+every exercise of that notebook is then reported with the reason). Nothing a submission does stops the run.
+Written under ``_build/grades/``:
 
-* ``grades.csv``: one row per student and exercise: student, notebook, exercise, passed (1/0), points, message
-  (the checker's diagnosis, the error's type and last line, "timed out", or the kernel's death);
+* ``grades.csv``: one row per student and exercise, and one per file not graded. Columns: ``student``,
+  ``notebook`` (the chapter it was graded as), ``exercise`` (its label; empty for a file not graded), ``passed``
+  (1/0 for a checked exercise; ``manual`` for an open one, graded by hand), ``points`` (empty for an open
+  exercise not graded yet; 0 for one whose answer cell is still the stub), ``message`` (the checker's diagnosis,
+  the error's type and last line, "timed out", the kernel's death, "to grade by hand", or "not graded: <why>" for a
+  file), ``max_points``, ``file`` (the submitted file, relative to ``<dir>``), ``note`` (how a renamed file was
+  recognised);
+* ``grades_wide.csv``: a row per student, a column per exercise with points, totals per chapter and overall, and
+  the count of open exercises still to grade by hand (columns in instructor/export.py);
+* ``canvas.csv``, with ``--roster <Canvas gradebook export>``: for Canvas's gradebook import, a column per chapter
+  (``--canvas-assignment 03_masks=123`` names it ``03_masks (123)``, Canvas's assignment); see instructor/export.py;
+* ``summary.txt`` (also printed): students, notebooks graded, not graded with the count per reason, and every file
+  not graded, with its reason;
 * ``feedback/<student>/<chapter>.html``: nbgrader's feedback, the graded notebook with its scores;
-* ``course/gradebook.db``: nbgrader's gradebook (SQLite); ``course/`` is an nbgrader course folder.
+* ``course/gradebook.db``: nbgrader's gradebook (SQLite); ``course/`` is an nbgrader course folder, where
+  formgrader grades the open exercises' answer cells by hand.
 
 This is not a sandbox: a submission runs as the instructor's user, with the instructor's files in reach.
 
 Run with nbgrader's environment (``make`` creates it): ``.venv-grader/bin/python -m instructor.grade <dir>``.
+One submission is graded by :func:`grade_one` and read back by :func:`rows_for`, given an ``accounting.Entry``:
+a runner that works in parallel or in a sandbox calls the same two.
 """
 from __future__ import annotations
 
@@ -191,6 +208,9 @@ def main(argv=None) -> Path:
                         "ID, Section): also write canvas.csv, for Canvas's gradebook import")
     parser.add_argument("--canvas-assignment", action="append", default=[], metavar="CHAPTER=ID",
                         help="Canvas's assignment id of a chapter (e.g. 03_masks=123), repeatable")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="run nothing: rewrite grades.csv, grades_wide.csv, canvas.csv and summary.txt from the "
+                             "gradebook of an earlier run (with the points given by hand in formgrader since)")
     args = parser.parse_args(argv)
     if not args.submissions.is_dir():
         raise SystemExit(f"{args.submissions} is not a folder: expected <dir>/<student>/<chapter>.ipynb")
@@ -200,6 +220,14 @@ def main(argv=None) -> Path:
     submissions = [entry for entry in entries if entry.graded]
     course = args.out / "course"
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tables_only:
+        if submissions and not (course / "gradebook.db").exists():
+            raise SystemExit(f"--tables-only: no gradebook in {course}; grade the class first")
+        failures = {(e.student, e.chapter): None if (course / "autograded" / e.student / e.chapter /
+                                                      f"{e.chapter}.ipynb").exists() else
+                    "not graded: no autograded notebook (its kernel died or timed out when the class was graded, or "
+                    "it is new since)" for e in submissions}
+        return tables(args, entries, failures, roster, ids)
     if submissions:
         write_kernel(args.out, args.notebook_timeout, args.memory)
         prepare(course, args.out, {entry.chapter for entry in submissions})
@@ -214,6 +242,20 @@ def main(argv=None) -> Path:
                                                            args.cell_timeout, args.notebook_timeout)
         note = f" [{entry.note}]" if entry.note else ""
         print(f"graded {entry.path}{note}: {failures[entry.student, entry.chapter] or 'ok'}", flush=True)
+    for entry in submissions:
+        if failures[entry.student, entry.chapter] is None:
+            nbgrader(course, args.out, "generate_feedback", entry.chapter, f"--student={entry.student}", "--force")
+            html = course / "feedback" / entry.student / entry.chapter / f"{entry.chapter}.html"
+            if html.exists():
+                (args.out / "feedback" / entry.student).mkdir(parents=True, exist_ok=True)
+                shutil.copy(html, args.out / "feedback" / entry.student / f"{entry.chapter}.html")
+    return tables(args, entries, failures, roster, ids)
+
+
+def tables(args, entries: list[Entry], failures: dict, roster: list[dict] | None, ids: dict[str, str]) -> Path:
+    """grades.csv, grades_wide.csv, canvas.csv (given a roster) and summary.txt, from the gradebook."""
+    course = args.out / "course"
+    submissions = [entry for entry in entries if entry.graded]
     rows = []
     if submissions:
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
@@ -223,13 +265,6 @@ def main(argv=None) -> Path:
         if not entry.graded:
             print(f"{entry.path}: {entry.reason}", flush=True)
             rows.append([entry.student or "", "", "", "", "", entry.reason, "", entry.path, ""])
-    for entry in submissions:
-        if failures[entry.student, entry.chapter] is None:
-            nbgrader(course, args.out, "generate_feedback", entry.chapter, f"--student={entry.student}", "--force")
-            html = course / "feedback" / entry.student / entry.chapter / f"{entry.chapter}.html"
-            if html.exists():
-                (args.out / "feedback" / entry.student).mkdir(parents=True, exist_ok=True)
-                shutil.copy(html, args.out / "feedback" / entry.student / f"{entry.chapter}.html")
     table = [export.COLUMNS] + [[str(value) for value in row] for row in rows]
     grades = export.write(table, args.out / "grades.csv")
     records = [dict(zip(export.COLUMNS, row)) for row in table[1:]]

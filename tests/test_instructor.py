@@ -227,19 +227,31 @@ def test_grading_a_class(tmp_path):
                                                      "    while True:\n        pass\n"}),  # never returns
         "erin": {},  # hands in the stubs
     }
+    good["ex-ch3-cross-answer"] = "Only the keys' padding mask, (B, 1, S).\n"  # an open exercise, by hand
     submissions = tmp_path / "submissions"
     for name, answers in classes.items():
         (submissions / name).mkdir(parents=True)
-        (submissions / name / "03_masks.ipynb").write_text(json.dumps(fill(released, answers)))
+        file = "03_masks (1).ipynb" if name == "erin" else "03_masks.ipynb"  # a second download: graded, noted
+        (submissions / name / file).write_text(json.dumps(fill(released, answers)))
+    (submissions / "frank").mkdir()  # files that cost no nbgrader run, each reported
+    (submissions / "frank" / "03_masks.ipynb").write_text('{"cells": [\n')
+    (submissions / "frank" / "notes.txt").write_text("my notes\n")
+    (submissions / "gina").mkdir()
+    (submissions / "README.txt").write_text("stray\n")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
+                      "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
     out = tmp_path / "grades"
     run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
-                          "--cell-timeout", "10", "--notebook-timeout", "150"],
+                          "--cell-timeout", "10", "--notebook-timeout", "150", "--roster", str(roster),
+                          "--canvas-assignment", "03_masks=123"],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     with (out / "grades.csv").open() as f:
-        rows = {(r["student"], r["exercise"]): r for r in csv.DictReader(f)}
-    assert len(rows) == 10 and set(next(iter(rows.values()))) == {
-        "student", "notebook", "exercise", "passed", "points", "message"}
+        table = list(csv.DictReader(f))
+    rows = {(r["student"], r["exercise"]): r for r in table if r["exercise"]}
+    assert len(rows) == 20 and list(table[0]) == [
+        "student", "notebook", "exercise", "passed", "points", "message", "max_points", "file", "note"]
     pad, soft = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
     assert rows["alice", pad]["passed"] == rows["alice", soft]["passed"] == "1"
     assert rows["alice", pad]["points"] == "1"
@@ -249,6 +261,55 @@ def test_grading_a_class(tmp_path):
     assert rows["dave", pad]["passed"] == "0" and rows["dave", pad]["message"] == "timed out"
     assert rows["dave", soft]["passed"] == "1"  # the next cells still ran
     assert "still the exercise's stub" in rows["erin", pad]["message"]
+    assert rows["erin", pad]["file"] == "erin/03_masks (1).ipynb"
+    assert rows["erin", pad]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
+    # open exercises: left to a grader, or 0 when the answer cell is still the stub
+    cross = rows["alice", "ex-ch3-cross"]
+    assert cross["passed"] == "manual" and cross["points"] == "" and cross["max_points"] == "1"
+    assert cross["message"].startswith("to grade by hand")
+    assert rows["erin", "ex-ch3-cross"]["passed"] == "manual" and rows["erin", "ex-ch3-cross"]["points"] == "0"
+    skipped = {r["file"]: r["message"] for r in table if not r["exercise"]}
+    assert set(skipped) == {"frank/03_masks.ipynb", "frank/notes.txt", "gina/", "README.txt"}
+    assert skipped["frank/03_masks.ipynb"] == ("not graded: not a notebook: invalid JSON at line 2, column 1 "
+                                               "(Expecting value)")
+    summary = (out / "summary.txt").read_text()
+    assert summary in run.stdout
+    assert summary.startswith("students: 7\nnotebooks graded: 4 (1 renamed or another chapter")
+    assert "\nnot graded: 5\n" in summary and "  erin/03_masks (1).ipynb: renamed copy" in summary
+    assert "  carol/03_masks.ipynb: the kernel died" in summary
+    assert "5 student folder(s) not in the roster, so not in canvas.csv: carol, dave, erin, frank, gina" in summary
+    with (out / "grades_wide.csv").open() as f:
+        wide = {r["student"]: r for r in csv.DictReader(f)}
+    assert set(wide) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina"}
+    assert wide["alice"]["03_masks total"] == wide["alice"]["total"] == "2"
+    assert wide["alice"]["ex-ch3-left-padding"] == "0" and wide["alice"]["ex-ch3-cross"] == ""  # no answer; to grade
+    assert wide["alice"]["to grade by hand"] == "1"
+    assert wide["bob"]["total"] == "1" and wide["frank"]["total"] == ""
+    with (out / "canvas.csv").open() as f:
+        canvas = list(csv.reader(f))
+    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "03_masks (123)"]
+    assert canvas[1][-1] == "4" and canvas[2][-1] == "2" and canvas[3][-1] == "1" and canvas[4] == [
+        "Zoe Z", "9", "s9", "zoe", "B", ""]
+    # a grader gives alice's open answer its point in formgrader; --tables-only rereads the gradebook, runs nothing
+    give = ("from nbgrader.api import Gradebook\n"
+            f"with Gradebook('sqlite:///{out / 'course' / 'gradebook.db'}') as gb:\n"
+            "    grade = gb.find_grade('ex-ch3-cross-answer', '03_masks', '03_masks', 'alice')\n"
+            "    grade.manual_score = 1\n    gb.db.commit()\n")
+    subprocess.run([str(GRADER_PYTHON), "-c", give], check=True, timeout=120)
+    again = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
+                            "--tables-only", "--roster", str(roster)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and not re.search(r"^graded ", again.stdout, re.M), again.stdout + again.stderr
+    with (out / "grades.csv").open() as f:
+        reread = {(r["student"], r["exercise"]): r for r in csv.DictReader(f) if r["exercise"]}
+    assert reread["alice", "ex-ch3-cross"]["points"] == "1"
+    assert reread["alice", "ex-ch3-cross"]["message"] == "graded by hand"
+    assert "kernel died" in reread["carol", pad]["message"]
+    same = lambda table: {k: v for k, v in table.items()  # noqa: E731
+                          if k[0] != "carol" and k != ("alice", "ex-ch3-cross")}
+    assert same(reread) == same(rows) and len(reread) == len(rows)
+    with (out / "canvas.csv").open() as f:
+        assert list(csv.reader(f))[2] == ["Alice A", "1", "s1", "alice", "A", "3"]
     for name in ("alice", "bob", "dave", "erin"):
         feedback = (out / "feedback" / name / "03_masks.html").read_text()
         assert "check_padding_mask" in feedback
