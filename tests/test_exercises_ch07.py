@@ -12,6 +12,7 @@ from torch import nn
 from attention_course import MultiheadAttention
 from attention_course.exercises import ExerciseError, check_multihead_attention
 from attention_course.exercises import ch07
+from mutants.ch07 import LayersInForward  # creates its layers in forward: no parameters
 from mutants.ch07 import TorchWrapper  # a thin wrapper of torch's layer, with a from_torch
 
 
@@ -95,17 +96,6 @@ def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
     assert "all 21 checks passed" in out and "NaN, as torch's do" in out
 
 
-class NoParameters(nn.Module):
-    def __init__(self, D, h, bias=True):
-        super().__init__()
-        self.D = D
-
-    def forward(self, query, key, value, **kwargs):
-        qkv = nn.Linear(self.D, 3 * self.D).to(query)  # new weights at every call
-        q, k, v = qkv(query).chunk(3, -1)
-        w = torch.softmax(q @ k.transpose(-2, -1), -1)
-        return w @ v, w
-
 
 def wrong_branch(self, scores, mask):
     return scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf")) \
@@ -174,7 +164,7 @@ class WrongShapesAccepted(Layer):
 
 
 MISTAKES = [  # (name, class, key words of the verdict)
-    ("layers created in forward", NoParameters, ["check 1 ", "do not load", "parameters []"]),
+    ("layers created in forward", LayersInForward, ["check 1 ", "do not load", "parameters []"]),
     ("masking the scores' values", mistake(fill=lambda self, s, m: s.masked_fill(s == 0, -1e20)),
      ["key_padding_mask", "without any mask", "filled where a score is 0"]),
     ("a branch with the wrong mask", mistake(fill=wrong_branch), ["differs"]),
