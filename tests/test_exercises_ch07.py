@@ -96,7 +96,6 @@ def test_a_thin_wrapper_of_torch_passes_through_from_torch(capsys):
     assert "all 21 checks passed" in out and "NaN, as torch's do" in out
 
 
-
 def wrong_branch(self, scores, mask):
     return scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf")) \
         if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[2] == 1 else scores
