@@ -4,9 +4,13 @@
 ``03_masks.ipynb``). Every file under ``<dir>`` is accounted for first (instructor/accounting.py): a renamed copy
 of a chapter (``03_masks (1).ipynb``) or another chapter saved under a chapter's name is recognised and graded as
 the chapter it is, with a note; any other file is reported as not graded, with the reason. Each notebook is then
-autograded by nbgrader in a fresh kernel of the project's environment, with a time limit per cell (the cell is
-interrupted and the next one runs), a time limit for the whole notebook and a memory limit (the kernel is killed;
-every exercise of that notebook is then reported with the reason). Nothing a submission does stops the run.
+autograded by nbgrader in a fresh kernel of the project's environment, in a bubblewrap sandbox (instructor/sandbox.py:
+it reads only its own folder, the course package and the environment, writes only a scratch folder, has no
+network, and every process it starts ends with it), with a time limit per cell (the cell is interrupted and the
+next one runs), a time limit for the whole notebook and a memory limit (resident memory, watched from /proc; the
+kernel is killed, and every exercise of that notebook is reported with the reason); a graded notebook's outputs
+are cut past ``--output-limit`` characters, with a note, before its feedback is written. Nothing a submission does
+stops the run.
 Written under ``_build/grades/``:
 
 * ``grades.csv``: one row per student and exercise, and one per file not graded. Columns: ``student``,
@@ -26,7 +30,9 @@ Written under ``_build/grades/``:
 * ``course/gradebook.db``: nbgrader's gradebook (SQLite); ``course/`` is an nbgrader course folder, where
   formgrader grades the open exercises' answer cells by hand.
 
-This is not a sandbox: a submission runs as the instructor's user, with the instructor's files in reach.
+Without a working bubblewrap, grading refuses unless given ``--no-sandbox`` (then a submission runs as the
+instructor's user, with the instructor's files in reach). The sandbox does not make the checks trustworthy: they
+still run in the student's own kernel (book/instructors.md, the threat model).
 
 Run with nbgrader's environment (``make`` creates it): ``.venv-grader/bin/python -m instructor.grade <dir>``.
 One submission is graded by :func:`grade_one` and read back by :func:`rows_for`, given an ``accounting.Entry``:
@@ -40,12 +46,15 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
 from . import export
 from .accounting import Entry, account, summary
+from . import sandbox
 from .exercises import ROOT, chapters, exercises, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "grades"
@@ -53,6 +62,11 @@ KERNEL = "attention-course-grader"
 NBGRADER = ROOT / ".venv-grader" / "bin" / "nbgrader"
 CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
 PYTHON = ROOT / ".venv" / "bin" / "python"  # the kernel runs in the project's environment
+SANDBOX = Path(__file__).resolve().parent / "sandbox.py"
+RISK = ("a student's code then runs as your user, with your files in reach: it can read the solutions in notebooks/, "
+        "classmates' submissions, your home folder and keys, write the gradebook, reach the network, and leave "
+        "processes running after it is graded")
+OUTPUT_LIMIT = 4 * 2**20  # characters of output a notebook keeps (the rest is cut, with a note)
 
 
 def to_bytes(size: str) -> int:
@@ -62,20 +76,31 @@ def to_bytes(size: str) -> int:
     return int(float(size[:-1]) * units[size[-1]]) if size[-1] in units else int(size)
 
 
-def write_kernel(out: Path, notebook_limit: int, memory: str) -> None:
-    """A kernelspec that runs the project's Python with a memory limit (prlimit --as) and kills it after the
-    notebook's time limit (timeout), so that no submission outlives its budget."""
+def write_kernel(out: Path, notebook_limit: int, memory: str, hide: list[Path], sandboxed: bool = True) -> None:
+    """A kernelspec that runs the project's Python under instructor/sandbox.py: in a bubblewrap sandbox (unless
+    ``sandboxed`` is False), killed after the notebook's time limit or above the memory limit (resident memory,
+    watched from /proc). Cells are interrupted by message (a signal does not cross into the sandbox's session)."""
     folder = out / "kernels" / KERNEL
     folder.mkdir(parents=True, exist_ok=True)
-    argv = ["timeout", "-s", "KILL", str(notebook_limit), "prlimit", f"--as={to_bytes(memory)}", "--",
-            str(PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    spec = {"argv": argv, "display_name": "attention-course (grading)", "language": "python"}
+    argv = [sys.executable, str(SANDBOX), "--seconds", str(notebook_limit), "--memory", str(to_bytes(memory))]
+    if sandboxed:
+        read, path = sandbox.environment(PYTHON)
+        argv += [f"--read={p}" for p in read] + [f"--hide={Path(p).resolve()}" for p in [ROOT, *hide]]
+        argv += [f"--env=PYTHONPATH={path}"] if path else []
+    else:
+        argv += ["--bare"]
+    argv += ["--", str(PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "attention-course (grading)", "language": "python",
+            "interrupt_mode": "message"}
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
 
 
-def nbgrader(course: Path, out: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+def nbgrader(course: Path, out: Path, *args: str, timeout: float | None = None,
+             runtime: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{NBGRADER.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
            "JUPYTER_PATH": str(out)}  # finds the grading kernel
+    if runtime is not None:  # the kernel's connection file and sockets, in a folder of its own
+        env["JUPYTER_RUNTIME_DIR"] = str(runtime)
     command = [str(NBGRADER), *args, f"--CourseDirectory.root={course}", "--log-level=WARN"]
     return subprocess.run(command, env=env, cwd=course, capture_output=True, text=True, timeout=timeout)
 
@@ -124,14 +149,22 @@ def cell_message(test: dict | None, answers: list[dict]) -> str:
     return " ".join("".join(t if isinstance(t, str) else "".join(t) for t in streams).split()) or "passed"
 
 
-def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout: int, limit: int):
+def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout: int, limit: int,
+              output_limit: int = OUTPUT_LIMIT):
     """Autograde one notebook; returns None, or why the whole notebook could not be graded."""
     args = ["autograde", chapter, f"--student={student}", "--force", f"--Execute.timeout={cell_timeout}",
-            f"--Execute.kernel_name={KERNEL}"]
-    try:
-        run = nbgrader(course, out, *args, timeout=limit + 120)
-    except subprocess.TimeoutExpired:
-        return "timed out (the whole notebook)"
+            f"--Execute.kernel_name={KERNEL}", "--KernelManager.transport=ipc"]  # no TCP: the sandbox has no network
+    # a short path: a Unix socket's name has at most 107 bytes
+    with tempfile.TemporaryDirectory(prefix="grade-") as runtime:
+        try:
+            run = nbgrader(course, out, *args, f"--KernelManager.connection_file={runtime}/kernel.json",
+                           timeout=limit + 120, runtime=Path(runtime))
+        except subprocess.TimeoutExpired:
+            return "timed out (the whole notebook)"
+        verdict = Path(runtime) / sandbox.VERDICT
+        stopped = verdict.read_text() if verdict.exists() else None
+    if stopped:
+        return f"not graded: the kernel was stopped: it {stopped}"
     graded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
     if run.returncode or not graded.exists():
         text = run.stderr + run.stdout
@@ -140,6 +173,7 @@ def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout:
                     f"the {limit} s limit for the whole notebook)")
         errors = [line for line in text.splitlines() if "Error" in line and "AutogradeApp" not in line]
         return f"not graded: {(errors or [last_line(text)])[-1].strip() or 'nbgrader autograde failed'}"
+    sandbox.cut_outputs(graded, output_limit)
     return None
 
 
@@ -203,7 +237,12 @@ def main(argv=None) -> Path:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
     parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
-    parser.add_argument("--memory", default="4G", help="memory limit of a submission's kernel (default 4G)")
+    parser.add_argument("--memory", default="4G", help="memory limit of a submission's kernel, resident memory of "
+                        "all its processes (default 4G)")
+    parser.add_argument("--output-limit", type=int, default=OUTPUT_LIMIT,
+                        help=f"characters of output a graded notebook keeps (default {OUTPUT_LIMIT}); the rest is cut, "
+                             "with a note, before the feedback is written")
+    parser.add_argument("--no-sandbox", action="store_true", help=f"grade without bubblewrap: {RISK}")
     parser.add_argument("--roster", type=Path, help="a Canvas gradebook export (Student, ID, SIS User ID, SIS Login "
                         "ID, Section): also write canvas.csv, for Canvas's gradebook import")
     parser.add_argument("--canvas-assignment", action="append", default=[], metavar="CHAPTER=ID",
@@ -229,7 +268,15 @@ def main(argv=None) -> Path:
                     "it is new since)" for e in submissions}
         return tables(args, entries, failures, roster, ids)
     if submissions:
-        write_kernel(args.out, args.notebook_timeout, args.memory)
+        problem = None if args.no_sandbox else sandbox.available()
+        if problem:
+            raise SystemExit(f"make grade runs each submission in a bubblewrap sandbox, but {problem}.\n"
+                             f"Install it, or grade without a sandbox with --no-sandbox "
+                             f"(make grade GRADE_FLAGS=--no-sandbox): {RISK}")
+        if args.no_sandbox:
+            print(f"--no-sandbox: {RISK}", flush=True)
+        write_kernel(args.out, args.notebook_timeout, args.memory, [args.submissions, args.out],
+                     sandboxed=not args.no_sandbox)
         prepare(course, args.out, {entry.chapter for entry in submissions})
     for entry in submissions:
         folder = course / "submitted" / entry.student / entry.chapter
@@ -239,7 +286,8 @@ def main(argv=None) -> Path:
     failures = {}
     for entry in submissions:
         failures[entry.student, entry.chapter] = grade_one(course, args.out, entry.student, entry.chapter,
-                                                           args.cell_timeout, args.notebook_timeout)
+                                                           args.cell_timeout, args.notebook_timeout,
+                                                           args.output_limit)
         note = f" [{entry.note}]" if entry.note else ""
         print(f"graded {entry.path}{note}: {failures[entry.student, entry.chapter] or 'ok'}", flush=True)
     for entry in submissions:

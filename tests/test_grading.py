@@ -4,6 +4,7 @@ open exercises turned into manually graded answer cells (instructor/exercises.py
 import csv
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from instructor import accounting, export  # noqa: E402
+from instructor import accounting, export, sandbox  # noqa: E402
 from instructor.accounting import account, chapter_by_name, course_chapters, summary  # noqa: E402
 from instructor.exercises import (  # noqa: E402
     MANUAL_POINTS, NOTEBOOKS, exercises, load, nbgrader, nbgrader_source,
@@ -228,3 +229,94 @@ def test_a_roster_without_canvas_columns_is_refused(tmp_path):
     roster.write_text("name,email\nAlice,a@x\n")
     with pytest.raises(SystemExit, match="Student"):
         export.read_roster(roster)
+
+
+# --- the sandbox a submission's kernel runs in (instructor/sandbox.py) -------------------------------------------
+
+needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason=f"no sandbox here: {sandbox.available()}")
+PROBE = r'''
+import json, os, socket, subprocess, sys
+import attention_course
+result = {"package": attention_course.__file__, "env": sorted(os.environ)}
+for name, path in [("notebooks", NOTEBOOK), ("instructor", INSTRUCTOR), ("secret", SECRET), ("mine", "mine.txt")]:
+    try:
+        result[name] = open(path).read()[:5]
+    except OSError as error:
+        result[name] = type(error).__name__
+for name, path in [("write mine", "new.txt"), ("write etc", "/etc/new.txt"), ("write scratch", "/tmp/new.txt")]:
+    try:
+        open(path, "w").write("x")
+        result[name] = "wrote"
+    except OSError as error:
+        result[name] = type(error).__name__
+try:
+    socket.create_connection(("127.0.0.1", PORT), timeout=2)
+    result["socket"] = "connected"
+except OSError as error:
+    result["socket"] = type(error).__name__
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", TOKEN], start_new_session=True)
+print(json.dumps(result))
+'''
+
+
+@needs_bwrap
+def test_the_sandbox_lets_a_kernel_read_only_itself_and_the_environment(tmp_path, monkeypatch):
+    import socket
+    mine, secret = tmp_path / "mine", tmp_path / "classmate"
+    mine.mkdir(), secret.mkdir()
+    (mine / "mine.txt").write_text("mine\n")
+    (secret / "answers.ipynb").write_text("theirs\n")
+    server = socket.create_server(("127.0.0.1", 0))  # the instructor's machine listens; the sandbox reaches nothing
+    token = f"sandboxed-{tmp_path.name}"
+    code = (PROBE.replace("NOTEBOOK", repr(str(NOTEBOOKS / "03_masks.ipynb")))
+            .replace("INSTRUCTOR", repr(str(ROOT / "instructor" / "grade.py")))
+            .replace("SECRET", repr(str(secret / "answers.ipynb"))).replace("PORT", str(server.getsockname()[1]))
+            .replace("TOKEN", repr(token)))
+    python = ROOT / ".venv" / "bin" / "python"
+    read, path = sandbox.environment(python)
+    monkeypatch.setenv("INSTRUCTORS_TOKEN", "s3cret")
+    argv = sandbox.command([str(python), "-c", code], read=[*read, str(mine)], hide=[str(ROOT), str(tmp_path)],
+                           cwd=str(mine), env={"PYTHONPATH": path} if path else {})
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    server.close()
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["package"].endswith("attention_course/__init__.py")
+    assert result["mine"] == "mine\n"
+    assert result["notebooks"] == result["instructor"] == result["secret"] == "FileNotFoundError"
+    assert "Error" in result["write mine"] and "Error" in result["write etc"] and result["write scratch"] == "wrote"
+    assert "Error" in result["socket"]
+    assert "INSTRUCTORS_TOKEN" not in result["env"]
+    running = [p for p in Path("/proc").glob("[0-9]*") if token in p.joinpath("cmdline").read_text(errors="replace")]
+    assert not running, "a background process outlived the sandbox"
+
+
+def test_the_watchdog_stops_a_kernel_over_its_memory_or_time(tmp_path):
+    verdict = tmp_path / sandbox.VERDICT
+    hog = [sys.executable, "-c", "import time\nx = b'x' * (400 * 2**20)\ntime.sleep(60)"]
+    assert sandbox.watch(hog, seconds=60, memory=100 * 2**20, verdict=verdict) != 0
+    assert verdict.read_text().startswith("went over the memory limit (100 MiB; it used ")
+    verdict.unlink()
+    endless = [sys.executable, "-c", "import time\ntime.sleep(60)"]
+    assert sandbox.watch(endless, seconds=1, memory=2**30, verdict=verdict) != 0
+    assert verdict.read_text() == "went over the 1 s limit for the whole notebook"
+
+
+def test_outputs_over_the_limit_are_cut_with_a_note(tmp_path):
+    stream = lambda text: {"output_type": "stream", "name": "stdout", "text": text}  # noqa: E731
+    error = {"output_type": "error", "ename": "ValueError", "evalue": "bad", "traceback": ["t"] * 50}
+    nb = {"cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [stream("small\n")]},
+                    {"cell_type": "code", "source": "", "metadata": {}, "outputs": [stream("y" * 10_000), error]},
+                    {"cell_type": "code", "source": "", "metadata": {}, "outputs": [stream("later\n")]},
+                    {"cell_type": "markdown", "source": "", "metadata": {}}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = put(tmp_path, "graded.ipynb", nb)
+    assert not sandbox.cut_outputs(path, 100_000) and load(path) == json.loads(json.dumps(nb))
+    assert sandbox.cut_outputs(path, 1000)
+    cells = load(path)["cells"]
+    assert cells[0]["outputs"] == [stream("small\n")]
+    cut, kept = cells[1]["outputs"]
+    assert cut["text"].startswith("y" * 900) and len(cut["text"]) < 1200
+    assert "[cut by the grader: this notebook's outputs went over 1000 characters" in cut["text"]
+    assert kept["ename"] == "ValueError" and len(kept["traceback"]) == 20  # an error stays: grading reads it
+    assert cells[2]["outputs"] == [] and "outputs" not in cells[3]

@@ -227,8 +227,30 @@ def test_grading_a_class(tmp_path):
                                                      "    while True:\n        pass\n"}),  # never returns
         "erin": {},  # hands in the stubs
     }
+    submissions, out = tmp_path / "submissions", tmp_path / "grades"
+    gradebook, token = out / "course" / "gradebook.db", f"still-running-{tmp_path.name}"
+    # tampering, each attempt in an exercise's cell, stopped by the sandbox (instructor/sandbox.py)
+    steal = ("import json, attention_course\nfrom pathlib import Path\n"  # a solution from a notebook on disk
+             "nb = json.loads(Path({path}).read_text())\n"
+             "exec(next(''.join(c['source']) for c in nb['cells'] if 'def batch_padding_mask' in ''.join(c['source'])"
+             " and 'raise NotImplementedError' not in ''.join(c['source'])))\n")
+    classes["mallory"] = {  # the instructor's notebook, found through the package; then the gradebook
+        "ex-ch3-padding-mask": steal.format(
+            path="Path(attention_course.__file__).parents[1] / 'notebooks' / '03_masks.ipynb'"),
+        "ex-ch3-masked-softmax": "import sqlite3\n"
+                                 f"db = sqlite3.connect({str(gradebook)!r})\n"
+                                 "db.execute('UPDATE grade SET manual_score = 1')\ndb.commit()\n"
+                                 + good["ex-ch3-masked-softmax"].replace(", 0.0)", ", 0.5)"),  # and a wrong answer
+    }
+    classes["trudy"] = {  # a classmate's submission; a process that would rewrite the gradebook once graded
+        "ex-ch3-padding-mask": steal.format(path=repr(str(submissions / "alice" / "03_masks.ipynb"))),
+        "ex-ch3-masked-softmax": "import subprocess, sys\n"
+                                 "subprocess.Popen([sys.executable, '-c', 'import sqlite3, sys, time\\n"
+                                 "time.sleep(120)\\nsqlite3.connect(sys.argv[1]).execute(\"UPDATE grade SET "
+                                 f"manual_score = 1\")', {str(gradebook)!r}, {token!r}], start_new_session=True)\n"
+                                 "def my_masked_softmax(scores, mask):\n    raise NotImplementedError()\n",
+    }
     good["ex-ch3-cross-answer"] = "Only the keys' padding mask, (B, 1, S).\n"  # an open exercise, by hand
-    submissions = tmp_path / "submissions"
     for name, answers in classes.items():
         (submissions / name).mkdir(parents=True)
         file = "03_masks (1).ipynb" if name == "erin" else "03_masks.ipynb"  # a second download: graded, noted
@@ -241,7 +263,6 @@ def test_grading_a_class(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
                       "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
-    out = tmp_path / "grades"
     run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
                           "--cell-timeout", "10", "--notebook-timeout", "150", "--roster", str(roster),
                           "--canvas-assignment", "03_masks=123"],
@@ -250,7 +271,7 @@ def test_grading_a_class(tmp_path):
     with (out / "grades.csv").open() as f:
         table = list(csv.DictReader(f))
     rows = {(r["student"], r["exercise"]): r for r in table if r["exercise"]}
-    assert len(rows) == 20 and list(table[0]) == [
+    assert len(rows) == 28 and list(table[0]) == [
         "student", "notebook", "exercise", "passed", "points", "message", "max_points", "file", "note"]
     pad, soft = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
     assert rows["alice", pad]["passed"] == rows["alice", soft]["passed"] == "1"
@@ -263,6 +284,17 @@ def test_grading_a_class(tmp_path):
     assert "still the exercise's stub" in rows["erin", pad]["message"]
     assert rows["erin", pad]["file"] == "erin/03_masks (1).ipynb"
     assert rows["erin", pad]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
+    # tampering: no mark, and the message says what was tried
+    assert rows["mallory", pad]["passed"] == "0" and "FileNotFoundError" in rows["mallory", pad]["message"]
+    assert "03_masks.ipynb" in rows["mallory", pad]["message"]
+    assert rows["mallory", soft]["passed"] == "0"
+    assert "OperationalError" in rows["mallory", soft]["message"]  # no gradebook in reach (at most its own, in /tmp)
+    assert not any(r["message"] == "graded by hand" for r in rows.values())  # nobody's manual_score was set
+    assert rows["trudy", pad]["passed"] == "0" and "FileNotFoundError" in rows["trudy", pad]["message"]
+    assert "alice/03_masks.ipynb" in rows["trudy", pad]["message"]
+    assert rows["trudy", soft]["passed"] == "0" and "still the exercise's stub" in rows["trudy", soft]["message"]
+    running = [p for p in Path("/proc").glob("[0-9]*") if token in p.joinpath("cmdline").read_text(errors="replace")]
+    assert not running, "trudy's background process outlived its kernel"
     # open exercises: left to a grader, or 0 when the answer cell is still the stub
     cross = rows["alice", "ex-ch3-cross"]
     assert cross["passed"] == "manual" and cross["points"] == "" and cross["max_points"] == "1"
@@ -274,13 +306,14 @@ def test_grading_a_class(tmp_path):
                                                "(Expecting value)")
     summary = (out / "summary.txt").read_text()
     assert summary in run.stdout
-    assert summary.startswith("students: 7\nnotebooks graded: 4 (1 renamed or another chapter")
+    assert summary.startswith("students: 9\nnotebooks graded: 6 (1 renamed or another chapter")
     assert "\nnot graded: 5\n" in summary and "  erin/03_masks (1).ipynb: renamed copy" in summary
     assert "  carol/03_masks.ipynb: the kernel died" in summary
-    assert "5 student folder(s) not in the roster, so not in canvas.csv: carol, dave, erin, frank, gina" in summary
+    assert "7 student folder(s) not in the roster, so not in canvas.csv: carol, dave, erin, frank, gina, mallory, trudy" in summary
     with (out / "grades_wide.csv").open() as f:
         wide = {r["student"]: r for r in csv.DictReader(f)}
-    assert set(wide) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina"}
+    assert set(wide) == {"alice", "bob", "carol", "dave", "erin", "frank", "gina", "mallory", "trudy"}
+    assert wide["mallory"]["total"] == wide["trudy"]["total"] == "0"
     assert wide["alice"]["03_masks total"] == wide["alice"]["total"] == "2"
     assert wide["alice"]["ex-ch3-left-padding"] == "0" and wide["alice"]["ex-ch3-cross"] == ""  # no answer; to grade
     assert wide["alice"]["to grade by hand"] == "1"
@@ -315,3 +348,14 @@ def test_grading_a_class(tmp_path):
         assert "check_padding_mask" in feedback
     assert "misses the first pad" in (out / "feedback" / "bob" / "03_masks.html").read_text()
     assert (out / "course" / "gradebook.db").exists()
+
+
+@needs_nbgrader
+def test_grading_without_a_sandbox_is_refused_unless_asked(tmp_path):
+    (tmp_path / "alice").mkdir()
+    shutil.copy(ROOT / "notebooks" / "03_masks.ipynb", tmp_path / "alice")
+    run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(tmp_path), "--out", str(tmp_path / "out")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env={"PATH": str(tmp_path)})  # no bwrap
+    assert run.returncode != 0 and "bubblewrap (bwrap) is not installed" in run.stderr, run.stderr
+    assert "--no-sandbox" in run.stderr and "your files in reach" in run.stderr
+    assert not (tmp_path / "out" / "course").exists()
