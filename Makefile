@@ -61,7 +61,8 @@ student: book $(GRADER)/.installed
 
 # make grade SUBMISSIONS=<dir> [GRADE_FLAGS="--cell-timeout 60 --notebook-timeout 600 --memory 4G"]
 #   GRADE_FLAGS="--roster roster.csv --canvas-assignment 03_masks=123": canvas.csv too; "--tables-only": the tables
-#   again from the gradebook (after grading open exercises by hand in formgrader), running nothing
+#   again from the gradebook (after grading open exercises by hand in formgrader), running nothing; "--no-sandbox":
+#   grade without bubblewrap (it says what that risks)
 grade: venv $(GRADER)/.installed
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir>, with <dir>/<student>/<chapter>.ipynb"; exit 2; }
 	$(GRADER)/bin/python -m instructor.grade "$(SUBMISSIONS)" $(GRADE_FLAGS)
