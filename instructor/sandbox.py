@@ -185,7 +185,10 @@ def cut_outputs(path: Path, limit: int) -> bool:
         if "outputs" in cell:
             cell["outputs"] = kept
     if cut:
+        mode = Path(path).stat().st_mode  # nbgrader leaves the graded copy read-only
+        Path(path).chmod(mode | 0o200)
         Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        Path(path).chmod(mode)
     return cut
 
 
