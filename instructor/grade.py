@@ -161,8 +161,9 @@ def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout:
                            timeout=limit + 120, runtime=Path(runtime))
         except subprocess.TimeoutExpired:
             return "timed out (the whole notebook)"
-        verdict = Path(runtime) / sandbox.VERDICT
+        verdict = sandbox.verdict_of(Path(runtime))
         stopped = verdict.read_text() if verdict.exists() else None
+        verdict.unlink(missing_ok=True)
     if stopped:
         return f"not graded: the kernel was stopped: it {stopped}"
     graded = course / "autograded" / student / chapter / f"{chapter}.ipynb"

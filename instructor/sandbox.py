@@ -17,7 +17,8 @@
 The watchdog (this process, outside the sandbox) kills the sandbox after ``--seconds`` (the notebook's time limit)
 or when the resident memory of its processes together goes over ``--memory`` (read from ``/proc`` every
 ``POLL`` seconds: a limit on memory used, not on address space, so CUDA's large virtual reservations still work),
-and then writes why to ``<folder of the connection file>/sandbox-verdict``, where ``instructor.grade`` reads it.
+and then writes why to ``<folder of the connection file>.verdict``, beside that folder (the kernel can write into
+it, not beside it), where ``instructor.grade`` reads it.
 GPUs (``/dev/nvidia*``, ``/dev/dri``) are passed through when present.
 
 :func:`available` probes once whether bwrap works here; :func:`command` builds the bwrap command line (tests run
@@ -37,7 +38,11 @@ from pathlib import Path
 
 HIDDEN = ["/tmp", "/var/tmp", "/work", "/root", "/home", "/mnt", "/media", "/srv", "/run"]
 POLL = 0.2
-VERDICT = "sandbox-verdict"
+
+
+def verdict_of(folder: Path) -> Path:
+    """Where the watchdog says why it stopped the kernel whose connection file is in ``folder``."""
+    return Path(f"{folder}.verdict")
 
 
 def available() -> str | None:
@@ -210,10 +215,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"sandbox.py: the connection file {connection} must be in a folder of its own")
     env = dict(pair.split("=", 1) for pair in args.env)
     if args.bare:
-        return watch(kernel, args.seconds, args.memory, folder / VERDICT)
+        return watch(kernel, args.seconds, args.memory, verdict_of(folder))
     bwrap = command(kernel, read=[*args.read, os.getcwd()], write=[str(folder)], hide=args.hide, cwd=os.getcwd(),
                     env=env, scratch=args.scratch)
-    return watch(bwrap, args.seconds, args.memory, folder / VERDICT)
+    return watch(bwrap, args.seconds, args.memory, verdict_of(folder))
 
 
 if __name__ == "__main__":

@@ -292,7 +292,7 @@ def test_the_sandbox_lets_a_kernel_read_only_itself_and_the_environment(tmp_path
 
 
 def test_the_watchdog_stops_a_kernel_over_its_memory_or_time(tmp_path):
-    verdict = tmp_path / sandbox.VERDICT
+    verdict = sandbox.verdict_of(tmp_path / "runtime")
     hog = [sys.executable, "-c", "import time\nx = b'x' * (400 * 2**20)\ntime.sleep(60)"]
     assert sandbox.watch(hog, seconds=60, memory=100 * 2**20, verdict=verdict) != 0
     assert verdict.read_text().startswith("went over the memory limit (100 MiB; it used ")
