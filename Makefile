@@ -17,13 +17,15 @@ GRADER := .venv-grader
 # nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv).
 NBGRADER ?= nbgrader>=0.9.5,<0.10
 
-.PHONY: book test venv clean help student grade
+.PHONY: book test venv clean help student grade grade-bench
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
 	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; screenshots in _build/screenshots/)"
 	@echo "make student  the student edition into _build/student/ (website and notebooks without solutions)"
-	@echo "make grade SUBMISSIONS=<dir>  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
+	@echo "make grade SUBMISSIONS=<dir> [JOBS=n]  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
+	@echo "            (JOBS notebooks at once, default the machine's cores)"
+	@echo "make grade-bench [STUDENTS=200] [JOBS=n]  time the grading of a generated class of chapter-3 submissions"
 	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
 venv: $(VENV)/.installed
@@ -65,7 +67,12 @@ student: book $(GRADER)/.installed
 #   grade without bubblewrap (it says what that risks)
 grade: venv $(GRADER)/.installed
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<dir>, with <dir>/<student>/<chapter>.ipynb"; exit 2; }
-	$(GRADER)/bin/python -m instructor.grade "$(SUBMISSIONS)" $(GRADE_FLAGS)
+	$(GRADER)/bin/python -m instructor.grade "$(SUBMISSIONS)" $(if $(JOBS),--jobs $(JOBS)) $(GRADE_FLAGS)
+
+# A generated class of $(STUDENTS) chapter-3 submissions graded with $(JOBS) jobs, timed (instructor/bench.py).
+STUDENTS ?= 200
+grade-bench: student
+	$(GRADER)/bin/python -m instructor.bench --students $(STUDENTS) $(if $(JOBS),--jobs $(JOBS))
 
 test: book student
 	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(COVERAGE)

@@ -43,7 +43,7 @@ FOREIGN_TAKEN = "another chapter, handed in under its own name too"
 OUTSIDE = "not in a student folder"
 NESTED = "in a folder inside a student folder"
 EMPTY = "empty student folder"
-GRADING_FAILED = "grading failed (kernel died or timed out)"
+GRADING_FAILED = "the notebook's own run failed (kernel died, stopped or timed out)"
 
 
 @dataclass
@@ -215,26 +215,32 @@ def account(submissions: Path, known: list[Chapter] | None = None) -> list[Entry
 
 
 def summary(entries: list[Entry], failures: dict[tuple[str, str], str] | None = None) -> str:
-    """What happened to the class, as text: students, notebooks graded, not graded and why, every file not graded.
-    ``failures``: (student, chapter) -> why its grading failed (the kernel died, ...)."""
+    """What happened to the class, as text: students, notebooks graded, those whose own run failed, files not graded
+    and why. ``failures``: (student, chapter) -> why the notebook's own run failed (the kernel died, ...); such a
+    notebook is still graded, from its checks re-run apart from it (instructor/verdict.py), but gets no feedback."""
     failures = {key: why for key, why in (failures or {}).items() if why}
     students = sorted({entry.student for entry in entries if entry.student})
-    graded = [entry for entry in entries if entry.graded and (entry.student, entry.chapter) not in failures]
-    failed = [entry for entry in entries if entry.graded and (entry.student, entry.chapter) in failures]
+    graded = [entry for entry in entries if entry.graded]
+    failed = [entry for entry in graded if (entry.student, entry.chapter) in failures]
     skipped = [entry for entry in entries if not entry.graded]
-    kinds = Counter(entry.kind for entry in skipped) + Counter({GRADING_FAILED: len(failed)} if failed else {})
-    noted = sorted((entry for entry in graded + failed if entry.note), key=lambda entry: entry.path)
+    kinds = Counter(entry.kind for entry in skipped)
+    noted = sorted((entry for entry in graded if entry.note), key=lambda entry: entry.path)
     renamed = sum(bool(entry.note) for entry in graded)
     lines = [f"students: {len(students)}",
              f"notebooks graded: {len(graded)}" + (f" ({renamed} renamed or another chapter, see the notes below)"
                                                    if renamed else ""),
-             f"not graded: {len(skipped) + len(failed)}"]
+             f"  of which the notebook's own run failed: {len(failed)} (no feedback; see below)",
+             f"not graded: {len(skipped)}"]
     lines += [f"  {count:4d}  {kind}" for kind, count in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))]
     if noted:
         lines += ["", "graded, with a note:"] + [f"  {entry.path}: {entry.note}" for entry in noted]
-    if skipped or failed:
+    if failed:
+        lines += ["", f"{GRADING_FAILED} (its checked exercises were graded by re-running their checks; its open "
+                      "ones need a look at the notebook):"]
+        lines += [f"  {entry.path}: {failures[entry.student, entry.chapter].removeprefix('not graded: ')}"
+                  for entry in sorted(failed, key=lambda entry: entry.path)]
+    if skipped:
         lines += ["", "not graded:"]
-        why = {entry.path: entry.reason for entry in skipped}
-        why.update({entry.path: failures[entry.student, entry.chapter] for entry in failed})
-        lines += [f"  {path}: {text.removeprefix('not graded: ')}" for path, text in sorted(why.items())]
+        lines += [f"  {entry.path}: {entry.reason.removeprefix('not graded: ')}"
+                  for entry in sorted(skipped, key=lambda entry: entry.path)]
     return "\n".join(lines) + "\n"

@@ -24,19 +24,22 @@ Written under ``_build/grades/``:
   the count of open exercises still to grade by hand (columns in instructor/export.py);
 * ``canvas.csv``, with ``--roster <Canvas gradebook export>``: for Canvas's gradebook import, a column per chapter
   (``--canvas-assignment 03_masks=123`` names it ``03_masks (123)``, Canvas's assignment); see instructor/export.py;
-* ``summary.txt`` (also printed): students, notebooks graded, not graded with the count per reason, and every file
-  not graded, with its reason;
+* ``summary.txt`` (also printed): students, notebooks graded (and those whose own run failed), not graded with the
+  count per reason, and every file not graded, with its reason;
 * ``feedback/<student>/<chapter>.html``: nbgrader's feedback, the graded notebook with its scores;
 * ``course/gradebook.db``: nbgrader's gradebook (SQLite); ``course/`` is an nbgrader course folder, where
   formgrader grades the open exercises' answer cells by hand.
 
-Without a working bubblewrap, grading refuses unless given ``--no-sandbox`` (then a submission runs as the
-instructor's user, with the instructor's files in reach). The sandbox does not make the checks trustworthy: they
-still run in the student's own kernel (book/instructors.md, the threat model).
+* ``verdicts/<student>/<chapter>.json``: the verdicts of the re-run checks; ``timings.csv``: seconds per notebook.
+
+The marks of checked exercises are not the notebook's own: each check is re-run apart from the notebook, from the
+solution cells' definitions alone, in a fresh process of a sandboxed check server (instructor/verdict.py), and
+written into the gradebook and under the test cell in the feedback. ``--jobs`` notebooks are graded at once
+(threads, each running nbgrader and its own check servers), with a progress line per notebook; the rows do not
+depend on it. Without a working bubblewrap, grading refuses unless given ``--no-sandbox`` (then a submission runs
+as the instructor's user, with the instructor's files in reach). book/instructors.md states the threat model.
 
 Run with nbgrader's environment (``make`` creates it): ``.venv-grader/bin/python -m instructor.grade <dir>``.
-One submission is graded by :func:`grade_one` and read back by :func:`rows_for`, given an ``accounting.Entry``:
-a runner that works in parallel or in a sandbox calls the same two.
 """
 from __future__ import annotations
 
@@ -48,13 +51,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
 from . import export
 from .accounting import Entry, account, summary
-from . import sandbox
+from . import sandbox, verdict
 from .exercises import ROOT, chapters, exercises, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "grades"
@@ -158,7 +164,7 @@ def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout:
     with tempfile.TemporaryDirectory(prefix="grade-") as runtime:
         try:
             run = nbgrader(course, out, *args, f"--KernelManager.connection_file={runtime}/kernel.json",
-                           timeout=limit + 120, runtime=Path(runtime))
+                           timeout=limit + 30, runtime=Path(runtime))
         except subprocess.TimeoutExpired:
             return "timed out (the whole notebook)"
         verdict = sandbox.verdict_of(Path(runtime))
@@ -195,31 +201,60 @@ def manual_row(gradebook: Gradebook, exercise, student: str, chapter: str, failu
     return "", f"to grade by hand, up to {most:g}"
 
 
-def rows_for(course: Path, gradebook: Gradebook, entry: Entry, failure: str | None):
-    """The rows of grades.csv (export.COLUMNS) for one graded notebook: one per exercise of its chapter."""
+def rows_for(course: Path, gradebook: Gradebook, entry: Entry, failure: str | None, found: dict | None):
+    """The rows of grades.csv (export.COLUMNS) for one graded notebook: one per exercise of its chapter. A checked
+    exercise's mark is its verdict (instructor/verdict.py: the check re-run apart from the notebook), not what the
+    notebook's own run of the check printed."""
     student, chapter = entry.student, entry.chapter
-    graded_path = course / "autograded" / student / chapter / f"{chapter}.ipynb"
-    graded = load(graded_path) if graded_path.exists() and failure is None else None
-    cells = {} if graded is None else {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in graded["cells"]}
-    answers = lambda label: [c for gid, c in cells.items() if gid and (gid == label or  # noqa: E731
-                                                                     gid.startswith(f"{label}-") and gid[-1].isdigit())]
     for exercise in exercises(ROOT / "notebooks" / f"{chapter}.ipynb"):
         row = [student, chapter, exercise.label]
         tail = [f"{exercise.max_points:g}", entry.path, entry.note]
         if not exercise.checked:
             yield row + ["manual", *manual_row(gradebook, exercise, student, chapter, failure)] + tail
             continue
-        grade_id = f"{exercise.label}-check"
-        if graded is None:
-            yield row + [0, 0, failure] + tail
+        result = (found or {}).get(exercise.label)
+        if result is None:
+            yield row + [0, 0, failure or "no verdict (the check was not run again)"] + tail
             continue
-        try:
-            grade = gradebook.find_grade(grade_id, chapter, chapter, student)
-            points = grade.score
-        except MissingEntry:
-            points = 0.0
-        passed = int(points >= exercise.points > 0)
-        yield row + [passed, f"{points:g}", cell_message(cells.get(grade_id), answers(exercise.label))] + tail
+        passed = {True: 1, False: 0}.get(result["passed"], result["passed"])
+        points = exercise.points if passed == 1 else "" if passed == "review" else 0
+        message = result["message"] + (f" [the notebook itself: {failure}]" if failure else "")
+        yield row + [passed, f"{points:g}" if points != "" else "", message] + tail
+
+
+def record(course: Path, out: Path, submissions: list[Entry], failures: dict, found: dict) -> None:
+    """The verdicts into nbgrader's gradebook (so formgrader and the feedback show the marks grading gives) and, for
+    the feedback, under each check cell of the graded notebook: what the check said when it was run again."""
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for entry in submissions:
+            key = entry.student, entry.chapter
+            graded = course / "autograded" / entry.student / entry.chapter / f"{entry.chapter}.ipynb"
+            if failures[key] is not None or not graded.exists():
+                continue
+            nb = load(graded)
+            cells = {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
+            for exercise in exercises(ROOT / "notebooks" / f"{entry.chapter}.ipynb"):
+                result = found[key].get(exercise.label) if exercise.checked else None
+                if result is None:
+                    continue
+                try:
+                    grade = gradebook.find_grade(f"{exercise.label}-check", entry.chapter, entry.chapter,
+                                                 entry.student)
+                except MissingEntry:
+                    continue
+                grade.auto_score = exercise.points if result["passed"] is True else 0.0
+                cell = cells.get(f"{exercise.label}-check")
+                if cell is not None:
+                    said = {True: "passed", False: "did not pass", "review": "passed, held for review by hand"}
+                    cell.setdefault("outputs", []).append({
+                        "output_type": "stream", "name": "stdout",
+                        "text": f"\n[grading] This check was run again apart from your notebook, from your solution "
+                                f"cell's definitions alone: {said[result['passed']]}. {result['message']}\n"})
+            gradebook.db.commit()
+            mode = graded.stat().st_mode
+            graded.chmod(mode | 0o200)
+            save(nb, graded)
+            graded.chmod(mode)
 
 
 def assignment_ids(pairs: list[str]) -> dict[str, str]:
@@ -243,6 +278,8 @@ def main(argv=None) -> Path:
     parser.add_argument("--output-limit", type=int, default=OUTPUT_LIMIT,
                         help=f"characters of output a graded notebook keeps (default {OUTPUT_LIMIT}); the rest is cut, "
                              "with a note, before the feedback is written")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="notebooks graded at once (default: the machine's cores, here %(default)s)")
     parser.add_argument("--no-sandbox", action="store_true", help=f"grade without bubblewrap: {RISK}")
     parser.add_argument("--roster", type=Path, help="a Canvas gradebook export (Student, ID, SIS User ID, SIS Login "
                         "ID, Section): also write canvas.csv, for Canvas's gradebook import")
@@ -263,11 +300,13 @@ def main(argv=None) -> Path:
     if args.tables_only:
         if submissions and not (course / "gradebook.db").exists():
             raise SystemExit(f"--tables-only: no gradebook in {course}; grade the class first")
-        failures = {(e.student, e.chapter): None if (course / "autograded" / e.student / e.chapter /
-                                                      f"{e.chapter}.ipynb").exists() else
-                    "not graded: no autograded notebook (its kernel died or timed out when the class was graded, or "
-                    "it is new since)" for e in submissions}
-        return tables(args, entries, failures, roster, ids)
+        failures, found = {}, {}
+        for e in submissions:
+            saved = args.out / "verdicts" / e.student / f"{e.chapter}.json"
+            kept = json.loads(saved.read_text()) if saved.exists() else {
+                "notebook": "not graded: it is new since the class was graded", "checks": None}
+            failures[e.student, e.chapter], found[e.student, e.chapter] = kept["notebook"], kept["checks"]
+        return tables(args, entries, failures, roster, ids, found)
     if submissions:
         problem = None if args.no_sandbox else sandbox.available()
         if problem:
@@ -284,24 +323,98 @@ def main(argv=None) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         shutil.copy(args.submissions / entry.path, folder / f"{entry.chapter}.ipynb")
-    failures = {}
-    for entry in submissions:
-        failures[entry.student, entry.chapter] = grade_one(course, args.out, entry.student, entry.chapter,
-                                                           args.cell_timeout, args.notebook_timeout,
-                                                           args.output_limit)
-        note = f" [{entry.note}]" if entry.note else ""
-        print(f"graded {entry.path}{note}: {failures[entry.student, entry.chapter] or 'ok'}", flush=True)
-    for entry in submissions:
-        if failures[entry.student, entry.chapter] is None:
-            nbgrader(course, args.out, "generate_feedback", entry.chapter, f"--student={entry.student}", "--force")
-            html = course / "feedback" / entry.student / entry.chapter / f"{entry.chapter}.html"
-            if html.exists():
-                (args.out / "feedback" / entry.student).mkdir(parents=True, exist_ok=True)
-                shutil.copy(html, args.out / "feedback" / entry.student / f"{entry.chapter}.html")
-    return tables(args, entries, failures, roster, ids)
+    failures, found = grade_all(args, course, submissions)
+    record(course, args.out, submissions, failures, found)
+    feedback(course, args.out, submissions, failures)
+    return tables(args, entries, failures, roster, ids, found)
 
 
-def tables(args, entries: list[Entry], failures: dict, roster: list[dict] | None, ids: dict[str, str]) -> Path:
+class Progress:
+    """A line per notebook graded: a bar, the count, the time spent and the time left (from the pace so far)."""
+
+    def __init__(self, total: int, jobs: int):
+        self.total, self.done, self.start, self.jobs = total, 0, time.monotonic(), jobs
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        spent = time.monotonic() - self.start
+        left = spent / self.done * (self.total - self.done)
+        bar = "#" * round(20 * self.done / self.total)
+        print(f"[{bar:20}] {self.done}/{self.total}  {clock(spent)} spent, about {clock(left)} left  {text}",
+              flush=True)
+
+
+def clock(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+
+
+def grade_all(args, course: Path, submissions: list[Entry]) -> tuple[dict, dict]:
+    """Autograde every notebook (for its feedback) and take every checked exercise's verdict, ``args.jobs`` at a
+    time; the results do not depend on the number of jobs. Returns (failures, verdicts) by (student, chapter)."""
+    plans = {chapter: verdict.plan(chapter, course / "release" / chapter / f"{chapter}.ipynb")
+             for chapter in sorted({entry.chapter for entry in submissions})}
+    local, servers, lock = threading.local(), [], threading.Lock()
+    hide = [args.submissions, args.out]
+
+    def server(chapter: str) -> verdict.Server:
+        own = local.__dict__.setdefault("servers", {})
+        if chapter not in own:
+            own[chapter] = verdict.Server(plans[chapter], hide, to_bytes(args.memory), not args.no_sandbox)
+            with lock:
+                servers.append(own[chapter])
+        return own[chapter]
+
+    def one(entry: Entry):
+        start = time.monotonic()
+        failure = grade_one(course, args.out, entry.student, entry.chapter, args.cell_timeout,
+                            args.notebook_timeout, args.output_limit)
+        ran = time.monotonic()
+        try:
+            result = verdict.verdicts(server(entry.chapter), entry.student, args.submissions / entry.path,
+                                      args.cell_timeout)
+        except RuntimeError as error:  # the chapter's own setup does not run in the sandbox: nobody can be graded
+            result = {label: {"passed": False, "message": f"no verdict: {error}"} for label in plans[entry.chapter].checks}
+        saved = args.out / "verdicts" / entry.student / f"{entry.chapter}.json"
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({"notebook": failure, "checks": result}, indent=1) + "\n")
+        timings.append((entry.student, entry.chapter, f"{ran - start:.2f}", f"{time.monotonic() - ran:.2f}"))
+        return failure, result
+
+    failures, found, timings = {}, {}, []
+    progress = Progress(len(submissions), args.jobs)
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(one, entry): entry for entry in submissions}
+            for future in as_completed(futures):
+                entry = futures[future]
+                key = entry.student, entry.chapter
+                failures[key], found[key] = future.result()
+                note = f" [{entry.note}]" if entry.note else ""
+                marks = sum(v["passed"] is True for v in found[key].values())
+                progress.step(f"graded {entry.path}{note}: {failures[key] or 'ok'}; "
+                              f"{marks}/{len(found[key])} checks passed")
+    finally:
+        for each in servers:
+            each.stop()
+    export.write([["student", "notebook", "notebook_seconds", "checks_seconds"], *sorted(timings)],
+                 args.out / "timings.csv")
+    return failures, found
+
+
+def feedback(course: Path, out: Path, submissions: list[Entry], failures: dict) -> None:
+    """nbgrader's feedback, once per chapter for every student (an HTML rendering of the graded notebooks, no second
+    run), copied to <out>/feedback/<student>/<chapter>.html."""
+    for chapter in sorted({entry.chapter for entry in submissions}):
+        nbgrader(course, out, "generate_feedback", chapter, "--force")
+    for entry in submissions:
+        html = course / "feedback" / entry.student / entry.chapter / f"{entry.chapter}.html"
+        if failures[entry.student, entry.chapter] is None and html.exists():
+            (out / "feedback" / entry.student).mkdir(parents=True, exist_ok=True)
+            shutil.copy(html, out / "feedback" / entry.student / f"{entry.chapter}.html")
+
+
+def tables(args, entries: list[Entry], failures: dict, roster: list[dict] | None, ids: dict[str, str],
+           found: dict) -> Path:
     """grades.csv, grades_wide.csv, canvas.csv (given a roster) and summary.txt, from the gradebook."""
     course = args.out / "course"
     submissions = [entry for entry in entries if entry.graded]
@@ -309,7 +422,8 @@ def tables(args, entries: list[Entry], failures: dict, roster: list[dict] | None
     if submissions:
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
             for entry in submissions:
-                rows.extend(rows_for(course, gradebook, entry, failures[entry.student, entry.chapter]))
+                key = entry.student, entry.chapter
+                rows.extend(rows_for(course, gradebook, entry, failures[key], found.get(key)))
     for entry in entries:
         if not entry.graded:
             print(f"{entry.path}: {entry.reason}", flush=True)

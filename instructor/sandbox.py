@@ -205,14 +205,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--memory", type=int, required=True, help="bytes")
     parser.add_argument("--scratch", type=int, default=512 * 2**20, help="bytes of /tmp")
+    parser.add_argument("--folder", type=Path, help="the folder it may write (default: the connection file's)")
     parser.add_argument("--bare", action="store_true", help="no bwrap: only the limits (make grade --no-sandbox)")
     parser.add_argument("kernel", nargs=argparse.REMAINDER, help="-- <kernel command> (-f <connection file>)")
     args = parser.parse_args(argv)
     kernel = args.kernel[1:] if args.kernel[:1] == ["--"] else args.kernel
-    connection = Path(kernel[kernel.index("-f") + 1]).resolve()
-    folder = connection.parent
+    folder = args.folder.resolve() if args.folder else Path(kernel[kernel.index("-f") + 1]).resolve().parent
     if str(folder) in ["/", *HIDDEN]:  # the kernel writes here: a folder of its own, never all of /tmp
-        raise SystemExit(f"sandbox.py: the connection file {connection} must be in a folder of its own")
+        raise SystemExit(f"sandbox.py: the connection file or --folder {folder} must be a folder of its own")
     env = dict(pair.split("=", 1) for pair in args.env)
     if args.bare:
         return watch(kernel, args.seconds, args.memory, verdict_of(folder))

@@ -1,6 +1,6 @@
 """Grading's bookkeeping, without running nbgrader: every file of a class accounted for (instructor/accounting.py),
 open exercises turned into manually graded answer cells (instructor/exercises.py), and the exports
-(instructor/export.py). The one real nbgrader run is test_grading_a_class in tests/test_instructor.py."""
+(instructor/export.py). The real nbgrader runs are in tests/test_grading_class.py; the re-run checks in tests/test_verdict.py."""
 import csv
 import json
 import os
@@ -125,16 +125,18 @@ def test_the_summary_counts_and_lists(a_class):
     text = summary(list(entries.values()), {("alice", "03_masks"): "not graded: the kernel died"})
     lines = text.splitlines()
     assert "students: 10" in lines  # alice ... judy
-    assert "notebooks graded: 5 (4 renamed or another chapter, see the notes below)" in lines
-    assert "not graded: 10" in lines  # 9 files and the notebook whose kernel died
+    assert "notebooks graded: 6 (4 renamed or another chapter, see the notes below)" in lines  # alice too
+    assert "  of which the notebook's own run failed: 1 (no feedback; see below)" in lines
+    assert "not graded: 9" in lines
     counts = {line.split(None, 1)[1]: int(line.split()[0]) for line in lines if line[:6].strip().isdigit()}
     assert counts == {accounting.INVALID_JSON: 1, accounting.UNKNOWN_FILE: 1, accounting.NO_CHAPTER: 1,
                       accounting.NOT_NOTEBOOK: 1, accounting.NESTED: 1, accounting.EMPTY: 1, accounting.OUTSIDE: 1,
-                      accounting.SECOND_COPY: 1, accounting.FOREIGN_TAKEN: 1, accounting.GRADING_FAILED: 1}
-    listed = text.split("\nnot graded:\n", 1)[1]
+                      accounting.SECOND_COPY: 1, accounting.FOREIGN_TAKEN: 1}
+    failed, listed = text.split("\nnot graded:\n", 1)[0], text.split("\nnot graded:\n", 1)[1]
     for path, entry in entries.items():
-        assert (f"  {path}: " in listed) == (not entry.graded or path == "alice/03_masks.ipynb"), path
-    assert "  alice/03_masks.ipynb: the kernel died" in listed
+        assert (f"  {path}: " in listed) == (not entry.graded), path
+    assert f"\n{accounting.GRADING_FAILED} (" in failed
+    assert "  alice/03_masks.ipynb: the kernel died" in failed
 
 
 # --- open exercises: answer cells graded by hand ----------------------------------------------------------------

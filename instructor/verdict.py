@@ -1,0 +1,208 @@
+"""Verdicts a submission cannot write: each checked exercise re-run apart from the student's notebook.
+
+nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells
+did (rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark.
+Here the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap
+sandbox as the notebooks, starts from the chapter's code cells as the instructor released them, and for each
+exercise forks a fresh child that runs only the definitions of the student's solution cells and then the check cell
+as released, with the checker from the package. Values that come back from the student's code must be plain
+tensors, the functions an exercise forbids (:data:`RULES`) raise during its check, and the child refuses a verdict
+if the package's or torch's functions changed while it ran. Verdicts come back on the server's standard output,
+which the children do not hold. The notebook itself still runs whole under nbgrader, for the feedback.
+
+What stays possible is named in the guide's threat model (book/instructors.md): code in the student's own
+definitions runs in the child that runs the check, so a submission written to attack the checker's process could
+still try to, and :func:`suspicious` flags the names such code needs, for review by hand.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import sandbox
+from .exercises import ROOT, Exercise, exercises, load, nbgrader, source
+
+SERVER = Path(__file__).resolve().parent / "check_server.py"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+
+# Exercises that forbid a function: the names made unavailable during the check, and the rule as the exercise
+# states it (tests/test_grading.py asserts that each rule is quoted from its exercise, and that every exercise
+# that says "without" a `name` has a rule here).
+RULES = {
+    "ex-ch2-softmax": (["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
+                        "torch.special.softmax"],
+                       "Write `my_softmax(scores, dim=-1)` without calling `torch.softmax`."),
+    "ex-ch3-padding-mask": (["attention_course.masks.padding_mask"],
+                            "*without* the package's `padding_mask`"),
+}
+
+# Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
+# and passes is held for review by hand rather than given the points.
+SUSPICIOUS = {"os", "sys", "ctypes", "gc", "inspect", "builtins", "importlib", "subprocess", "signal", "threading",
+              "multiprocessing", "atexit", "IPython", "get_ipython", "__import__", "exec", "eval", "compile",
+              "globals", "setattr", "delattr", "__globals__", "__code__", "__dict__", "__builtins__", "__subclasses__",
+              "_exit", "f_back", "f_globals", "sys.modules", "open", "exercises", "check_server"}
+
+
+def suspicious(code: str) -> list[str]:
+    """The names of :data:`SUSPICIOUS` a solution cell uses, in order of appearance."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or "", *(alias.name for alias in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "/proc" in node.value:
+            names = ["/proc"]
+        else:
+            continue
+        for part in (p for name in names for p in name.split(".")):
+            if (part in SUSPICIOUS or part == "/proc") and part not in found:
+                found.append(part)
+    return found
+
+
+@dataclass
+class Plan:
+    """What the server of one chapter needs: its setup cells and, per checked exercise, its check."""
+    chapter: str
+    setup: list[str]
+    checks: dict[str, dict] = field(default_factory=dict)
+    points: dict[str, float] = field(default_factory=dict)
+
+
+def plan(chapter: str, release: Path) -> Plan:
+    """The plan of ``chapter`` from the notebook nbgrader released (``release``: its path)."""
+    nb = load(release)
+    checked = [e for e in exercises(ROOT / "notebooks" / f"{chapter}.ipynb") if e.checked]
+    grade_ids = {nbgrader(cell).get("grade_id"): index for index, cell in enumerate(nb["cells"])}
+    last = max(grade_ids[f"{e.label}-check"] for e in checked)
+    setup = [source(cell) for index, cell in enumerate(nb["cells"][:last])
+             if cell["cell_type"] == "code" and not nbgrader(cell).get("solution") and not nbgrader(cell).get("grade")]
+    result = Plan(chapter, setup)
+    module = f"attention_course.exercises.ch{int(chapter[:2]):02d}"
+    for exercise in checked:
+        code = source(nb["cells"][grade_ids[f"{exercise.label}-check"]])
+        calls = [node.func.id for node in ast.walk(ast.parse(code))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("check")]
+        forbidden, rule = RULES.get(exercise.label, ([], ""))
+        arguments = [node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)
+                     and node.id not in calls]
+        result.checks[exercise.label] = {"check": code, "module": module, "checkers": calls, "arguments": arguments,
+                                         "forbidden": forbidden, "rule": rule}
+        result.points[exercise.label] = exercise.points
+    return result
+
+
+def solutions(path: Path) -> list[tuple[str, str]]:
+    """The student's solution cells of a submitted notebook, (grade_id, code), in order."""
+    return [(nbgrader(cell)["grade_id"], source(cell)) for cell in load(path)["cells"]
+            if cell["cell_type"] == "code" and nbgrader(cell).get("solution") and nbgrader(cell).get("grade_id")]
+
+
+class Server:
+    """One chapter's check server in its sandbox; restarted after it is killed (memory, time)."""
+
+    def __init__(self, chapter_plan: Plan, hide: list[Path], memory: int, sandboxed: bool = True,
+                 seconds: float = 24 * 3600):
+        self.plan, self.hide, self.memory, self.sandboxed, self.seconds = chapter_plan, hide, memory, sandboxed, seconds
+        self.process = None
+        self.setup_errors: list[str] = []
+
+    def start(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="checks-"))
+        argv = [sys.executable, str(sandbox.__file__), "--seconds", str(self.seconds), "--memory", str(self.memory),
+                "--folder", str(self.folder)]
+        if self.sandboxed:
+            read, path = sandbox.environment(PYTHON)
+            argv += [f"--read={p}" for p in [*read, SERVER]] + [f"--hide={Path(p).resolve()}"
+                                                                 for p in [ROOT, *self.hide]]
+            argv += [f"--env=PYTHONPATH={path}"] if path else []
+        else:
+            argv += ["--bare"]
+        argv += ["--", str(PYTHON), str(SERVER)]
+        self.log = open(self.folder.with_suffix(".log"), "w+")
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                        cwd=self.folder, text=True, bufsize=1)
+        setup = {"setup": self.plan.setup, "checks": self.plan.checks}
+        self.process.stdin.write(json.dumps(setup) + "\n")
+        self.process.stdin.flush()
+        ready = self.receive(600)
+        if not ready or not ready.get("ready"):
+            raise RuntimeError(f"the check server of {self.plan.chapter} did not start: {self.why()}")
+        self.setup_errors = ready["setup_errors"]
+
+    def receive(self, timeout: float) -> dict | None:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        return json.loads(line) if line.strip() else None
+
+    def why(self) -> str:
+        verdict = sandbox.verdict_of(self.folder)
+        if verdict.exists():
+            return f"the sandbox was stopped: it {verdict.read_text()}"
+        self.log.seek(0)
+        lines = [line for line in self.log.read().splitlines() if line.strip()]
+        return lines[-1] if lines else f"it ended (exit status {self.process.poll()})"
+
+    def check(self, student: str, cells: list[tuple[str, str]], timeout: float) -> dict[str, dict]:
+        """{label: {"passed", "message"}} for every checked exercise of the chapter."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        request = {"student": student, "solutions": cells, "timeout": timeout}
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = self.receive(timeout * len(self.plan.checks) + 60)
+        except (BrokenPipeError, ValueError):
+            answer = None
+        if answer is None or answer.get("student") != student:
+            why = self.why()
+            self.stop()
+            return {label: {"passed": False, "message": f"no verdict: {why}"} for label in self.plan.checks}
+        return answer["verdicts"]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process = None
+
+
+def verdicts(server: Server, student: str, path: Path, timeout: float) -> dict[str, dict]:
+    """The verdict of each checked exercise of one submission, with a flag for review where a passing solution uses
+    names that only an attack on the grader would need."""
+    cells = solutions(path)
+    found = server.check(student, cells, timeout)
+    for label, verdict in found.items():
+        names = [name for cell_label, code in cells if re.fullmatch(rf"{re.escape(label)}(-\d+)?", cell_label)
+                 for name in suspicious(code)]
+        if verdict["passed"] and names:
+            verdict["passed"] = "review"
+            verdict["message"] = (f"held for review by hand: the check passed, but the solution uses "
+                                  f"{', '.join(dict.fromkeys(names))}, which an attention exercise does not need and "
+                                  f"an attempt on the grader would; read it, then give the points in formgrader or "
+                                  f"not ({verdict['message']})")
+    return found
+
+
+__all__ = ["Exercise", "Plan", "RULES", "Server", "plan", "solutions", "suspicious", "verdicts"]

@@ -1,0 +1,292 @@
+"""A whole class graded by `make grade` (instructor/grade.py) with nbgrader in the sandbox, in parallel: correct
+work in two styles, classic mistakes, broken work, files that are not what they seem, and one student per way of
+getting marks without the work. Each gets the marks it earned and the message an instructor needs. The verdicts
+come from the checks re-run apart from each notebook (instructor/verdict.py); a second run with one job gives the
+same rows. Needs the student edition and nbgrader's environment (`make student`)."""
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from instructor.exercises import load, nbgrader  # noqa: E402
+
+STUDENT = ROOT / "_build" / "student"
+GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
+pytestmark = [pytest.mark.skipif(not (STUDENT / "notebooks").exists(), reason="run `make student` first"),
+              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")]
+PAD, SOFT = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
+
+GOOD = {
+    PAD: "def batch_padding_mask(lengths, max_len):\n"
+         "    positions = torch.arange(max_len)[None, :]\n"
+         "    return (positions >= torch.tensor(lengths)[:, None])[:, None, :]\n",
+    SOFT: "def my_masked_softmax(scores, mask):\n"
+          "    w = torch.softmax(scores.masked_fill(mask, float('-inf')), -1)\n"
+          "    return w.masked_fill(mask.all(-1, keepdim=True), 0.0)\n",
+}
+OTHER_STYLE = {  # a loop and torch.where: correct too
+    PAD: "def batch_padding_mask(lengths, max_len):\n"
+         "    rows = [torch.arange(max_len) >= n for n in lengths]\n"
+         "    return torch.stack(rows).unsqueeze(1)\n",
+    SOFT: "def my_masked_softmax(scores, mask):\n"
+          "    shifted = torch.where(mask, torch.full_like(scores, -float('inf')), scores)\n"
+          "    w = shifted.softmax(dim=-1)\n"
+          "    return torch.where(torch.isnan(w), torch.zeros_like(w), w)\n",
+}
+WRONG_PAD = GOOD[PAD].replace(">=", ">")  # off by one
+STEAL = ("import json, attention_course\nfrom pathlib import Path\n"
+         "nb = json.loads(Path({path}).read_text())\n"
+         "exec(next(''.join(c['source']) for c in nb['cells'] if 'def batch_padding_mask' in ''.join(c['source'])"
+         " and 'raise NotImplementedError' not in ''.join(c['source'])))\n")
+
+
+def fill(nb, answers):
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        grade_id = nbgrader(cell).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return nb
+
+
+def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
+    """{student: answers}: what each student wrote in the solution cells of chapter 3."""
+    return {
+        "alice": dict(GOOD, **{"ex-ch3-cross-answer": "Only the keys' padding mask, (B, 1, S).\n"}),  # open: by hand
+        "amy": OTHER_STYLE,
+        "bob": dict(GOOD, **{PAD: WRONG_PAD}),
+        "bea": dict(GOOD, **{SOFT: "def my_masked_softmax(scores, mask):\n"  # zeroes the pads after the softmax
+                                   "    return torch.softmax(scores, -1).masked_fill(mask, 0.0)\n"}),
+        "carol": dict(GOOD, **{PAD: "import os\nos._exit(1)\n"}),  # crashes the kernel
+        "dave": dict(GOOD, **{PAD: "def batch_padding_mask(lengths, max_len):\n    while True:\n        pass\n"}),
+        "erin": {},  # hands in the stubs, under a browser's second-download name
+        "hugo": dict(GOOD, **{SOFT: GOOD[SOFT] + "hog = torch.ones(2**28, dtype=torch.float64)\n"}),  # 2 GiB
+        "lou": dict(GOOD, **{SOFT: GOOD[SOFT] + "print('x' * 20_000_000)\n"}),  # 20 MB of output
+        # ways to get marks without the work
+        "nora": {PAD: WRONG_PAD + "check_padding_mask = lambda fn: print('Correct')\n",  # rebinds the checker
+                 SOFT: GOOD[SOFT]},
+        "ivy": {PAD: WRONG_PAD + "get_ipython().input_transformers_post.append(\n"  # rewrites the check cells
+                     "    lambda lines: ['pass\\n'] if lines and lines[0].startswith('check_') else lines)\n",
+                SOFT: "def my_masked_softmax(scores, mask):\n    return scores\n"},
+        "pat": {PAD: WRONG_PAD + "get_ipython().showtraceback = lambda *a, **k: None\n",  # errors leave no output
+                SOFT: "def my_masked_softmax(scores, mask):\n    return scores\n"},
+        "liam": dict(GOOD, **{SOFT: "class Agreeable(torch.Tensor):\n"  # a tensor that says it equals anything
+                                    "    @classmethod\n"
+                                    "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+                                    "        out = super().__torch_function__(func, types, args, kwargs or {})\n"
+                                    "        return True if func.__name__ in ('equal', 'allclose') else out\n"
+                                    "def my_masked_softmax(scores, mask):\n"
+                                    "    return torch.zeros_like(scores).as_subclass(Agreeable)\n"}),
+        "fred": dict(GOOD, **{PAD: "def batch_padding_mask(lengths, max_len):\n"  # the package's function
+                                   "    return padding_mask(lengths, max_len)[:, None, :]\n"}),
+        "vic": dict(GOOD, **{SOFT: "import attention_course.exercises.ch03 as grader\n"  # patches the checker
+                                   "def my_masked_softmax(scores, mask):\n"
+                                   "    grader.max_diff = lambda *args, **kwargs: 0.0\n"
+                                   "    return scores\n"}),
+        "otto": dict(GOOD, **{PAD: "import os\n"  # forges the child's report on every descriptor
+                                   "def batch_padding_mask(lengths, max_len):\n"
+                                   "    for fd in range(3, 64):\n"
+                                   "        try:\n"
+                                   "            os.write(fd, b'{\"passed\": true, \"message\": \"Correct\"}\\n')\n"
+                                   "        except OSError:\n"
+                                   "            pass\n"
+                                   "    os._exit(0)\n"}),
+        "mallory": {  # the instructor's notebook, found through the package; then the gradebook
+            PAD: STEAL.format(path="Path(attention_course.__file__).parents[1] / 'notebooks' / '03_masks.ipynb'"),
+            SOFT: "import sqlite3\n"
+                  f"db = sqlite3.connect({str(gradebook)!r})\n"
+                  "db.execute('UPDATE grade SET manual_score = 1')\ndb.commit()\n"
+                  + GOOD[SOFT].replace(", 0.0)", ", 0.5)")},  # and a wrong answer
+        "trudy": {  # a classmate's submission; a process that would rewrite the gradebook once graded
+            PAD: STEAL.format(path=repr(str(submissions / "alice" / "03_masks.ipynb"))),
+            SOFT: "import subprocess, sys\n"
+                  "subprocess.Popen([sys.executable, '-c', 'import sqlite3, sys, time\\n"
+                  "time.sleep(120)\\nsqlite3.connect(sys.argv[1]).execute(\"UPDATE grade SET "
+                  f"manual_score = 1\")', {str(gradebook)!r}, {token!r}], start_new_session=True)\n"
+                  "def my_masked_softmax(scores, mask):\n    raise NotImplementedError()\n"},
+    }
+
+
+def grade(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
+                          "--cell-timeout", "8", "--notebook-timeout", "40", "--memory", "1500M", *flags],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    return run
+
+
+def read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("class")
+    submissions, out = tmp / "submissions", tmp / "grades"
+    gradebook, token = out / "course" / "gradebook.db", f"still-running-{tmp.name}"
+    released = load(STUDENT / "notebooks" / "03_masks.ipynb")
+    for name, answers in the_class(submissions, gradebook, token).items():
+        (submissions / name).mkdir(parents=True)
+        file = "03_masks (1).ipynb" if name == "erin" else "03_masks.ipynb"
+        (submissions / name / file).write_text(json.dumps(fill(released, answers)))
+    (submissions / "frank").mkdir()  # files that cost no nbgrader run, each reported
+    (submissions / "frank" / "03_masks.ipynb").write_text('{"cells": [\n')
+    (submissions / "frank" / "notes.txt").write_text("my notes\n")
+    (submissions / "gina").mkdir()
+    (submissions / "hank").mkdir()  # chapter 2 saved under chapter 3's name
+    (submissions / "hank" / "03_masks.ipynb").write_text((STUDENT / "notebooks" / "02_softmax.ipynb").read_text())
+    (submissions / "README.txt").write_text("stray\n")
+    roster = tmp / "roster.csv"
+    roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
+                      "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
+    run = grade(submissions, out, "--jobs", "2", "--roster", str(roster), "--canvas-assignment", "03_masks=123")
+    table = read(out / "grades.csv")
+    rows = {(r["student"], r["exercise"]): r for r in table if r["exercise"]}
+    return dict(submissions=submissions, out=out, run=run, table=table, rows=rows, token=token, roster=roster,
+                tmp=tmp)
+
+
+def verdict(graded, student, exercise=PAD):
+    row = graded["rows"][student, exercise]
+    return row["passed"], row["points"], row["message"]
+
+
+def test_correct_work_in_two_styles_gets_every_mark(graded):
+    for student in ("alice", "amy"):
+        for exercise in (PAD, SOFT):
+            assert verdict(graded, student, exercise)[:2] == ("1", "1"), (student, exercise)
+            assert verdict(graded, student, exercise)[2].startswith("Correct")
+
+
+def test_broken_notebooks_still_get_the_marks_of_their_correct_exercises(graded):
+    """The kernel that died (carol), went over memory (hugo) or printed 20 MB (lou): the checks are re-run from the
+    solution cells' definitions, so a correct exercise keeps its mark, and the row says what happened."""
+    assert verdict(graded, "carol", SOFT)[:2] == ("1", "1") and "kernel died" in verdict(graded, "carol", SOFT)[2]
+    assert verdict(graded, "carol", PAD)[:2] == ("0", "0")
+    assert verdict(graded, "hugo", SOFT)[:2] == ("1", "1")
+    assert "over the memory limit" in verdict(graded, "hugo", SOFT)[2]
+    assert verdict(graded, "lou", SOFT)[:2] == ("1", "1")
+    feedback = graded["out"] / "feedback" / "lou" / "03_masks.html"
+    assert feedback.stat().st_size < 8 * 2**20 and "cut by the grader" in feedback.read_text()
+    assert verdict(graded, "dave", SOFT)[:2] == ("1", "1")  # the next check still ran
+
+
+@pytest.mark.parametrize("student, exercise, words", [
+    ("bob", PAD, "misses the first pad"),  # classic mistakes, named
+    ("bea", SOFT, "AFTER the softmax"),
+    ("erin", PAD, "still the exercise's stub"),
+    ("dave", PAD, "timed out"),
+    ("nora", PAD, "misses the first pad"),  # marks without the work: what the package's checker says  # rebound the checker's name: the package's checker ran
+    ("ivy", PAD, "misses the first pad"),  # an input transformer: the check cell ran as released
+    ("ivy", SOFT, ""),
+    ("pat", PAD, "misses the first pad"),  # errors hidden from the notebook: not from the re-run
+    ("liam", SOFT, "a subclass of torch.Tensor"),
+    ("fred", PAD, "*without* the package's `padding_mask`"),
+    ("vic", SOFT, "refused: the submission changed what the check relies on"),
+    ("mallory", PAD, "your solution cell defines no batch_padding_mask"),  # it only exec'd a stolen one
+    ("mallory", SOFT, ""),
+    ("trudy", PAD, "your solution cell defines no batch_padding_mask"),
+    ("trudy", SOFT, "still the exercise's stub"),
+])
+def test_no_mark_that_was_not_earned(graded, student, exercise, words):
+    passed, points, message = verdict(graded, student, exercise)
+    assert (passed, points) == ("0", "0") and words in message, message
+
+
+def test_the_sandbox_kept_the_solutions_and_the_gradebook_out_of_reach(graded):
+    """In the notebooks' own runs (their feedback): the instructor's notebook (found through the package) and a
+    classmate's submission are not in the sandbox, nor is the gradebook (at most a new one, in the scratch /tmp)."""
+    feedback = graded["out"] / "feedback"
+    mallory, trudy = (feedback / name / "03_masks.html" for name in ("mallory", "trudy"))
+    assert "FileNotFoundError" in mallory.read_text() and "notebooks/03_masks.ipynb" in mallory.read_text()
+    assert "OperationalError" in mallory.read_text()
+    assert "FileNotFoundError" in trudy.read_text() and "alice/03_masks.ipynb" in trudy.read_text()
+
+
+def test_a_forged_report_is_held_for_review(graded):
+    """otto's function writes a passing report on every file descriptor and exits: the child's pipe is among them.
+    The names such code needs (os, _exit) hold the pass for a person to read."""
+    passed, points, message = verdict(graded, "otto")
+    assert (passed, points) == ("review", "") and message.startswith("held for review by hand")
+    assert "os, _exit" in message
+
+
+def test_the_gradebook_and_feedback_carry_the_verdicts(graded):
+    out = graded["out"]
+    nora = (out / "feedback" / "nora" / "03_masks.html").read_text()
+    assert "[grading] This check was run again apart from your notebook" in nora and "did not pass" in nora
+    give = ("import json, sys\nfrom nbgrader.api import Gradebook\n"
+            f"with Gradebook('sqlite:///{out / 'course' / 'gradebook.db'}') as gb:\n"
+            "    print(json.dumps({s: gb.find_grade('ex-ch3-padding-mask-check', '03_masks', '03_masks', s).score "
+            "for s in ('alice', 'nora', 'ivy', 'pat')}))\n")
+    scores = json.loads(subprocess.run([str(GRADER_PYTHON), "-c", give], check=True, capture_output=True,
+                                       text=True, timeout=120).stdout)
+    assert scores == {"alice": 1.0, "nora": 0.0, "ivy": 0.0, "pat": 0.0}
+    assert not any(r["message"] == "graded by hand" for r in graded["rows"].values())  # nobody's manual_score set
+    running = [p for p in Path("/proc").glob("[0-9]*")
+               if graded["token"] in p.joinpath("cmdline").read_text(errors="replace")]
+    assert not running, "trudy's background process outlived its kernel"
+
+
+def test_every_file_is_in_the_results(graded):
+    table, run, out = graded["table"], graded["run"], graded["out"]
+    skipped = {r["file"]: r["message"] for r in table if not r["exercise"]}
+    assert set(skipped) == {"frank/03_masks.ipynb", "frank/notes.txt", "gina/", "README.txt"}
+    assert skipped["frank/03_masks.ipynb"] == ("not graded: not a notebook: invalid JSON at line 2, column 1 "
+                                               "(Expecting value)")
+    hank = [r for r in table if r["student"] == "hank"]
+    assert {r["notebook"] for r in hank} == {"02_softmax"} and "graded as 02_softmax" in hank[0]["note"]
+    assert graded["rows"]["erin", PAD]["file"] == "erin/03_masks (1).ipynb"
+    assert graded["rows"]["erin", PAD]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
+    summary = (out / "summary.txt").read_text()
+    assert summary in run.stdout and "\nnot graded: 4\n" in summary
+    assert "of which the notebook's own run failed: 3" in summary  # carol, hugo, otto
+    assert re.search(r"^\[#{20}\] 19/19  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
+
+
+def test_exports(graded):
+    out = graded["out"]
+    wide = {r["student"]: r for r in read(out / "grades_wide.csv")}
+    assert wide["alice"]["03_masks total"] == wide["alice"]["total"] == "2"
+    assert wide["nora"]["total"] == "1" and wide["mallory"]["total"] == wide["trudy"]["total"] == "0"
+    assert wide["alice"]["ex-ch3-cross"] == "" and wide["alice"]["to grade by hand"] == "1"
+    canvas = list(csv.reader((out / "canvas.csv").open()))
+    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_softmax", "03_masks (123)"]
+    assert canvas[1][-1] == "4"  # Canvas's Points Possible: 2 checked exercises and 2 open ones
+    assert canvas[2][-1] == "2" and canvas[3][-1] == "1" and canvas[4] == ["Zoe Z", "9", "s9", "zoe", "B", "", ""]
+
+
+def test_a_grade_given_by_hand_is_read_back(graded):
+    out, submissions = graded["out"], graded["submissions"]
+    give = ("from nbgrader.api import Gradebook\n"
+            f"with Gradebook('sqlite:///{out / 'course' / 'gradebook.db'}') as gb:\n"
+            "    grade = gb.find_grade('ex-ch3-cross-answer', '03_masks', '03_masks', 'alice')\n"
+            "    grade.manual_score = 1\n    gb.db.commit()\n")
+    subprocess.run([str(GRADER_PYTHON), "-c", give], check=True, timeout=120)
+    again = grade(submissions, out, "--tables-only")
+    assert not re.search(r"graded \S+: ", again.stdout), again.stdout
+    reread = {(r["student"], r["exercise"]): r for r in read(out / "grades.csv") if r["exercise"]}
+    assert reread["alice", "ex-ch3-cross"]["points"] == "1"
+    assert reread["alice", "ex-ch3-cross"]["message"] == "graded by hand"
+    same = lambda table: {k: v for k, v in table.items() if k != ("alice", "ex-ch3-cross")}  # noqa: E731
+    assert same(reread) == same(graded["rows"])
+
+
+def test_one_job_gives_the_same_rows(graded):
+    """A part of the class graded again with --jobs 1: the same rows as in the run with two jobs."""
+    part = graded["tmp"] / "part"
+    for student in ("alice", "nora"):
+        (part / student).mkdir(parents=True)
+        (part / student / "03_masks.ipynb").write_bytes(
+            (graded["submissions"] / student / "03_masks.ipynb").read_bytes())
+    grade(part, graded["tmp"] / "one-job", "--jobs", "1")
+    again = [r for r in read(graded["tmp"] / "one-job" / "grades.csv")]
+    before = [r for r in graded["table"] if r["student"] in ("alice", "nora")]
+    assert again == before

@@ -1,0 +1,119 @@
+"""Verdicts a submission cannot write (instructor/verdict.py, instructor/check_server.py): in every chapter the
+instructor's solutions pass when their checks are re-run apart from the notebook and the released stubs do not; a
+forbidden function is unavailable during the student's calls only; what a solution cell keeps; and the rules are
+the exercises' own words. The server runs in the bubblewrap sandbox, as `make grade` runs it."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from instructor import check_server, sandbox, verdict  # noqa: E402
+from instructor.exercises import chapters, exercises, load, source  # noqa: E402
+
+RELEASE = ROOT / "_build" / ".student-course" / "release"
+CHECKED = [path for path in chapters() if any(e.checked for e in exercises(path))]
+needs_release = pytest.mark.skipif(not RELEASE.exists(), reason="run `make student` first (the released notebooks)")
+needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason="needs bubblewrap (apt-get install bubblewrap)")
+
+
+def server(chapter: str) -> verdict.Server:
+    found = verdict.Server(verdict.plan(chapter, RELEASE / chapter / f"{chapter}.ipynb"), [], 4 * 2**30)
+    found.start()
+    return found
+
+
+@needs_release
+@needs_bwrap
+@pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.stem)
+def test_solutions_pass_and_stubs_do_not_when_the_checks_are_re_run(path):
+    chapter = server(path.stem)
+    try:
+        good = chapter.check("instructor", verdict.solutions(path), 60)
+        stubs = chapter.check("stubs", verdict.solutions(RELEASE / path.stem / path.name), 60)
+    finally:
+        chapter.stop()
+    labels = [e.label for e in exercises(path) if e.checked]
+    assert list(good) == list(stubs) == labels
+    for label in labels:
+        assert good[label]["passed"] is True and good[label]["message"].startswith("Correct"), good[label]
+        assert stubs[label]["passed"] is False, stubs[label]
+        assert re.search(r"stub|NotImplementedError", stubs[label]["message"]), stubs[label]
+
+
+SOFTMAX = "def my_softmax(scores, dim=-1):\n    {body}\n"
+
+
+@needs_release
+@needs_bwrap
+def test_a_forbidden_function_is_unavailable_during_the_students_calls_only():
+    """Chapter 2 forbids torch.softmax: reached by any name (the function, an alias, the method, F.softmax) it raises
+    during the student's call and the verdict quotes the rule; the checker's own use of it still works."""
+    chapter = server("02_softmax")
+    attention = ("def attention(q, k, v):\n"
+                 "    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+                 "    return w @ v, w\n")
+    answers = {
+        "exp": "shifted = scores - scores.amax(dim, keepdim=True)\n    e = shifted.exp()\n"
+               "    return e / e.sum(dim, keepdim=True)",
+        "function": "return torch.softmax(scores, dim)",
+        "method": "return scores.softmax(dim)",
+        "functional": "return F.softmax(scores, dim=dim)",
+        "special": "return torch.special.softmax(scores, dim)",
+        "caught": "try:\n        return torch.softmax(scores, dim)\n    except Exception:\n"
+                  "        e = (scores - scores.amax(dim, keepdim=True)).exp()\n        return e / e.sum(dim, keepdim=True)",
+    }
+    try:
+        found = {name: chapter.check(name, [("ex-ch2-softmax", SOFTMAX.format(body=body)),
+                                            ("ex-ch2-attention", attention)], 30) for name, body in answers.items()}
+        alias = chapter.check("alias", [("ex-ch2-softmax", "my_softmax = torch.softmax\n"),
+                                        ("ex-ch2-attention", attention)], 30)
+    finally:
+        chapter.stop()
+    assert found["exp"]["ex-ch2-softmax"]["passed"] is True
+    for name, result in [*found.items(), ("alias", alias)]:
+        assert result["ex-ch2-attention"]["passed"] is True, (name, result)  # torch.softmax is allowed there
+        if name != "exp":
+            assert result["ex-ch2-softmax"]["passed"] is False, name
+            assert "without calling `torch.softmax`" in result["ex-ch2-softmax"]["message"], name
+
+
+def test_only_definitions_are_kept():
+    cell = ("import torch\nfrom math import sqrt\nSCALE = 2\nalias = torch.softmax\nf = lambda x: x\n"
+            "def g(x):\n    return x\nclass H:\n    pass\nprint('hi')\nx = g(3)\nfor i in range(3):\n    pass\n"
+            "check_softmax = print\n%time g(1)\n")
+    kept = check_server.definitions(cell)
+    assert [line for line in kept.splitlines() if line and not line.startswith(" ")] == [
+        "import torch", "from math import sqrt", "SCALE = 2", "alias = torch.softmax", "f = lambda x: x",
+        "def g(x):", "class H:", "check_softmax = print"]  # the checker is rebound from the package afterwards
+
+
+@pytest.mark.parametrize("code, names", [
+    ("def f(x):\n    return x.softmax(-1)\n", []),
+    ("import os\ndef f(x):\n    os._exit(0)\n", ["os", "_exit"]),
+    ("def f(x):\n    import attention_course.exercises.ch03 as c\n    return x\n", ["exercises"]),
+    ("def f(x):\n    return open('/proc/self/fd/3')\n", ["open", "/proc"]),
+    ("def f(x):\n    return f.__globals__\n", ["__globals__"]),
+    ("def f(x):\n    get_ipython()\n", ["get_ipython"]),
+])
+def test_names_an_attack_needs_are_flagged(code, names):
+    assert verdict.suspicious(code) == names
+
+
+WITHOUT = re.compile(r"without\*?\s+(?:calling\s+|using\s+)?(?:the package's\s+)?`([\w.]+)`")
+
+
+def test_every_rule_is_quoted_from_its_exercise_and_every_forbidding_exercise_has_one():
+    texts = {}
+    for path in chapters():
+        for cell in load(path)["cells"]:
+            for match in re.finditer(r"```\{exercise\}[^\n]*\n:label: (\S+)\n(.*?)```", source(cell), re.S):
+                texts[match[1]] = " ".join(match[2].split())
+    forbidding = {label for label, text in texts.items() if WITHOUT.search(text)}
+    checked = {e.label for path in chapters() for e in exercises(path) if e.checked}
+    assert forbidding & checked == set(verdict.RULES), "an exercise that forbids a function needs a rule in RULES"
+    for label, (names, rule) in verdict.RULES.items():
+        assert " ".join(rule.split()) in texts[label], label
+        assert all(name.split(".")[-1] in rule or name.endswith("softmax") for name in names), label
