@@ -3,6 +3,10 @@
 Numbers or words written on a heatmap's cells (``annotate_cells``) take black or white, whichever contrasts more
 with the colour of their own cell, and are never smaller than ``MIN_LABEL_POINTS``.
 
+Colour never carries a distinction alone: blocked (masked) cells are hatched as well as grey (``plot_mask``, and
+``plot_attention`` given ``masked``), and the series of a bar chart differ in hatching as well as in colour
+(``plot_bars``), so that a reader who cannot tell the colours apart, or a print in black and white, still can.
+
 ``record_text_sizes`` (switched on by the book's build alone, see its docstring) writes into the PNG of every
 figure a notebook shows the smallest text it was drawn with, so that the site's tests can tell whether that text is
 legible at the size the page shows the picture.
@@ -18,7 +22,8 @@ from contextlib import contextmanager
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.colors import ListedColormap, to_rgb
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Patch, PathPatch
+from matplotlib.path import Path
 
 from .checks import check_tensor
 from .masks import additive_to_ignore, allow_to_ignore, ignore_to_allow, keep_to_ignore
@@ -26,6 +31,10 @@ from .masks import additive_to_ignore, allow_to_ignore, ignore_to_allow, keep_to
 MIN_LABEL_POINTS = 8  # smaller cell labels are hard to read on the site and in a notebook
 MAY_ATTEND_COLOR = "#7fb3d5"
 BLOCKED_COLOR = "#d9d9d9"
+BLOCKED_HATCH = "//"  # blocked cells: hatched in BLOCKED_HATCH_COLOR, whatever their fill
+BLOCKED_HATCH_COLOR = "gray"
+SERIES_HATCHES = ("", "//", "..", "xx", "\\\\", "++")  # plot_bars: the n-th series' pattern, beside its colour
+SERIES_EDGE_COLOR = "0.15"  # plot_bars: outlines and hatching
 _TO_ALLOW = {
     "ignore": ignore_to_allow,
     "allow": lambda m: ~allow_to_ignore(m),
@@ -100,16 +109,69 @@ def annotate_cells(ax, image, labels=None, fmt: str = "{:.2f}", fontsize: float 
     return texts
 
 
+def blocked_runs(blocked: torch.Tensor) -> list[tuple[int, int, int]]:
+    """The blocked cells of a 2-D bool tensor as runs along its rows: (row, first column, length), one per run."""
+    runs = []
+    for i, row in enumerate(blocked.tolist()):
+        j = 0
+        while j < len(row):
+            if row[j]:
+                start = j
+                while j < len(row) and row[j]:
+                    j += 1
+                runs.append((i, start, j - start))
+            else:
+                j += 1
+    return runs
+
+
+def hatch_cells(ax, blocked) -> PathPatch | None:
+    """Hatch the cells of an image drawn by ``ax.imshow`` where ``blocked`` (2-D bool, rows x columns) is True.
+
+    One patch whose outline is every run of blocked cells along a row, so that even a big mask draws quickly (one
+    hatched shape, not one per cell). The hatching lies over the cells' fill and under any label written on them.
+    Returns the patch (None when nothing is blocked); its ``blocked_cells`` is the set of (row, column) it covers.
+    """
+    blocked = torch.as_tensor(blocked, dtype=torch.bool)
+    runs = blocked_runs(blocked)
+    if not runs:
+        return None
+    vertices, codes = [], []
+    for i, j, n in runs:
+        left, top = j - 0.5, i - 0.5
+        vertices += [(left, top), (left + n, top), (left + n, top + 1), (left, top + 1), (left, top)]
+        codes += [Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY]
+    hatched = PathPatch(Path(vertices, codes), facecolor="none", edgecolor=BLOCKED_HATCH_COLOR, hatch=BLOCKED_HATCH,
+                        linewidth=0, zorder=2)
+    hatched.blocked_cells = {(i, j + k) for i, j, n in runs for k in range(n)}
+    ax.add_patch(hatched)
+    return hatched
+
+
 def plot_heatmap(values, row_labels=None, col_labels=None, ax=None, title=None, cmap="viridis", vmin=None, vmax=None,
                  labels=None, fmt: str = "{:.2f}", annotate: bool = True, colorbar: bool = True,
-                 row_name: str = "row", col_name: str = "column"):
+                 row_name: str = "row", col_name: str = "column", masked=None):
     """Any matrix (rows, columns) as a heatmap, each cell labelled (``annotate_cells``) in a colour it contrasts with.
 
     ``labels`` (a nested list of strings) replaces the values written on the cells, e.g. the words of sentences.
+    ``masked``: an ignore mask (bool, True = blocked) of the matrix's shape, or one that broadcasts to it (a key
+    padding row (columns,), a column (rows, 1)); its blocked cells are hatched (``hatch_cells``).
     """
     values = _as_matrix(values, "values", "Pick one matrix, e.g. values[0] for the first of a batch.")
+    blocked = None
+    if masked is not None:
+        check_tensor(masked, "masked")
+        if masked.dtype != torch.bool:
+            raise TypeError(f"masked must be a bool ignore mask (True = blocked), got dtype {masked.dtype}.")
+        try:
+            blocked = torch.broadcast_to(masked.detach().cpu(), values.shape)
+        except RuntimeError:
+            raise ValueError(f"masked, of shape {tuple(masked.shape)}, does not broadcast to the matrix's shape "
+                             f"{tuple(values.shape)}.") from None
     ax = ax if ax is not None else _new_axes(values.shape)
     image = ax.imshow(values.float().numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
+    if blocked is not None:
+        hatch_cells(ax, blocked)
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _label_axes(ax, values.shape, row_labels, col_labels, row_name, col_name)
@@ -120,15 +182,20 @@ def plot_heatmap(values, row_labels=None, col_labels=None, ax=None, title=None, 
     return ax
 
 
-def plot_attention(weights, query_labels=None, key_labels=None, ax=None, title=None, annotate: bool = True):
-    """Heatmap of attention weights (L, S): row i = query i, column j = key j, darker = more attention."""
+def plot_attention(weights, query_labels=None, key_labels=None, ax=None, title=None, annotate: bool = True,
+                   masked=None):
+    """Heatmap of attention weights (L, S): row i = query i, column j = key j, darker = more attention.
+
+    ``masked``: the ignore mask the weights were computed with ((L, S), or (S,) for a key padding mask): its
+    blocked cells are hatched, so that they read as masked and not merely as small.
+    """
     weights = _as_matrix(weights, "weights", "Pick one sentence (and head), e.g. weights[0] or weights[0, head].")
     return plot_heatmap(weights, query_labels, key_labels, ax=ax, title=title, cmap="Blues", vmin=0.0, vmax=1.0,
-                        annotate=annotate, row_name="query", col_name="key")
+                        annotate=annotate, row_name="query", col_name="key", masked=masked)
 
 
 def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=None, key_labels=None, legend=True):
-    """Draw a mask (rows x keys): cells that may attend in colour, blocked cells gray and hatched.
+    """Draw a mask (rows x keys): cells that may attend in colour, blocked cells gray and hatched (at any size).
 
     ``polarity`` says how to read ``mask``: "ignore" (bool, True = blocked), "allow" (bool, True = may attend),
     "keep" (0/1, 1 = keep) or "additive" (float, -inf = blocked). The legend names both colours.
@@ -139,9 +206,8 @@ def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=
     allowed = _TO_ALLOW[polarity](mask)  # (rows, S): True = may attend
     ax = ax if ax is not None else _new_axes(mask.shape)
     ax.imshow(allowed.numpy(), cmap=ListedColormap([BLOCKED_COLOR, MAY_ATTEND_COLOR]), vmin=0, vmax=1)
-    if allowed.numel() <= 2500:  # hatching each cell is slow for big masks; the colour alone still tells them apart
-        for i, j in (~allowed).nonzero().tolist():
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="gray", linewidth=0))
+    hatch_cells(ax, ~allowed)  # the colour alone does not tell them apart for every reader
+    if allowed.numel() <= 2500:  # white lines between the cells, while the cells are big enough to show them
         ax.set_xticks([j - 0.5 for j in range(1, mask.shape[1])], minor=True)
         ax.set_yticks([i - 0.5 for i in range(1, mask.shape[0])], minor=True)
         ax.grid(which="minor", color="white", linewidth=1.5)
@@ -150,10 +216,52 @@ def plot_mask(mask, ax=None, title=None, polarity: str = "ignore", query_labels=
     if legend:
         ax.legend(
             handles=[Patch(facecolor=MAY_ATTEND_COLOR, label="may attend"),
-                     Patch(facecolor=BLOCKED_COLOR, hatch="//", edgecolor="gray", label="blocked (masked)")],
+                     Patch(facecolor=BLOCKED_COLOR, hatch=BLOCKED_HATCH, edgecolor=BLOCKED_HATCH_COLOR,
+                           label="blocked (masked)")],
             loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
         )
     ax.set_title(title if title is not None else f"{polarity} mask")
+    return ax
+
+
+def plot_bars(series: dict, categories, ax=None, title=None, horizontal: bool = False, legend=True, **legend_kw):
+    """Grouped bars: one group per category, one bar per series in it, side by side in the order of ``series``.
+
+    ``series`` maps each series' name to its values (one per category). The n-th series takes the n-th colour of
+    the colour cycle and the n-th pattern of ``SERIES_HATCHES`` (none for the first), and the legend shows both, so
+    the series stay apart without colour. ``horizontal``: bars along x, the categories down the y axis from the top.
+    Returns the Axes; ``ax.containers`` holds one BarContainer per series.
+    """
+    categories = list(categories)
+    if not series:
+        raise ValueError("plot_bars needs at least one series.")
+    if len(series) > len(SERIES_HATCHES):
+        raise ValueError(f"plot_bars tells at most {len(SERIES_HATCHES)} series apart, got {len(series)}.")
+    for name, values in series.items():
+        if len(values) != len(categories):
+            raise ValueError(f"series {name!r} has {len(values)} values for {len(categories)} categories.")
+    if ax is None:
+        ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.45 * len(categories) * len(series)), 3.0),
+                          layout="constrained")[1]
+    width = 0.8 / len(series)
+    draw = ax.barh if horizontal else ax.bar
+    for n, (name, values) in enumerate(series.items()):
+        positions = [k + (n - (len(series) - 1) / 2) * width for k in range(len(categories))]
+        values = [float(v) for v in values]
+        size = {"height": width} if horizontal else {"width": width}
+        # the outline takes the hatching's colour: dark, to show on every colour of the cycle
+        draw(positions, values, label=name, hatch=SERIES_HATCHES[n], edgecolor=SERIES_EDGE_COLOR, linewidth=0.5,
+             **size)
+    if horizontal:
+        ax.set_yticks(range(len(categories)), categories)
+        if not ax.yaxis_inverted():
+            ax.invert_yaxis()
+    else:
+        ax.set_xticks(range(len(categories)), categories)
+    if legend:
+        ax.legend(**legend_kw)
+    if title:
+        ax.set_title(title)
     return ax
 
 
