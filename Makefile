@@ -17,10 +17,11 @@ GRADER := .venv-grader
 # nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv).
 NBGRADER ?= nbgrader>=0.9.5,<0.10
 
-.PHONY: book test venv clean help student grade grade-bench
+.PHONY: book test check venv clean help student grade grade-bench
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
+	@echo "make check  the quick loop (under a minute): the package's unit and property tests and the checkers' tests"
 	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; screenshots in _build/screenshots/)"
 	@echo "make student  the student edition into _build/student/ (website and notebooks without solutions)"
 	@echo "make grade SUBMISSIONS=<dir> [JOBS=n]  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
@@ -74,8 +75,19 @@ STUDENTS ?= 200
 grade-bench: student
 	$(GRADER)/bin/python -m instructor.bench --students $(STUDENTS) $(if $(JOBS),--jobs $(JOBS))
 
+# Tests run on every core (pytest-xdist); a module's tests that share an expensive fixture (grading a class) stay in
+# one worker (xdist_group). The slowest tests are listed at the end, so that a slow one is seen the day it lands.
+PYTEST_FAST := -n auto --dist loadgroup --durations=15
 test: book student
-	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(COVERAGE)
+	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
+
+# The quick loop while changing the package or a checker (under a minute): unit and property tests of the package,
+# the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook runs.
+QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/test_grading_class.py \
+	tests/test_verdict.py tests/test_notebooks.py tests/test_alt_text.py tests/test_figure_text.py \
+	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py,$(wildcard tests/test_*.py))
+check: venv
+	$(BIN)/python -m pytest -q -n auto --durations=5 $(QUICK_TESTS)
 
 clean:
 	rm -rf _build

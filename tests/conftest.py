@@ -1,4 +1,5 @@
 """Shared fixtures: a torch MultiheadAttention and ours holding the same (random, non-zero-bias) weights."""
+import json
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots draw off-screen in tests
@@ -29,6 +30,22 @@ def pair():
     return make_pair
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its mutation verdicts to the controller, which prints the table."""
+    from mutants import RESULTS
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["mutation_results"] = json.dumps(RESULTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from mutants import RESULTS
+
+    for checker, verdicts in json.loads(getattr(node, "workeroutput", {}).get("mutation_results", "{}")).items():
+        RESULTS.setdefault(checker, {}).update(verdicts)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The checkers' mutation scores (tests/test_mutation.py): per checker, mutants rejected and mutants named."""
     from mutants import RESULTS
@@ -39,7 +56,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("mutation scores of the exercise checkers")
     write(f"{'checker':42} {'mutants':>7} {'rejected':>8} {'named':>6}  score")
     totals = [0, 0, 0]
-    for checker, verdicts in RESULTS.items():
+    for checker, verdicts in sorted(RESULTS.items()):
         n = len(verdicts)
         rejected = sum(v.startswith("rejected") or v == "named" for v in verdicts.values())
         good = sum(v == "named" for v in verdicts.values())

@@ -19,7 +19,8 @@ from instructor.exercises import load, nbgrader  # noqa: E402
 STUDENT = ROOT / "_build" / "student"
 GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
 pytestmark = [pytest.mark.skipif(not (STUDENT / "notebooks").exists(), reason="run `make student` first"),
-              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")]
+              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)"),
+              pytest.mark.xdist_group("grading-a-class")]  # one worker grades the class once, for every test here
 PAD, SOFT = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
 
 GOOD = {
