@@ -6,7 +6,8 @@ blocked requests, math typeset, images loaded, internal links and anchors resolv
 download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
 size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
 output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
-control moves (no kernel), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
+control moves (no kernel) and stay accessible in light and dark mode (named pictures, drawn text at >= 4.5:1, a focus
+ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;

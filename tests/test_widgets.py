@@ -1,7 +1,8 @@
 """The two widgets: their Python state against torch and the package, their checks, and their ES modules.
 
 The ES modules draw the pictures in the browser from the traits alone; the last tests run them in Chromium with a
-stand-in model (no kernel, as on the static site) and compare what they compute with the Python state.
+stand-in model (no kernel, as on the static site) and compare what they compute with the Python state, then check
+what a screen-reader or keyboard user gets: the pictures' names and live summary, the tables, the focus, the contrast.
 """
 import json
 
