@@ -6,7 +6,8 @@ blocked requests, math typeset, images loaded, internal links and anchors resolv
 download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
 size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
 output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
-control moves (no kernel), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
+control moves (no kernel) and stay accessible in light and dark mode (named pictures, drawn text at >= 4.5:1, a focus
+ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
@@ -505,6 +506,135 @@ def test_search_finds_the_masks_chapter(site, visit):
     assert not v.close()
 
 
+# ------------------------------------------------------------------------------------------------ widgets, accessible
+def contrast(a, b) -> float:
+    """The WCAG 2 contrast ratio of two sRGB colours, (r, g, b) in 0..255."""
+    def luminance(rgb):
+        c = [x / 255 for x in rgb]
+        c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+# Every label and cross drawn in the widgets' pictures (SVG) under `root`, with the colour it is drawn in and the colour
+# behind it, as the reader sees them: the rects under its centre composited in document order over the card's
+# background (fill, fill-opacity, opacity), and whatever is drawn after it over it too (a translucent shade laid over
+# a row tints its text as well as its cells). From the browser's computed styles, so CSS and inline fills count alike.
+DRAWN_MARKS = """(root) => {
+  const rgba = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const over = (top, alpha, below) => below.map((c, i) => top[i] * alpha + c * (1 - alpha));
+  const marks = [];
+  for (const svg of root.querySelectorAll('.ac-widget svg')) {
+    let card = [255, 255, 255];
+    for (let e = svg.parentElement; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c && c[3] > 0) { card = over(c, c[3], card); break; }
+    }
+    const shapes = [...svg.querySelectorAll('rect')].map((r) => {
+      const s = getComputedStyle(r), fill = rgba(s.fill);
+      return { node: r, box: r.getBoundingClientRect(), fill,
+               alpha: fill ? fill[3] * Number(s.fillOpacity) * Number(s.opacity) : 0 };
+    }).filter((r) => r.alpha > 0);
+    for (const mark of svg.querySelectorAll('text, path.ac-x')) {
+      const text = mark.tagName.toLowerCase() === 'text';
+      if (text && !mark.textContent.trim()) continue;
+      const b = mark.getBoundingClientRect(), x = b.x + b.width / 2, y = b.y + b.height / 2;
+      const s = getComputedStyle(mark), paint = rgba(text ? s.fill : s.stroke);
+      const alpha = paint[3] * Number(text ? s.fillOpacity : s.strokeOpacity) * Number(s.opacity);
+      let bg = card, fg = null;
+      for (const r of shapes) {
+        if (fg === null && (mark.compareDocumentPosition(r.node) & Node.DOCUMENT_POSITION_FOLLOWING))
+          fg = over(paint, alpha, bg);
+        if (x < r.box.left || x > r.box.right || y < r.box.top || y > r.box.bottom) continue;
+        bg = over(r.fill, r.alpha, bg);
+        if (fg !== null) fg = over(r.fill, r.alpha, fg);
+      }
+      if (fg === null) fg = over(paint, alpha, bg);
+      const cell = mark.closest('g.ac-cell');
+      marks.push({ kind: text ? 'text' : 'cross', text: mark.textContent, fg, bg, px: parseFloat(s.fontSize),
+                   bold: Number(s.fontWeight) >= 700, greyed: Boolean(cell && cell.querySelector('rect.ac-shaded')),
+                   picture: svg.getAttribute('aria-label') || '' });
+    }
+  }
+  return marks;
+}"""
+
+
+def low_contrast_marks(tab, root="document") -> tuple[list[str], list[dict]]:
+    """(problems, marks) of the widgets' pictures under ``root`` (a JavaScript expression): every drawn label below
+    4.5:1 (3:1 if large: >= 24 px, or >= 18.67 px bold) and every cross below 3:1 (a graphic), against what is behind
+    it. ``marks``: what DRAWN_MARKS found."""
+    marks = tab.evaluate(f"() => ({DRAWN_MARKS})({root})")
+    problems = []
+    for m in marks:
+        ratio = contrast(m["fg"], m["bg"])
+        large = m["px"] >= 24 or (m["bold"] and m["px"] >= 18.66)
+        needed = 3 if m["kind"] == "cross" or large else 4.5
+        if ratio < needed:
+            problems.append(f"{m['kind']} {m['text']!r}{' (greyed row)' if m['greyed'] else ''}: {ratio:.2f}:1 < "
+                            f"{needed}:1, {[round(c) for c in m['fg']]} on {[round(c) for c in m['bg']]}, "
+                            f"in {m['picture'][:60]!r}")
+    return problems, marks
+
+
+# The keyboard's focus: the focused element's outline, and the colours around it: outside the ring, the first
+# ancestor's background that is not transparent; inside it, the same if the ring stands clear of the element
+# (outline-offset > 0), else the element's own background.
+FOCUS_RING = """() => {
+  const e = document.activeElement, s = getComputedStyle(e);
+  const rgba = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
+    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const behind = (start) => {
+    for (let a = start; a; a = a.parentElement) {
+      const c = rgba(getComputedStyle(a).backgroundColor);
+      if (c && c[3] > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const offset = parseFloat(s.outlineOffset) || 0;
+  const what = e.tagName.toLowerCase() + (e.name ? `[name=${e.name}]` : '')
+    + (e.tagName === 'BUTTON' && e.value ? `[value=${e.value}]` : '');
+  return { what, inWidget: Boolean(e.closest('.ac-widget')), style: s.outlineStyle, width: parseFloat(s.outlineWidth),
+           ring: rgba(s.outlineColor), outside: behind(e.parentElement),
+           inside: offset > 0 ? behind(e.parentElement) : behind(e) };
+}"""
+
+
+def focus_ring_problems(tab, widget, mode: str) -> list[str]:
+    """Tab through every control of ``widget`` (a locator): each shows a ring >= 2 px wide at >= 3:1 against both
+    sides of it. The first control is focused directly, the rest by Tab, as a keyboard user moves."""
+    controls = widget.locator("input:visible, button:visible, summary:visible, [tabindex]:visible")
+    count = controls.count()
+    problems = []
+    controls.first.focus()
+    for n in range(count):
+        ring = tab.evaluate(FOCUS_RING)
+        if not ring["inWidget"]:
+            problems.append(f"{mode}: Tab {n} left the widget ({ring['what']})")
+            break
+        if ring["style"] in ("none", "hidden") or ring["width"] < 2:
+            problems.append(f"{mode}: {ring['what']} has no focus ring ({ring['style']}, {ring['width']} px)")
+        else:
+            for side in ("outside", "inside"):  # a translucent ring: as drawn over that side's colour
+                r, g, b, alpha = ring["ring"]
+                ratio = contrast([c * alpha + under * (1 - alpha) for c, under in zip((r, g, b), ring[side])], ring[side])
+                if ratio < 3:
+                    problems.append(f"{mode}: {ring['what']}'s focus ring {ring['ring']} is {ratio:.2f}:1 against "
+                                    f"{ring[side]} ({side} it)")
+        tab.keyboard.press("Tab")
+    return problems
+
+
+def picture_words(view) -> dict:
+    """What a screen reader gets of a widget's picture: each SVG's role and name, and the live summary."""
+    return view.evaluate("""(el) => ({
+      pictures: [...el.querySelectorAll('svg')].map((s) => [s.getAttribute('role'), s.getAttribute('aria-label') || '']),
+      live: [...el.querySelectorAll('[aria-live=polite]:not(.ac-notice)')].map((n) => n.textContent),
+    })""")
+
+
 def pages_showing(widget: str) -> list[str]:
     return [page for page in PAGES if WIDGETS[widget] in page_html(page)]
 
@@ -520,6 +650,7 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
         view.wait_for()
         picture = view.locator(".ac-picture")
         before, state = picture.inner_html(), json.loads(view.get_attribute("data-state"))
+        words = picture_words(view)
         if widget == "mask-broadcast" and view.locator("input[name=num_heads]").is_visible():
             heads = view.locator("input[name=num_heads]")
             h = 1 if heads.input_value() == "4" else int(heads.input_value()) + 1
@@ -537,8 +668,44 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
             after = json.loads(view.get_attribute("data-state"))
             assert after["shape"]["h"] == h
         assert picture.inner_html() != before, f"{page}: the {widget} picture did not change when a control moved"
+        # what a screen reader hears follows: the pictures' names and the live summary
+        after_words = picture_words(view)
+        assert after_words["pictures"] != words["pictures"], f"{page}: the {widget} pictures' names did not change"
+        assert len(after_words["live"]) == 1 and after_words["live"] != words["live"], (words["live"], after_words["live"])
         view.screenshot(path=str(SCREENSHOTS / f"widget-{widget}.png"))
         assert not v.close()
+
+
+@pytest.mark.parametrize("widget", WIDGETS)
+def test_widgets_are_accessible_on_the_site(site, visit, widget):
+    """Every widget view on the site, in the theme's light and dark modes: each picture is an image with a name, the
+    controls' group named by its visible label, every drawn label at >= 4.5:1 against its cell and every cross at
+    >= 3:1 (greyed rows included), and a focus ring at >= 3:1 on every control, Tab after Tab."""
+    pages = pages_showing(widget)
+    if not pages:
+        pytest.skip(f"no page in _toc.yml displays the {widget} widget yet")
+    for page in pages:
+        v = visit(f"{page}.html")
+        views = v.tab.locator(f".ac-widget[data-ac-widget={widget}]")
+        views.first.wait_for()
+        problems = []
+        for mode in ("light", "dark"):
+            v.tab.evaluate("(mode) => { document.documentElement.dataset.theme = mode; }", mode)
+            for n in range(views.count()):
+                words = picture_words(views.nth(n))
+                problems += [f"view {n}: a picture without a role img and a name: {w}" for w in words["pictures"]
+                             if w[0] != "img" or len(w[1].split()) < 5]
+                for group in views.nth(n).locator("[role=group], [role=radiogroup]").all():
+                    label = " ".join(v.tab.locator(f"#{i}").inner_text() for i in
+                                     (group.get_attribute("aria-labelledby") or "").split())
+                    if not label.strip():
+                        problems.append(f"view {n}: a group with no visible label: {group.inner_text()!r}")
+            low, marks = low_contrast_marks(v.tab)
+            problems += [f"{mode}: {p}" for p in low]
+            assert marks, f"{page}: no drawn text found in the {widget} pictures"
+            problems += focus_ring_problems(v.tab, views.first, mode)
+        problems += v.close()
+        assert not problems, f"{page}.html, {widget}:\n" + "\n".join(problems[:40])
 
 
 # ------------------------------------------------------------------------------------------------ Colab renditions

@@ -1,7 +1,8 @@
 """The two widgets: their Python state against torch and the package, their checks, and their ES modules.
 
 The ES modules draw the pictures in the browser from the traits alone; the last tests run them in Chromium with a
-stand-in model (no kernel, as on the static site) and compare what they compute with the Python state.
+stand-in model (no kernel, as on the static site) and compare what they compute with the Python state, then check
+what a screen-reader or keyboard user gets: the pictures' names and live summary, the tables, the focus, the contrast.
 """
 import json
 
@@ -10,7 +11,7 @@ import torch
 import traitlets
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_site import shared_browser
+from test_site import contrast, focus_ring_problems, low_contrast_marks, picture_words, shared_browser
 
 from attention_course.functional import masked_softmax
 from attention_course.heads import split_heads, split_heads_flat
@@ -475,16 +476,6 @@ def colour(page, selector, prop="fill"):
     return tuple(int(c) for c in rgb[rgb.index("(") + 1:-1].split(",")[:3])
 
 
-def contrast(a, b):
-    """The WCAG 2 contrast ratio of two sRGB colours."""
-    def luminance(rgb):
-        c = [x / 255 for x in rgb]
-        c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
-        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
-    high, low = sorted((luminance(a), luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)
-
-
 def test_contrast_helper_matches_known_ratios():
     assert contrast((255, 255, 255), (0, 0, 0)) == pytest.approx(21)
     assert contrast((118, 118, 118), (255, 255, 255)) == pytest.approx(4.54, abs=0.01)  # #767676, WCAG's AA grey
@@ -492,17 +483,18 @@ def test_contrast_helper_matches_known_ratios():
 
 def test_mask_masked_and_kept_cells_contrast(page):
     render(page, MaskBroadcastWidget(causal=True, lengths=(5, 3, 2)))
-    kept, pad, future = (colour(page, f".ac-picture rect.{cls}") for cls in ("ac-ok", "ac-pad", "ac-fut"))
-    cross, light_text = colour(page, ".ac-picture path.ac-x", "stroke"), colour(page, ".ac-picture text.ac-light")
+    kept, pad, future = (colour(page, f".ac-picture rect.{cls}:not(.ac-shaded)") for cls in ("ac-ok", "ac-pad", "ac-fut"))
     assert contrast(kept, pad) >= 3 and contrast(kept, future) >= 3
-    for masked in (pad, future):  # the cross and the "T" / "−∞" drawn on a masked cell
-        assert contrast(masked, cross) >= 3 and contrast(masked, light_text) >= 4.5
-    assert contrast(kept, colour(page, ".ac-picture text.ac-num:not(.ac-light)")) >= 4.5
-    from attention_course.widgets import mask_broadcast  # figure() draws with the same fills
+    for masked in (pad, future):  # the cross drawn on a masked cell
+        cls = "ac-pad" if masked == pad else "ac-fut"
+        cross = colour(page, f".ac-picture g.ac-cell:has(rect.{cls}) path.ac-x", "stroke")
+        assert contrast(masked, cross) >= 3
+    from attention_course.widgets import mask_broadcast  # figure() and the legend draw with the same fills
 
     for cls, rgb in (("ac-ok", kept), ("ac-pad", pad), ("ac-fut", future)):
         value = {"ac-ok": mask_broadcast.KEPT, "ac-pad": mask_broadcast.PAD, "ac-fut": mask_broadcast.FUTURE}[cls]
         assert tuple(int(value[i:i + 2], 16) for i in (1, 3, 5)) == rgb, cls
+        assert colour(page, f".ac-legend .ac-sw.{cls}", "backgroundColor") == rgb, cls
 
 
 def test_mask_panels_name_keys_and_queries(page):
@@ -620,3 +612,280 @@ def test_mask_js_without_heads_has_no_heads_panel_or_control(page):
     assert not any("head" in t for t in titles) and titles[-1].startswith("4. Sentence")
     assert not widget.locator("input[name=num_heads]").is_visible()
     assert_same_state(js_state(page), MaskBroadcastWidget(causal=True).state)
+
+
+# ---------------------------------------------------------------- accessible: words, tables, keyboard, contrast
+TABLES = """(el) => [...el.querySelectorAll('table')].map((t) => ({
+  caption: t.caption ? t.caption.textContent : '',
+  columns: [...t.tHead.rows[0].cells].map((c) => c.textContent),
+  rows: [...t.tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent)),
+  headers: [...t.querySelectorAll('th')].map((c) => [c.parentElement.parentElement.tagName, c.getAttribute('scope')]),
+}))"""
+
+# Each cell of the picture named `start...`, row by row: its text, "x" for a cross, "" for neither.
+DRAWN_CELLS = """(el, start) => {
+  const svg = [...el.querySelectorAll('svg')].find((s) => s.getAttribute('aria-label').startsWith(start));
+  return [...svg.querySelectorAll('g.ac-cell')].map((g) =>
+    g.querySelector('text')?.textContent ?? (g.querySelector('path.ac-x') ? 'x' : ''));
+}"""
+
+
+def tables_of(widget) -> list[dict]:
+    tables = widget.evaluate(TABLES)
+    for table in tables:  # every table: a caption, its header cells scoped to their column or row
+        assert table["caption"].strip()
+        assert {tuple(h) for h in table["headers"]} <= {("THEAD", "col"), ("TBODY", "row")}, table["headers"]
+    return tables
+
+
+def drawn_cells(widget, start: str) -> list[str]:
+    return widget.evaluate(DRAWN_CELLS, start)
+
+
+def mask_widget_of(page) -> MaskBroadcastWidget:
+    """A Python widget with the settings the page's stand-in model holds now."""
+    traits = page.evaluate("window.traits")
+    return MaskBroadcastWidget(**{k: traits[k] for k in MaskBroadcastWidget.SETTINGS}, show_heads=traits["show_heads"])
+
+
+def check_mask_tables(widget, w: MaskBroadcastWidget):
+    """The tables say what the picture draws and what torch computes (w.state)."""
+    st, B, L, ex = w.state, w.batch_size, w.max_len, w.example
+    tables = tables_of(widget)
+    assert len(tables) == 1 + B + 2
+    padding, masks, (scores, weights) = tables[0], tables[1:1 + B], tables[-2:]
+    keys = [f"key {j}" for j in range(L)]
+    assert padding["columns"] == ["sentence", "length", *keys]
+    assert [r[:2] for r in padding["rows"]] == [[f"s{b}", str(n)] for b, n in enumerate(w.lengths)]
+    assert [[c.startswith("True") for c in r[2:]] for r in padding["rows"]] == st["key_padding_mask"]
+    assert drawn_cells(widget, "Key padding mask") == [c[0] for r in padding["rows"] for c in r[2:]]  # T / F
+    for b, table in enumerate(masks):
+        assert table["caption"].startswith(f"Sentence {b}: its mask (L, S)") and table["columns"] == ["query", *keys]
+        assert [[c.startswith("True") for c in r[1:]] for r in table["rows"]] == st["combined_mask"][b]
+        why = [[c[6:-1] for c in r[1:] if c != "False"] for r in table["rows"]]
+        assert all(reason == ("pad" if st["key_padding_mask"][b][j] else "future")
+                   for row, reasons in zip(st["combined_mask"][b], why)
+                   for j, reason in zip([j for j, m in enumerate(row) if m], reasons))
+        if w.causal:
+            assert drawn_cells(widget, f"s{b} combined") == ["x" if c != "False" else "" for r in table["rows"] for c in r[1:]]
+    assert scores["caption"].startswith(f"Sentence {ex}: scores") and weights["caption"].startswith(f"Sentence {ex}: weights")
+    assert [r[0].split(" (")[0] for r in scores["rows"]] == [
+        f"pad {i}" if st["query_is_pad"][ex][i] else f"q{i}" for i in range(L)]
+    assert drawn_cells(widget, f"Scores of sentence {ex}") == [c.split(" ")[0] for r in scores["rows"] for c in r[1:]]
+    assert drawn_cells(widget, f"Weights of sentence {ex}") == [
+        "x" if c.startswith("0 (") else c for r in weights["rows"] for c in r[1:-1]]
+    for i, row in enumerate(weights["rows"]):
+        assert [0.0 if c.startswith("0 (") else float(c) for c in row[1:-1]] == pytest.approx(st["weights"][ex][i], abs=0.005)
+        assert float(row[-1]) == pytest.approx(sum(st["weights"][ex][i]), abs=0.005)
+
+
+@pytest.mark.parametrize("settings_", [{}, {"causal": True, "num_heads": 2, "example": 1},
+                                       {"batch_size": 4, "max_len": 8, "lengths": (8, 1, 5, 3), "causal": True}])
+def test_mask_tables_match_the_picture(page, settings_):
+    widget = render(page, MaskBroadcastWidget(**settings_))
+    check_mask_tables(widget, mask_widget_of(page))
+    widget.locator("input[name=causal]").click()  # a control moves: the tables follow
+    widget.locator("input[name=example]").fill("0")
+    check_mask_tables(widget, mask_widget_of(page))
+
+
+def check_head_tables(widget, w: HeadReshapeWidget):
+    st = w.state
+    B, L, D, h, d = (st["shape"][k] for k in "BLDhd")
+    x, right, wrong = tables_of(widget)
+    assert x["columns"] == ["token", *[f"f{f} (h{f // d})" for f in range(D)]]
+    assert [[int(c) for c in r[1:]] for r in x["rows"]] == [row for s in st["x"] for row in s]
+    assert [[int(c) for c in r[1:]] for r in right["rows"]] == [row for block in st["flat"] for row in block]
+    assert [[int(c) for c in r[1:-1]] for r in wrong["rows"]] == [row for block in st["wrong"] for row in block]
+    mixed = {tuple(r) for r in st["mixed_rows"]}
+    assert [r[-1].endswith("(wrong)") for r in wrong["rows"]] == [(n, l) in mixed for n in range(B * h) for l in range(L)]
+    # against the picture: every number drawn in the right and wrong panels, and the wrong panel's row labels
+    drawn_right = widget.locator(".ac-compare .ac-col:not(.ac-wrong) g.ac-cell text").all_text_contents()
+    assert drawn_right == [c for r in right["rows"] for c in r[1:]]
+    drawn_wrong = widget.locator(".ac-wrong g.ac-cell text").all_text_contents()
+    assert drawn_wrong == [c for r in wrong["rows"] for c in r[1:-1]]
+    sources = [t for t in widget.locator(".ac-wrong svg > text").all_text_contents() if t.startswith("s")]
+    assert sources == [r[-1].split(" (")[0] for r in wrong["rows"]]
+
+
+def test_head_tables_match_the_picture(page):
+    widget = render(page, HeadReshapeWidget())
+    check_head_tables(widget, HeadReshapeWidget())
+    widget.locator("button[name=num_heads][value='4']").click()
+    widget.locator("input[name=seq_len]").fill("3")
+    check_head_tables(widget, HeadReshapeWidget(seq_len=3, num_heads=4))
+
+
+@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
+def test_tables_open_from_the_keyboard(page, cls):
+    widget = render(page, cls())
+    summary = widget.locator("details.ac-tables > summary")
+    assert not widget.locator("table").first.is_visible()  # folded away until asked for
+    widget.locator("input, button").last.focus()
+    page.keyboard.press("Tab")  # the last control, then the summary: in the tab order
+    assert page.evaluate("document.activeElement.tagName") == "SUMMARY" and "tables" in summary.inner_text()
+    page.keyboard.press("Enter")
+    assert widget.locator("table").first.is_visible()
+    widget.locator("input[name=batch_size]").fill("1")  # redrawn: the tables change, and stay open
+    assert widget.locator("details.ac-tables").get_attribute("open") is not None
+    assert widget.locator("table").first.is_visible()
+
+
+def test_mask_pictures_say_what_they_show_and_follow_the_controls(page):
+    widget = render(page, MaskBroadcastWidget())  # lengths (5, 3, 2), sentence 2 shown
+    words = picture_words(widget)
+    assert all(role == "img" and len(name.split()) >= 5 for role, name in words["pictures"]), words["pictures"]
+    for _, name in words["pictures"]:  # each an image in the accessibility tree, named so
+        assert page.get_by_role("img", name=name, exact=True).count() >= 1, name
+    assert words["pictures"][0][1] == ("Key padding mask (B, S) = (3, 5), True = pad, may not attend: s0, length 5: "
+                                       "no pads; s1, length 3: keys 3 and 4 are pads; s2, length 2: keys 2 to 4 are pads.")
+    assert words["live"] == ["Batch of 3 sentences of lengths 5, 3 and 2, padded to L = S = 5: the key padding mask "
+                             "(B, 1, S) broadcast to (B, L, S) = (3, 5, 5); causal off; 1 head: (B·h, L, S) = (3, 5, 5). "
+                             "Showing sentence 2 (of 0 to 2): 2 tokens and 3 pads."]
+    scores = next(name for _, name in words["pictures"] if name.startswith("Scores"))
+    assert scores.startswith("Scores of sentence 2") and "keys 2 to 4 (pads)" in scores and "queries 2 to 4 greyed" in scores
+
+    widget.locator("input[name=example]").focus()
+    page.keyboard.press("ArrowLeft")  # show sentence 1
+    after = picture_words(widget)
+    assert after["live"][0].endswith("Showing sentence 1 (of 0 to 2): 3 tokens and 2 pads.")
+    scores = next(name for _, name in after["pictures"] if name.startswith("Scores"))
+    assert scores.startswith("Scores of sentence 1") and "keys 3 and 4 (pads)" in scores
+
+    widget.locator("input[name=causal]").check()
+    widget.locator("input[name=num_heads]").fill("2")
+    causal = picture_words(widget)
+    assert "combined with the causal mask; 2 heads: (B·h, L, S) = (6, 5, 5)" in causal["live"][0]
+    names = [name for _, name in causal["pictures"]]
+    assert "Causal mask (L, S) = (5, 5): query i may not attend the keys after i; 10 of 25 cells blocked." in names
+    w = mask_widget_of(page)
+    for n in range(6):  # each head's copy: its sentence, and as many blocked cells as torch's per-head mask holds
+        blocked = sum(map(sum, w.state["per_head_mask"][n]))
+        assert f"[{n}] = s{n // 2} head {n % 2}: a copy of s{n // 2}'s combined mask, {blocked} of 25 cells blocked." in names
+
+    region = widget.locator(".ac-sr[aria-live=polite]")  # polite, read whole, out of sight, in the accessibility tree
+    assert region.count() == 1 and region.get_attribute("aria-atomic") == "true"
+    box = region.bounding_box()
+    assert box["width"] <= 1 and box["height"] <= 1
+    assert "Showing sentence 1 (of 0 to 2)" in widget.aria_snapshot()
+
+
+def test_head_pictures_say_what_they_show_and_follow_the_controls(page):
+    widget = render(page, HeadReshapeWidget())
+    words = picture_words(widget)
+    assert all(role == "img" and len(name.split()) >= 5 for role, name in words["pictures"]), words["pictures"]
+    assert words["live"] == ["(B, L, D) = (2, 4, 8) split into h = 2 heads of d = 4: reshape to (B, L, h, d) = "
+                             "(2, 4, 2, 4), transpose to (B, h, L, d) = (2, 2, 4, 4), reshape to (B·h, L, d) = (4, 4, 4),"
+                             " row n = b·h + head. Without the transpose, the direct reshape puts another token's or "
+                             "another head's features in 12 of 16 rows."]
+    widget.locator("button[name=num_heads][value='4']").click()
+    after = picture_words(widget)
+    assert after["pictures"] != words["pictures"]
+    assert after["live"][0].startswith("(B, L, D) = (2, 4, 8) split into h = 4 heads of d = 2")
+    st = HeadReshapeWidget(num_heads=4).state
+    assert after["live"][0].endswith(f"in {len(st['mixed_rows'])} of 32 rows.")
+    wrong = [name for _, name in after["pictures"] if "should be" in name]
+    assert len(wrong) == 8
+    for n, name in enumerate(wrong):  # each wrong row named as torch finds it
+        bad = sum(1 for r in st["mixed_rows"] if r[0] == n)
+        assert name.startswith(f"[{n}] should be s{n // 4} head {n % 4}; t0 holds {st['wrong'][n][0][0]} to ")
+        assert name.count(", wrong") == bad
+    widget.locator("button[name=num_heads][value='1']").click()
+    assert picture_words(widget)["live"][0].endswith("agrees in all 8 rows: with one head there is nothing to mix.")
+
+
+@pytest.mark.parametrize("key", ["Enter", "Space", "click"])
+def test_head_button_keeps_the_focus(page, key):
+    widget = render(page, HeadReshapeWidget())  # h = 2 of 1, 2, 4, 8
+    for value in ("4", "1", "8"):
+        before = widget.locator(".ac-picture").inner_html()
+        button = widget.locator(f"button[name=num_heads][value='{value}']")
+        if key == "click":
+            button.click()
+        else:
+            button.focus()
+            page.keyboard.press(key)
+        assert page.evaluate("window.traits")["num_heads"] == int(value)
+        assert widget.locator(".ac-picture").inner_html() != before
+        assert button.get_attribute("aria-pressed") == "true"
+        assert widget.locator("button[aria-pressed=true]").count() == 1
+        assert page.evaluate("[document.activeElement.name, document.activeElement.value]") == ["num_heads", value]
+    widget.locator("button[name=num_heads][value='2']").focus()
+    page.keyboard.press(key if key != "click" else "Enter")
+    page.keyboard.press("Tab")  # the keyboard goes on from the pressed button: to the next one
+    assert page.evaluate("document.activeElement.value") == "4"
+
+
+def test_head_buttons_keep_the_focus_when_D_changes_from_python(page):
+    w = HeadReshapeWidget(embed_dim=8, num_heads=4)
+    widget = render(page, w)
+    widget.locator("button[name=num_heads][value='4']").focus()
+    sent = record_messages(w)
+    w.update(embed_dim=12)  # new choices 1, 2, 3, 4, 6, 12; 4 still among them
+    apply(page, sent[0])
+    assert widget.locator("button[name=num_heads]").all_inner_texts() == ["1", "2", "3", "4", "6", "12"]
+    assert page.evaluate("document.activeElement.value") == "4"
+
+
+def test_button_group_is_named_by_its_visible_label(page):
+    w = HeadReshapeWidget()
+    widget = render(page, w)
+    group = page.get_by_role("group", name="heads h (divides D)", exact=True)
+    assert group.count() == 1 and group.get_by_role("button").all_inner_texts() == ["1", "2", "4", "8"]
+    label = page.locator(f"#{group.get_attribute('aria-labelledby')}")
+    assert label.is_visible() and label.inner_text() == "heads h (divides D)"
+    for node in widget.locator("[role=group], [role=radiogroup]").all():  # every group: named by text one sees
+        ids = (node.get_attribute("aria-labelledby") or "").split()
+        assert ids and all(page.locator(f"#{i}").is_visible() for i in ids)
+    page.evaluate(RENDER, [w._esm, w._css, {"batch_size": 2, "seq_len": 4, "embed_dim": 8, "num_heads": 2}])  # a second view
+    ids = page.evaluate("[...document.querySelectorAll('[id]')].map((e) => e.id)")
+    assert len(ids) >= 2 and len(set(ids)) == len(ids)  # its own label ids: each group keeps its own name
+    assert page.get_by_role("group", name="heads h (divides D)", exact=True).count() == 2
+
+
+def test_text_colour_reaches_4_5_on_any_fill(page):
+    """textOn(fill), which colours every label and cross drawn on a cell, on fills across the whole RGB cube."""
+    from attention_course.widgets._base import HERE
+
+    page.set_content("<!doctype html><html><body></body></html>")
+    steps = list(range(0, 256, 15))
+    pairs = page.evaluate("""([common, steps]) => {
+      const textOn = new Function(common + "\\nreturn textOn;")();
+      return steps.flatMap((r) => steps.flatMap((g) => steps.map((b) => [[r, g, b], textOn([r, g, b])])));
+    }""", [(HERE / "_common.js").read_text(), steps])
+    assert len(pairs) == len(steps) ** 3
+    worst = min(contrast(fill, ink) for fill, ink in pairs)
+    assert worst >= 4.5, worst
+
+
+def sweep_contrast(page, states) -> int:
+    """Apply each state to the rendered widget and check every drawn label and cross; the greyed labels checked."""
+    greyed = 0
+    for state in states:
+        page.evaluate("(state) => window.applyState(state)", state)
+        problems, marks = low_contrast_marks(page, "document")
+        assert marks and not problems, (state, problems[:10])
+        greyed += sum(1 for m in marks if m["greyed"] and m["kind"] == "text")
+    return greyed
+
+
+def test_mask_drawn_text_contrast_in_every_state(page):
+    render(page, MaskBroadcastWidget(batch_size=4, max_len=8, lengths=(8, 1, 5, 3), num_heads=2))
+    states = [{"batch_size": 4, "max_len": 8, "lengths": [8, 1, 5, 3], "causal": causal, "example": ex}
+              for causal in (False, True) for ex in range(4)]
+    states += [{"batch_size": 3, "max_len": L, "lengths": [L, (L + 1) // 2, 1], "causal": causal, "example": ex}
+               for L in range(1, 8) for causal in (False, True) for ex in (1, 2)]
+    assert sweep_contrast(page, states) > 100  # pad query rows (greyed) among them
+
+
+def test_head_drawn_text_contrast_in_every_state(page):
+    render(page, HeadReshapeWidget(batch_size=3, seq_len=6, embed_dim=12, num_heads=1))
+    states = [{"embed_dim": D, "num_heads": h} for D in range(2, 13) for h in range(1, D + 1) if D % h == 0]
+    assert len(states) == 34
+    sweep_contrast(page, states)
+
+
+@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
+def test_focus_ring_contrast(page, cls):
+    widget = render(page, cls())
+    assert not focus_ring_problems(page, widget, "no page theme")

@@ -27,11 +27,77 @@ function computeState({ batch_size: B, max_len: L, lengths, causal, num_heads: h
            combined_mask: combined, per_head_mask: perHead, scores, weights, query_is_pad: keyPadding };
 }
 
-const maskCell = (padded, future) => ({
-  cls: padded ? "ac-pad" : future ? "ac-fut" : "ac-ok", cross: padded || future,
-});
+const maskCell = (padded, future) => {
+  const cls = padded ? "ac-pad" : future ? "ac-fut" : "ac-ok";
+  return { cls, fill: FILLS[cls], cross: padded || future, masked: padded || future };
+};
+const BLUE = [33, 102, 172];  // a weight w is drawn in this blue at opacity 0.08 + 0.92 w, over white
+const weightFill = (w) => mix(BLUE, Number((0.08 + 0.92 * w).toFixed(3)), WHITE);
 // Every small (L, S) grid: its rows are the queries, its columns the keys; the first of a panel says so.
-const small = (size, first) => (first ? { size, xTitle: "keys", yTitle: "queries" } : { size });
+const small = (size, first, label) => (first ? { size, label, xTitle: "keys", yTitle: "queries" } : { size, label });
+
+// ---- the picture in words: every grid's label, the live summary, and the tables
+const padKeys = (st, b) => range(st.key_padding_mask[b].length).filter((j) => st.key_padding_mask[b][j]);
+const keysWord = (keys) => (keys.length === 1 ? `key ${keys[0]}` : `keys ${spans(keys)}`);
+const countBlocked = (m) => m.flat().filter(Boolean).length;
+const why = (pad, future) => (pad ? "pad" : future ? "future" : "");
+const maskWord = (pad, future) => (pad || future ? `True (${why(pad, future)})` : "False");
+
+function padLabel(p, st) {
+  const { batch_size: B, max_len: L } = p;
+  return `Key padding mask (B, S) = (${B}, ${L}), True = pad, may not attend: ` + range(B).map((b) => {
+    const pads = padKeys(st, b);
+    const which = pads.length ? `${keysWord(pads)} ${pads.length === 1 ? "is a pad" : "are pads"}` : "no pads";
+    return `s${b}, length ${p.lengths[b]}: ${which}`;
+  }).join("; ") + ".";
+}
+
+function sentenceLabel(p, st, b, what) {
+  const L = p.max_len, pads = padKeys(st, b), cells = `${countBlocked(st.combined_mask[b])} of ${L * L} cells blocked`;
+  const padded = pads.length ? `${keysWord(pads)} blocked in every query row (pads)` : "no pads";
+  if (what === "broadcast") {
+    const blocked = countBlocked(st.broadcast_mask[b]);
+    return `s${b} broadcast to (L, S) = (${L}, ${L}): every query row the same copy of its padding row, ${padded}; ` +
+           `${blocked} of ${L * L} cells blocked.`;
+  }
+  const causal = p.causal ? ", and each query's later keys (causal)" : "";
+  return `s${b} ${what}, (L, S) = (${L}, ${L}): ${padded}${causal}; ${cells}.`;
+}
+
+function describe(p, st) {
+  const { batch_size: B, max_len: L, num_heads: h, example: ex } = p, n = p.lengths[ex];
+  return `Batch of ${plural(B, "sentence")} of ${B === 1 ? "length" : "lengths"} ${listing(p.lengths.map(String))}, ` +
+    `padded to L = S = ${L}: the key padding mask (B, 1, S) broadcast to (B, L, S) = (${B}, ${L}, ${L})` +
+    (p.causal ? ", combined with the causal mask" : "; causal off") +
+    (p.show_heads ? `; ${plural(h, "head")}: (B·h, L, S) = (${B * h}, ${L}, ${L})` : "") +
+    `. Showing sentence ${ex} (of 0 to ${B - 1}): ${plural(n, "token")} and ${plural(L - n, "pad")}.`;
+}
+
+function tables(p, st) {
+  const { batch_size: B, max_len: L, example: ex } = p, keys = range(L).map((j) => `key ${j}`);
+  const queryName = (b, i) => (st.query_is_pad[b][i] ? `pad ${i}` : `q${i}`);
+  const out = [table(`Key padding mask (B, S) = (${B}, ${L}): True = pad, may not attend`, ["sentence", "length", ...keys],
+    range(B).map((b) => ({ head: `s${b}`, cells: [String(p.lengths[b]),
+                                                   ...st.key_padding_mask[b].map((pad) => maskWord(pad, false))] })))];
+  for (const b of range(B)) out.push(table(
+    `Sentence ${b}: its mask (L, S) = (${L}, ${L}), ` +
+    `${p.causal ? "padding OR causal" : "its padding row broadcast to every query"}` +
+    `${p.show_heads ? "; every head gets this copy" : ""}. True = may not attend`, ["query", ...keys],
+    range(L).map((i) => ({ head: queryName(b, i),
+                           cells: range(L).map((j) => maskWord(st.key_padding_mask[b][j],
+                                                               p.causal && st.causal_mask[i][j])) }))));
+  const blocked = st.combined_mask[ex];
+  const rowHead = (i) => (st.query_is_pad[ex][i] ? `pad ${i} (ignored downstream)` : `q${i}`);
+  out.push(table(`Sentence ${ex}: scores after masked_fill(mask, −∞)`, ["query", ...keys],
+    range(L).map((i) => ({ head: rowHead(i), cells: range(L).map((j) => (blocked[i][j]
+      ? `−∞ (${why(st.key_padding_mask[ex][j], true)})` : st.scores[ex][i][j].toFixed(1))) }))));
+  out.push(table(`Sentence ${ex}: weights, the softmax of each query's row over the keys it may attend`,
+    ["query", ...keys, "sum"],
+    range(L).map((i) => ({ head: rowHead(i), cells: [...range(L).map((j) => (blocked[i][j]
+      ? `0 (${why(st.key_padding_mask[ex][j], true)})` : st.weights[ex][i][j].toFixed(2))),
+      st.weights[ex][i].reduce((a, c) => a + c, 0).toFixed(2)] }))));
+  return out.join("");
+}
 
 function draw(p, st) {
   const { batch_size: B, max_len: L, num_heads: h, example: ex } = p;
@@ -41,25 +107,26 @@ function draw(p, st) {
   out.push(`<div class="ac-panel"><h4>1. Key padding mask (B, S) = (${B}, ${L}): a row per sentence, a column per key;` +
            ` viewed as (B, 1, S)</h4>`,
     grid(B, L, (b, j) => {
-      const pad = st.key_padding_mask[b][j];
-      return { cls: pad ? "ac-pad" : "ac-ok", text: pad ? "T" : "F", textCls: pad ? "ac-num ac-light" : "ac-num",
-               title: `sentence ${b}, key ${j}: ${pad ? "pad" : "token"}` };
+      const pad = st.key_padding_mask[b][j], cls = pad ? "ac-pad" : "ac-ok";
+      return { cls, fill: FILLS[cls], text: pad ? "T" : "F", title: `sentence ${b}, key ${j}: ${pad ? "pad" : "token"}` };
     }, { size: 22, rowLabels: range(B).map((b) => `s${b}`), colLabels: pos, right: (b) => `len ${p.lengths[b]}`,
-         rightWidth: 40, xTitle: "keys (S)", yTitle: "sentences" }),
+         rightWidth: 40, xTitle: "keys (S)", yTitle: "sentences", label: padLabel(p, st) }),
     `</div>`);
   // 2. broadcast over the query rows
   out.push(`<div class="ac-panel"><h4>2. Broadcast over queries: (B, 1, S) → (B, L, S) = (${B}, ${L}, ${L}), every query row a copy</h4>`,
     `<div class="ac-multiples">`,
-    ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false), small(13, b === 0)),
-                               `s${b}`)),
+    ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], false),
+                                    small(13, b === 0, sentenceLabel(p, st, b, "broadcast"))), `s${b}`)),
     `</div></div>`);
   // 3. causal and combined
   if (p.causal) {
     out.push(`<div class="ac-panel"><h4>3. Combined = padding OR causal, (B, L, S)</h4><div class="ac-multiples">`,
-      fig(grid(L, L, (i, j) => maskCell(false, st.causal_mask[i][j]), small(13, true)), "causal (L, S)"),
+      fig(grid(L, L, (i, j) => maskCell(false, st.causal_mask[i][j]), small(13, true,
+        `Causal mask (L, S) = (${L}, ${L}): query i may not attend the keys after i; ` +
+        `${countBlocked(st.causal_mask)} of ${L * L} cells blocked.`)), "causal (L, S)"),
       `<span class="ac-op">OR</span>`,
       ...range(B).map((b) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], st.causal_mask[i][j]),
-                                      small(13, false)), `s${b} combined`)),
+                                      small(13, false, sentenceLabel(p, st, b, "combined"))), `s${b} combined`)),
       `</div></div>`);
   } else {
     out.push(`<div class="ac-panel ac-note"><h4>3. Combined mask</h4>Causal is off: the combined mask is the broadcast padding mask.</div>`);
@@ -67,29 +134,45 @@ function draw(p, st) {
   // 4. one copy per head (left out where heads are not introduced yet: show_heads false)
   if (p.show_heads) out.push(`<div class="ac-panel"><h4>4. One copy per head: (B, h, L, S) = (${B}, ${h}, ${L}, ${L}) → ` +
            `(B·h, L, S) = (${B * h}, ${L}, ${L}), row b·h + head</h4><div class="ac-multiples">`,
-    ...range(B * h).map((n) => fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[Math.floor(n / h)][i][j],
-                                                                 st.causal_mask[i][j]), small(10, n === 0)),
-                                   `[${n}] s${Math.floor(n / h)} head ${n % h}`)),
+    ...range(B * h).map((n) => {
+      const b = Math.floor(n / h);
+      return fig(grid(L, L, (i, j) => maskCell(st.broadcast_mask[b][i][j], st.causal_mask[i][j]), small(10, n === 0,
+        `[${n}] = s${b} head ${n % h}: a copy of s${b}'s ${p.causal ? "combined" : "broadcast"} mask, ` +
+        `${countBlocked(st.combined_mask[b])} of ${L * L} cells blocked.`)), `[${n}] s${b} head ${n % h}`);
+    }),
     `</div></div>`);
   // 5. scores and weights of one sentence
   const blocked = st.combined_mask[ex], padQuery = (i) => st.query_is_pad[ex][i];
   const qLabels = range(L).map((i) => (padQuery(i) ? `pad ${i}` : `q${i}`));
+  const pads = padKeys(st, ex), padQueries = range(L).filter(padQuery);
+  const maskedWords = `${countBlocked(blocked)} of ${L * L} cells masked` +
+    (pads.length ? `: ${keysWord(pads)} (pads)` : "") + (p.causal ? `${pads.length ? "," : ":"} each query's later keys` : "") +
+    (padQueries.length ? `; pad ${padQueries.length === 1 ? "query" : "queries"} ${spans(padQueries)} greyed out: ` +
+                         "computed, ignored downstream" : "");
   out.push(`<div class="ac-panel"><h4>${p.show_heads ? 5 : 4}. Sentence ${ex} (length ${p.lengths[ex]}): scores, then softmax over the keys it may attend</h4>`,
     `<div class="ac-multiples">`,
     fig(grid(L, L, (i, j) => blocked[i][j]
-               ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞", textCls: "ac-num ac-light" }
-               : { cls: "ac-ok", text: st.scores[ex][i][j].toFixed(1) },
+               ? { cls: st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut", text: "−∞", masked: true,
+                   fill: FILLS[st.key_padding_mask[ex][j] ? "ac-pad" : "ac-fut"] }
+               : { cls: "ac-ok", fill: FILLS["ac-ok"], text: st.scores[ex][i][j].toFixed(1) },
              { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery,
-               xTitle: "keys", yTitle: "queries" }),
+               xTitle: "keys", yTitle: "queries",
+               label: `Scores of sentence ${ex}, ${L} queries by ${L} keys, after masked_fill(mask, −∞); ${maskedWords}. ` +
+                      "Every value is in the tables below the picture." }),
         "scores, masked_fill(mask, −∞)"),
     fig(grid(L, L, (i, j) => {
           const w = st.weights[ex][i][j];
           return blocked[i][j] ? maskCell(st.key_padding_mask[ex][j], true)
-            : { cls: "ac-w", style: `fill: rgba(33, 102, 172, ${(0.08 + 0.92 * w).toFixed(3)})`, text: w.toFixed(2),
-                textCls: w > 0.5 ? "ac-num ac-light" : "ac-num" };
+            : { cls: "ac-w", fill: weightFill(w), text: w.toFixed(2) };
         }, { size: 30, font: 10, rowLabels: qLabels, labelWidth: 36, colLabels: pos.map((j) => `k${j}`), shadeRow: padQuery,
              xTitle: "keys", yTitle: "queries",
-             right: (i) => `Σ ${st.weights[ex][i].reduce((a, b) => a + b, 0).toFixed(2)}`, rightWidth: 40 }),
+             right: (i) => `Σ ${st.weights[ex][i].reduce((a, b) => a + b, 0).toFixed(2)}`, rightWidth: 40,
+             label: `Weights of sentence ${ex}: each query's softmax over the keys it may attend, so every row sums to 1 ` +
+                    `and the masked cells get 0; ${maskedWords}. The largest weight of each query: ` +
+                    range(L).map((i) => {
+                      const row = st.weights[ex][i], j = row.indexOf(Math.max(...row));
+                      return `${qLabels[i]} on k${j}, ${row[j].toFixed(2)}`;
+                    }).join("; ") + ". Every value is in the tables below the picture." }),
         "weights: masked cells get 0"),
     `</div></div>`);
   out.push(`<div class="ac-legend">`,
@@ -127,7 +210,10 @@ function render({ model, el }) {
   };
   const lengthRow = make("div", { class: "ac-controls ac-lengths" });
   const picture = make("div", { class: "ac-picture" });
-  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls)), lengthRow, picture);
+  const numbers = tablesBox("Show the masks, scores and weights as tables");
+  const status = liveRegion();
+  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls)), lengthRow, picture, numbers,
+                     status);
 
   const redraw = () => {
     // Trait changes can arrive one message at a time (Python's w.batch_size = 1 sends batch_size before the
@@ -147,6 +233,8 @@ function render({ model, el }) {
     [...lengthRow.children].forEach((node, b) => node.update(p.lengths[b], 1, p.max_len));
     const st = computeState(p);
     picture.innerHTML = draw(p, st);
+    numbers.show(tables(p, st));
+    status.say(describe(p, st));
     el.dataset.state = JSON.stringify(st);
   };
   const schedule = batched(redraw);

@@ -14,7 +14,7 @@ from ..masks import causal_mask, padding_mask
 from ._base import CSS, CourseWidget, call, check_range, esm
 
 DEFAULT_LENGTHS = (5, 3, 2, 4)  # lengths of the sentences a new batch size adds
-KEPT, PAD, FUTURE = "#eef5fc", "#6e7781", "#bc4c00"  # the fills of widgets.css, for figure()
+KEPT, PAD, FUTURE = "#eef5fc", "#6e7781", "#bc4c00"  # the cells' fills (FILLS in _common.js), for figure()
 
 
 def demo_scores(batch_size: int, seq_len: int) -> torch.Tensor:
