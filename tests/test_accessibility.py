@@ -38,17 +38,19 @@ TARGETS_SHOWN = 3  # selectors of offending elements printed per rule and page
 KNOWN: dict[str, tuple[str, int]] = {}
 RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]}: the report, and conftest's summary
 
-# axe.run started in the page, left running while the next tab loads its page (two renderers, two cores), and its
-# result collected later. color-contrast with ignorePseudo: by default axe gives up on text with a sizeable ::before
-# or ::after behind it ("needs review", never a violation) after checking every ancestor's pseudo-elements, which
-# takes two thirds of its time here; this way it computes the contrast of that text as of any other: a stricter
-# check, three times faster.
+# axe.run started in the page, left running while the other tab gets ready (two renderers, two cores), and its
+# result collected later. It starts from a timer, after this call has returned: axe.run does most of its work before
+# its first await, which would keep the caller, and so the other tab, waiting.
+# color-contrast with ignorePseudo: by default axe gives up on text with a sizeable ::before or ::after behind it
+# ("needs review", never a violation) after checking every ancestor's pseudo-elements, two thirds of its time here;
+# this way it computes the contrast of that text as of any other: a stricter check, three times faster.
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
 START_AXE = """(tags) => {
   const defaults = axe._audit.checks['color-contrast'].options;
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
-  window.axeResult = axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] })
+  window.axeResult = new Promise((start) => setTimeout(start, 0))
+    .then(() => axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] }))
     .then((result) => result.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help,
       targets: v.nodes.map((n) => n.target.join(' ')) })));
 }"""
@@ -242,7 +244,8 @@ def test_wcag21_aa(browser, served, axe_source, edition):
 
 # The focus indicator of the element with focus: its outline, else the outermost ring of its box-shadow, against the
 # first opaque background behind it (transparent layers composited over it). Colours as [r, g, b, a].
-FOCUS = """() => {
+FOCUS = """async () => {
+  await Promise.all(document.getAnimations().map((a) => a.finished));  // the ring may fade in (a transition)
   const e = document.activeElement;
   if (!e || e === document.body) return null;
   const rgba = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
@@ -269,7 +272,7 @@ FOCUS = """() => {
            widget: !!e.closest('.ac-widget, .widget-subarea'), visible: e.getClientRects().length > 0 };
 }"""
 FOCUS_PAGE = "notebooks/03_masks"  # a chapter: header buttons, both sidebars, exercises, solutions, a widget
-TAB_STOPS = 60  # Tab from the top: the sidebar, the header's buttons, the chapter's first links and copy buttons
+TAB_STOPS = 40  # Tab from the top: the sidebar, the header's buttons, the chapter's first links and copy buttons
 BACK_STOPS = 25  # Shift+Tab from the end: the links to the previous and next pages, the page's table of contents
 
 
@@ -306,7 +309,6 @@ def focus_problems(tab, key: str, stops: int, seen: list) -> list[str]:
     problems = []
     for _ in range(stops):
         tab.keyboard.press(key)
-        tab.wait_for_function(STILL)  # the ring may fade in (a transition of its box-shadow)
         focus = tab.evaluate(FOCUS)
         if focus is None or focus["widget"] or not focus["visible"]:
             continue
@@ -339,6 +341,6 @@ def test_focus_is_visible(browser, served, mode):
         tab.context.close()
     names = set(seen)
     for control in ('"Search', '"Color mode', '"Launch interactive content', '"Download this page', 'in page-toc',
-                    "in prev-next"):
+                    "in prev-next", '"Copy to clipboard', "a.reference.internal \"", '"Toggle hidden content'):
         assert any(control in name for name in names), f"{control} never took the focus: {sorted(names)}"
     assert not problems, f"{mode} mode, {FOCUS_PAGE}:\n" + "\n".join(dict.fromkeys(problems))
