@@ -37,8 +37,9 @@ $(VENV)/.installed: pyproject.toml requirements.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-# The first build also fetches the site's offline assets (MathJax, require.js, the widget manager) at pinned versions
-# with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site"). `rm -rf book/_vendor` refetches.
+# The first build also fetches the site's offline assets (MathJax, require.js, the widget manager), and the tests'
+# axe-core, at pinned versions with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site").
+# `rm -rf book/_vendor` refetches.
 book: venv _build/.package-stamp
 	$(BIN)/jupyter-book build . $(JB_FLAGS)
 	@echo

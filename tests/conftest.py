@@ -1,6 +1,7 @@
 """Shared fixtures: a torch MultiheadAttention and ours holding the same (random, non-zero-bias) weights."""
 import json
 import os
+import sys
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots draw off-screen in tests
 
@@ -47,7 +48,19 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The checkers' mutation scores (tests/test_mutation.py): per checker, mutants rejected and mutants named."""
+    """The checkers' mutation scores (tests/test_mutation.py), and what axe found (tests/test_accessibility.py)."""
+    accessibility = sys.modules.get("test_accessibility")
+    if accessibility is not None and accessibility.RESULTS:
+        terminalreporter.section("accessibility: elements in violation of axe's WCAG 2.1 A/AA rules")
+        for run, found in accessibility.RESULTS.items():
+            per_rule = accessibility.summary(found)[0]
+            terminalreporter.write_line(f"{run:24} {sum(per_rule.values()):5d}  {dict(per_rule) or ''}")
+        terminalreporter.write_line(f"(details: {accessibility.REPORT})")
+    mutation_scores(terminalreporter)
+
+
+def mutation_scores(terminalreporter):
+    """Per checker (tests/test_mutation.py): mutants rejected and mutants named."""
     from mutants import RESULTS
 
     if not RESULTS:

@@ -124,6 +124,13 @@ class QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
+def serve(folder: Path):
+    """``folder`` served on 127.0.0.1 by a thread: (the server, to shut down; its "host:port")."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"127.0.0.1:{server.server_address[1]}"
+
+
 @pytest.fixture(scope="session")
 def site(browser):
     """The site served on 127.0.0.1 and a browser context that blocks (and counts) requests to any other host.
@@ -132,9 +139,7 @@ def site(browser):
     """
     if not (SITE / "index.html").exists():
         pytest.fail(f"no built site in {SITE}: run `make book` first (or set ATTENTION_COURSE_SITE to a built site).")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(SITE)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host = f"127.0.0.1:{server.server_address[1]}"
+    server, host = serve(SITE)
     state = {"url": f"http://{host}/", "blocked": [], "pages": {}}
 
     def only_this_site(route):
@@ -160,6 +165,14 @@ def site(browser):
     (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1))
 
 
+def settle(tab):
+    """Wait until MathJax has typeset the page and the widget manager has drawn every widget view."""
+    tab.evaluate("async () => { if (window.MathJax?.startup?.promise) await window.MathJax.startup.promise; }")
+    views = tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+    if views:
+        tab.wait_for_function(f"document.querySelectorAll('.widget-subarea > *').length >= {views}")
+
+
 class Visit:
     """A browser tab on one page of the site, recording every error and failed or blocked request."""
 
@@ -175,11 +188,7 @@ class Visit:
         self.settle()
 
     def settle(self):
-        """Wait until MathJax has typeset the page and the widget manager has drawn every widget view."""
-        self.tab.evaluate("async () => { if (window.MathJax?.startup?.promise) await window.MathJax.startup.promise; }")
-        views = self.tab.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
-        if views:
-            self.tab.wait_for_function(f"document.querySelectorAll('.widget-subarea > *').length >= {views}")
+        settle(self.tab)
 
     def resize(self, viewport):
         """Show the page at another size, once the theme's transitions (the sidebars folding away) have ended."""
