@@ -31,19 +31,44 @@ def pair():
     return make_pair
 
 
-def pytest_sessionfinish(session):
-    """Under pytest-xdist, a worker hands its mutation verdicts to the controller, which prints the table."""
+def gathered() -> dict:
+    """The tables printed at the end of a run, by the modules that fill them (imported lazily: a worker that ran
+    none of their tests has them empty)."""
     from mutants import RESULTS
 
+    tables = {"mutation": RESULTS}
+    accessibility = sys.modules.get("test_accessibility")
+    if accessibility is not None:
+        tables["accessibility"] = accessibility.RESULTS
+    return tables
+
+
+def pytest_sessionstart(session):
+    """Screenshots of an earlier run go, once, before any worker takes new ones (pages may have left the toc)."""
+    if not hasattr(session.config, "workerinput"):
+        from test_site import SCREENSHOTS
+
+        for old in SCREENSHOTS.glob("*.*"):
+            old.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its tables to the controller, which prints them."""
     if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["mutation_results"] = json.dumps(RESULTS)
+        session.config.workeroutput["tables"] = json.dumps(gathered())
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
+    tables = json.loads(getattr(node, "workeroutput", {}).get("tables", "{}"))
+    if tables.get("accessibility"):
+        import test_accessibility
+
+        test_accessibility.RESULTS.update(tables["accessibility"])
+        test_accessibility.write_report()  # every worker's runs in one report
     from mutants import RESULTS
 
-    for checker, verdicts in json.loads(getattr(node, "workeroutput", {}).get("mutation_results", "{}")).items():
+    for checker, verdicts in tables.get("mutation", {}).items():
         RESULTS.setdefault(checker, {}).update(verdicts)
 
 
@@ -52,7 +77,7 @@ def pytest_terminal_summary(terminalreporter):
     accessibility = sys.modules.get("test_accessibility")
     if accessibility is not None and accessibility.RESULTS:
         terminalreporter.section("accessibility: elements in violation of axe's WCAG 2.1 A/AA rules")
-        for run, found in accessibility.RESULTS.items():
+        for run, found in sorted(accessibility.RESULTS.items()):
             per_rule = accessibility.summary(found)[0]
             terminalreporter.write_line(f"{run:24} {sum(per_rule.values()):5d}  {dict(per_rule) or ''}")
         terminalreporter.write_line(f"(details: {accessibility.REPORT})")

@@ -154,15 +154,14 @@ def site(browser):
     context.set_default_timeout(TIMEOUT_MS)
     context.route("**/*", only_this_site)
     state["context"] = context
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SCREENSHOTS.glob("*.*"):  # pages may have left the toc since the last run
-        old.unlink()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)  # emptied once per run by conftest's pytest_sessionstart
     yield state
     context.close()
     server.shutdown()
     report = {"site": str(SITE), "pages_checked": state["pages"], "requests_blocked": len(state["blocked"]),
               "blocked": state["blocked"]}
-    (SCREENSHOTS / "report.json").write_text(json.dumps(report, indent=1))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # under pytest-xdist, a report per worker
+    (SCREENSHOTS / f"report{'-' + worker if worker else ''}.json").write_text(json.dumps(report, indent=1))
 
 
 def settle(tab):
