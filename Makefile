@@ -76,9 +76,10 @@ STUDENTS ?= 200
 grade-bench: student
 	$(GRADER)/bin/python -m instructor.bench --students $(STUDENTS) $(if $(JOBS),--jobs $(JOBS))
 
-# Tests run on every core (pytest-xdist); a module's tests that share an expensive fixture (grading a class) stay in
-# one worker (xdist_group). The slowest tests are listed at the end, so that a slow one is seen the day it lands.
-PYTEST_FAST := -n auto --dist loadgroup --durations=15
+# Tests run on every core (pytest-xdist), a file's tests in one worker (--dist loadfile): a notebook's cells run in
+# order in one kernel, and a file's expensive fixture (grading a class, a browser) is made once. The slowest tests
+# are listed at the end, so that a slow one is seen the day it lands.
+PYTEST_FAST := -n auto --dist loadfile --durations=15
 test: book student
 	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
 

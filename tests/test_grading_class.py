@@ -19,8 +19,7 @@ from instructor.exercises import load, nbgrader  # noqa: E402
 STUDENT = ROOT / "_build" / "student"
 GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
 pytestmark = [pytest.mark.skipif(not (STUDENT / "notebooks").exists(), reason="run `make student` first"),
-              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)"),
-              pytest.mark.xdist_group("grading-a-class")]  # one worker grades the class once, for every test here
+              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")]
 PAD, SOFT = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
 
 GOOD = {
@@ -127,7 +126,7 @@ def read(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per run, whatever order the tests run in
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("class")
     submissions, out = tmp / "submissions", tmp / "grades"
