@@ -274,13 +274,13 @@ def run_check(namespace: dict, label: str, solutions: list, check: dict) -> dict
         try:
             kept = definitions(code)
         except SyntaxError as error:
-            if cell_label == label:
+            if exercise_of(cell_label) == label and own_error is None:
                 own_error = f"SyntaxError: {error.msg} (line {error.lineno})"
             continue
         try:
             exec(compile(kept, f"<{cell_label}>", "exec"), namespace)
         except BaseException as error:  # noqa: BLE001  (a student's definitions may raise anything)
-            if cell_label == label and own_error is None:
+            if exercise_of(cell_label) == label and own_error is None:
                 own_error = f"{type(error).__name__}: {error}"
     guard = Guard(check.get("forbidden", []), check.get("rule", ""), namespace)
     guard_names(namespace, before_names, guard)
@@ -301,19 +301,17 @@ def run_check(namespace: dict, label: str, solutions: list, check: dict) -> dict
         sys.stdout = io.StringIO()
     if passed:
         message = " ".join(out.getvalue().split()) or "passed"
+    still_stub = any(stub(code) for cell_label, code in solutions if exercise_of(cell_label) == label)
+    undefined = not passed and message.startswith("NameError")
     if own_error and not passed:
         message = f"{message} (the solution cell's definitions failed first: {own_error})"
-    elif not passed and message.startswith("NameError") and any(
-            f"'{name}'" in message for name in check.get("arguments", [])) and not any(
-            stub(code) for cell_label, code in solutions if cell_label == label or cell_label.startswith(label + "-")):
+    elif undefined and still_stub:
+        message = (f"no answer: the solution cell is still the exercise's stub (# YOUR CODE HERE, raise "
+                   f"NotImplementedError()), so it defines nothing ({message})")
+    elif undefined and any(f"'{name}'" in message for name in check.get("arguments", [])):
         message = (f"your solution cell defines no {message.split(chr(39))[1]}: grading runs the check again from "
                    f"the definitions of your solution cells alone (their imports, def, class and simple "
                    f"assignments), apart from the rest of the notebook ({message})")
-    elif not passed and message.startswith("NameError") and any(
-            stub(code) for cell_label, code in solutions if cell_label.rsplit("-", 1)[0] in (label, cell_label)
-            and (cell_label == label or cell_label.startswith(label + "-"))):
-        message = (f"no answer: the solution cell is still the exercise's stub (# YOUR CODE HERE, raise "
-                   f"NotImplementedError()), so it defines nothing ({message})")
     if guard.used:
         passed, message = False, (f"not accepted: the exercise says \u201c{check['rule']}\u201d, and your code "
                                   f"called {guard.used[0]} during the check")
@@ -436,9 +434,15 @@ def main() -> None:
         send({"student": request["student"], "verdicts": verdicts})
 
 
+def exercise_of(cell_label: str) -> str:
+    """The exercise a solution cell belongs to: its grade_id, less nbgrader's "-2", "-3" of a second cell."""
+    base, _, number = cell_label.rpartition("-")
+    return base if number.isdigit() and base else cell_label
+
+
 def labels_before(cell_label: str, label: str, order: list[str]) -> bool:
     """A solution cell of this exercise or of an exercise before it (any exercise not checked counts as before)."""
-    base = cell_label if cell_label in order else cell_label.rsplit("-", 1)[0]
+    base = exercise_of(cell_label)
     return base not in order or order.index(base) <= order.index(label)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import select
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import sandbox
+from . import check_server, sandbox
 from .exercises import ROOT, Exercise, exercises, load, nbgrader, source
 
 SERVER = Path(__file__).resolve().parent / "check_server.py"
@@ -194,7 +193,7 @@ def verdicts(server: Server, student: str, path: Path, timeout: float) -> dict[s
     cells = solutions(path)
     found = server.check(student, cells, timeout)
     for label, verdict in found.items():
-        names = [name for cell_label, code in cells if re.fullmatch(rf"{re.escape(label)}(-\d+)?", cell_label)
+        names = [name for cell_label, code in cells if check_server.exercise_of(cell_label) == label
                  for name in suspicious(code)]
         if verdict["passed"] and names:
             verdict["passed"] = "review"

@@ -19,7 +19,8 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from test_site import DESKTOP, PAGES, PHONE, ROOT, SITE, TIMEOUT_MS, serve, settle, shared_browser
+from test_site import (DESKTOP, PAGES, PHONE, ROOT, SITE, TIMEOUT_MS, contrast, serve, settle,
+                       shared_browser)
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
@@ -282,19 +283,6 @@ def composite(layers):
     for cr, cg, cb, a in reversed(layers):
         r, g, b = cr * a + r * (1 - a), cg * a + g * (1 - a), cb * a + b * (1 - a)
     return r, g, b
-
-
-def luminance(rgb):
-    def channel(c):
-        c /= 255
-        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
-    r, g, b = (channel(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast(a, b):
-    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
 
 
 def test_contrast_formula():

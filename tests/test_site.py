@@ -28,6 +28,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from attention_course.plots import contrast_ratio
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("ATTENTION_COURSE_SITE", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = SITE.parent / "screenshots"
@@ -516,13 +518,11 @@ def test_search_finds_the_masks_chapter(site, visit):
 
 # ------------------------------------------------------------------------------------------------ widgets, accessible
 def contrast(a, b) -> float:
-    """The WCAG 2 contrast ratio of two sRGB colours, (r, g, b) in 0..255."""
-    def luminance(rgb):
-        c = [x / 255 for x in rgb]
-        c = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
-        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
-    high, low = sorted((luminance(a), luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)
+    """The WCAG 2 contrast ratio of two sRGB colours given as (r, g, b) in 0..255, as a browser reports them (the
+    package's ``contrast_ratio``, which the figures use)."""
+    def unit(rgb):
+        return tuple(min(max(x / 255, 0.0), 1.0) for x in rgb)
+    return contrast_ratio(unit(a), unit(b))
 
 
 # Every label and cross drawn in the widgets' pictures (SVG) under `root`, with the colour it is drawn in and the colour
