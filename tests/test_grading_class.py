@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from instructor.exercises import load, nbgrader  # noqa: E402
+from test_grading import command_line  # noqa: E402
 
 STUDENT = ROOT / "_build" / "student"
 GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
@@ -230,8 +231,7 @@ def test_the_gradebook_and_feedback_carry_the_verdicts(graded):
                                        text=True, timeout=120).stdout)
     assert scores == {"alice": 1.0, "nora": 0.0, "ivy": 0.0, "pat": 0.0}
     assert not any(r["message"] == "graded by hand" for r in graded["rows"].values())  # nobody's manual_score set
-    running = [p for p in Path("/proc").glob("[0-9]*")
-               if graded["token"] in p.joinpath("cmdline").read_text(errors="replace")]
+    running = [p for p in Path("/proc").glob("[0-9]*") if graded["token"] in command_line(p)]
     assert not running, "trudy's background process outlived its kernel"
 
 
