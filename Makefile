@@ -22,7 +22,7 @@ help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
 	@echo "make check  the quick loop (under a minute): the package's unit and property tests and the checkers' tests"
-	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; screenshots in _build/screenshots/)"
+	@echo "            (browser tests: Chromium, e.g. apt-get install chromium; SCREENSHOTS=1: every page's, in _build/screenshots/)"
 	@echo "make student  the student edition into _build/student/ (website and notebooks without solutions)"
 	@echo "make grade SUBMISSIONS=<dir> [JOBS=n]  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
 	@echo "            (JOBS notebooks at once, default the machine's cores)"
@@ -59,9 +59,13 @@ $(GRADER)/.installed: Makefile
 	touch $@
 
 # The student edition (book/instructors.md): nbgrader's generate_assignment on every chapter, and the website built
-# with hide_solutions from the notebooks the book just executed.
-student: book $(GRADER)/.installed
+# with hide_solutions from the notebooks the book just executed. Built again only when what it is made from changed.
+STUDENT_SOURCES := $(wildcard notebooks/*.ipynb) _config.yml _toc.yml $(wildcard instructor/*.py) \
+	$(shell find book -path book/_vendor -prune -o -type f -print)
+student: book _build/.student-stamp
+_build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed
 	$(BIN)/python -m instructor.student
+	touch $@
 
 # make grade SUBMISSIONS=<dir> [GRADE_FLAGS="--cell-timeout 60 --notebook-timeout 600 --memory 4G"]
 #   GRADE_FLAGS="--roster roster.csv --canvas-assignment 03_masks=123": canvas.csv too; "--tables-only": the tables
@@ -76,12 +80,16 @@ STUDENTS ?= 200
 grade-bench: student
 	$(GRADER)/bin/python -m instructor.bench --students $(STUDENTS) $(if $(JOBS),--jobs $(JOBS))
 
-# Tests run on every core (pytest-xdist), a file's tests in one worker (--dist loadfile): a notebook's cells run in
-# order in one kernel, and a file's expensive fixture (grading a class, a browser) is made once. The slowest tests
-# are listed at the end, so that a slow one is seen the day it lands.
-PYTEST_FAST := -n auto --dist loadfile --durations=15
+# Tests run in parallel (pytest-xdist), a file's tests in one worker (--dist loadfile): a notebook's cells run in
+# order in one kernel, and a file's expensive fixture (grading a class, a browser) is made once. Four workers on any
+# machine: much of a test's time is spent waiting (on a browser, a kernel, nbgrader, a time limit), so two cores keep
+# four workers busy. tests/conftest.py hands out the longest files first (as timed in the last run), not the ones
+# with the most tests. The slowest tests are listed at the end, so that a slow one is seen the day it lands.
+# `make test SCREENSHOTS=1`: a screenshot of every page (by default, only of a page with a problem).
+PYTEST_FAST := -n 4 --dist loadfile --no-loadscope-reorder --durations=15
 test: book student
-	ATTENTION_COURSE_SITE=$(SITE) $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
+	ATTENTION_COURSE_SITE=$(SITE) $(if $(SCREENSHOTS),ATTENTION_COURSE_SCREENSHOTS=1) \
+	  $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
 
 # The quick loop while changing the package or a checker (under a minute): unit and property tests of the package,
 # the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook runs.

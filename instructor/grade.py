@@ -105,10 +105,45 @@ def nbgrader(course: Path, out: Path, *args: str, timeout: float | None = None,
              runtime: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{NBGRADER.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
            "JUPYTER_PATH": str(out)}  # finds the grading kernel
-    if runtime is not None:  # the kernel's connection file and sockets, in a folder of its own
-        env["JUPYTER_RUNTIME_DIR"] = str(runtime)
     command = [str(NBGRADER), *args, f"--CourseDirectory.root={course}", "--log-level=WARN"]
-    return subprocess.run(command, env=env, cwd=course, capture_output=True, text=True, timeout=timeout)
+    if runtime is None:  # no kernel
+        return subprocess.run(command, env=env, cwd=course, capture_output=True, text=True, timeout=timeout)
+    env["JUPYTER_RUNTIME_DIR"] = str(runtime)  # the kernel's connection file and sockets, in a folder of its own
+    return run_until_dead(command, env, course, timeout)
+
+
+DEATH = "Kernel died"  # what nbgrader logs when the kernel under a cell has gone
+AFTER_DEATH = 5.0  # seconds nbgrader gets to finish after that
+
+
+def run_until_dead(command: list[str], env: dict, cwd: Path, timeout: float | None) -> subprocess.CompletedProcess:
+    """Run nbgrader, but stop it a few seconds after it logged the kernel's death: jupyter_client can then hang for
+    good, joining a heartbeat thread blocked sending to the dead kernel (a submission that scribbles on its file
+    descriptors and exits does it), and the notebook's outcome is known already (its kernel died)."""
+    with tempfile.TemporaryDirectory(prefix="nbgrader-") as logs:  # outside the runtime folder the kernel sees
+        return _run_until_dead(command, env, cwd, Path(logs), timeout)
+
+
+def _run_until_dead(command, env, cwd, logs: Path, timeout):
+    log, err = logs / "stdout", logs / "stderr"
+    with log.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
+        start, died = time.monotonic(), None
+        while process.poll() is None:
+            now = time.monotonic()
+            if timeout is not None and now - start > timeout:
+                process.kill()
+                process.wait()
+                raise subprocess.TimeoutExpired(command, timeout)
+            if died is None and DEATH in err.read_text(errors="replace"):
+                died = now
+            if died is not None and now - died > AFTER_DEATH:
+                process.kill()
+                break
+            time.sleep(0.2)
+        process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, log.read_text(errors="replace"),
+                                       err.read_text(errors="replace"))
 
 
 def prepare(course: Path, out: Path, names: set[str]) -> None:

@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots draw off-screen in tests
 
@@ -43,6 +44,35 @@ def gathered() -> dict:
     return tables
 
 
+# The order in which pytest-xdist hands out files (--dist loadfile, --no-loadscope-reorder): the longest first, so
+# that none starts last and runs alone. The seconds each file took in the last full run are kept in DURATIONS; a
+# fresh clone has none and starts from FIRST, measured on a 2-core machine. After a timed run, a file not timed yet
+# (a new one) counts as the slowest.
+DURATIONS = Path(__file__).resolve().parents[1] / "_build" / "test-durations.json"
+FIRST = ["tests/test_grading_class.py", "tests/test_accessibility.py", "tests/test_site.py", "tests/test_verdict.py",
+         "tests/test_widgets.py", "tests/test_dropin.py", "tests/test_instructor.py"]
+SECONDS: dict[str, float] = {}  # file -> seconds its tests took in this run (the controller's count)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    try:
+        last = json.loads(DURATIONS.read_text())
+        slow = max(last.values(), default=0.0)
+    except (OSError, ValueError):
+        last, slow = {path: float(len(FIRST) - i) for i, path in enumerate(FIRST)}, 0.0
+    items.sort(key=lambda item: -last.get(item.nodeid.split("::")[0], slow))  # stable: a file's own order is kept
+
+
+def whole_run(config) -> bool:
+    """Every test, in parallel: ``make test`` (not one file, not ``make check``)."""
+    return config.getoption("dist", "no") != "no" and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    SECONDS[path] = SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_sessionstart(session):
     """Screenshots of an earlier run go, once, before any worker takes new ones (pages may have left the toc)."""
     if not hasattr(session.config, "workerinput"):
@@ -52,10 +82,14 @@ def pytest_sessionstart(session):
             old.unlink(missing_ok=True)
 
 
-def pytest_sessionfinish(session):
-    """Under pytest-xdist, a worker hands its tables to the controller, which prints them."""
+def pytest_sessionfinish(session, exitstatus):
+    """Under pytest-xdist, a worker hands its tables to the controller, which prints them. The controller of a whole
+    run (every file collected) keeps each file's seconds for the next run's order."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["tables"] = json.dumps(gathered())
+    elif whole_run(session.config) and SECONDS:
+        DURATIONS.parent.mkdir(exist_ok=True)
+        DURATIONS.write_text(json.dumps(dict(sorted(SECONDS.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -301,6 +301,30 @@ def command_line(process):
         return ""
 
 
+GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
+
+
+@pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")
+def test_nbgrader_is_stopped_soon_after_it_logs_the_kernels_death():
+    """After "Kernel died", jupyter_client can hang for good (a heartbeat thread blocked on the dead kernel): the
+    grader stops nbgrader a few seconds later instead of waiting for the whole notebook's limit. A run that only
+    prints is left to finish, its output kept."""
+    hang = ("import sys, time\n"
+            "print('[AutogradeApp | ERROR] Kernel died while waiting for execute reply.', file=sys.stderr, flush=True)\n"
+            "time.sleep(600)\n")
+    probe = f"""import subprocess, sys
+from instructor.grade import run_until_dead
+try:
+    died = run_until_dead([sys.executable, '-c', {hang!r}], {{}}, '.', timeout=120).returncode
+except subprocess.TimeoutExpired:
+    died = 'waited for the timeout'
+fine = run_until_dead([sys.executable, '-c', 'print(42)'], {{}}, '.', timeout=120)
+print(died, fine.returncode, fine.stdout.strip())
+"""
+    run = subprocess.run([str(GRADER_PYTHON), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["-9", "0", "42"], run.stdout + run.stderr
+
+
 def test_the_watchdog_stops_a_kernel_over_its_memory_or_time(tmp_path):
     verdict = sandbox.verdict_of(tmp_path / "runtime")
     hog = [sys.executable, "-c", "import time\nx = b'x' * (400 * 2**20)\ntime.sleep(60)"]

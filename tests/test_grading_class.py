@@ -217,6 +217,8 @@ def test_a_forged_report_is_held_for_review(graded):
     passed, points, message = verdict(graded, "otto")
     assert (passed, points) == ("review", "") and message.startswith("held for review by hand")
     assert "os, _exit" in message
+    # its notebook's own run: the kernel's death, seen in seconds (nbgrader, stuck after it, is stopped)
+    assert "[the notebook itself: not graded: the kernel died" in message
 
 
 def test_the_gradebook_and_feedback_carry_the_verdicts(graded):

@@ -7,8 +7,9 @@ download buttons point at their notebook, no horizontal overflow at a phone's wi
 size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
 output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
 control moves (no kernel) and stay accessible in light and dark mode (named pictures, drawn text at >= 4.5:1, a focus
-ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
-widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
+ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of a page with a
+problem (of every page with ATTENTION_COURSE_SCREENSHOTS=1, `make test SCREENSHOTS=1`), at desktop and phone widths,
+and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
 without one these tests skip and say how to get one. `make test` builds the site first; run alone, they need `make book`.
@@ -33,6 +34,7 @@ from attention_course.plots import contrast_ratio
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("ATTENTION_COURSE_SITE", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = SITE.parent / "screenshots"
+EVERY_SCREENSHOT = os.environ.get("ATTENTION_COURSE_SCREENSHOTS") == "1"  # `make test SCREENSHOTS=1`
 # The book the site was built from: the folder holding _build/ when it has a _toc.yml (a scratch book), else this repo.
 BOOK = SITE.parents[1] if (SITE.parents[1] / "_toc.yml").exists() else ROOT
 CONFIG = yaml.safe_load((BOOK / "_config.yml").read_text())
@@ -197,8 +199,10 @@ class Visit:
         self.tab.wait_for_function("document.getAnimations().every((a) => a.playState !== 'running')")
 
     def screenshot(self, name):
-        """A full-page picture in the screenshots folder (JPEG: long pages encode several times faster than PNG)."""
-        self.tab.screenshot(path=str(SCREENSHOTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=80)
+        """A full-page picture in the screenshots folder (JPEG: long pages encode several times faster than PNG), of
+        a page with a problem, or of every page when asked for (a third of test_page's time goes into them)."""
+        if EVERY_SCREENSHOT or self.problems:
+            self.tab.screenshot(path=str(SCREENSHOTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=80)
 
     def close(self):
         self.tab.close()
