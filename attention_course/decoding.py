@@ -24,9 +24,12 @@ Masks are IGNORE masks here as everywhere in this package: bool, True = may NOT 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .checks import check_floating, check_positive_int, check_same_device, check_same_dtype, check_shape
-from .rope import check_positions
+from .functional import fused_attention
+from .heads import head_dim as _head_dim
+from .rope import _check_head_dim, apply_rope, check_positions
 
 
 # ------------------------------------------------------------------------------------------- shared key/value heads
@@ -164,3 +167,107 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float16, got {dtype!r}.")
     return 2 * layers * kv_heads * head_dim * tokens * batch * dtype.itemsize
+
+
+# ------------------------------------------------------------------------------------------------------- the layer
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention as a decoder-only model (Llama) writes it: GQA, RoPE, an optional sliding window, a cache.
+
+    ``num_heads`` query heads of size d = embed_dim / num_heads read ``num_kv_heads`` key/value heads (default
+    num_heads: plain multi-head attention; 1: multi-query attention); query head j reads key/value head
+    j // (num_heads / num_kv_heads). Submodules are Llama's: ``q_proj`` (E -> h d), ``k_proj`` and ``v_proj``
+    (E -> h_kv d), ``o_proj`` (h d -> E), so a Llama layer's weights load as they are. RoPE (``rope=True``, split
+    halves, ``rope_base``) turns queries and keys by their positions, never values; ``rope_dtype`` is the dtype of
+    the angles (default: the input's; ``transformers`` uses float32 even in a float64 model). With ``window`` a
+    query at position t reads keys at t - window + 1 .. t only.
+
+    ``forward(x (B, L, E), positions=None, cache=None, key_padding_mask=None) -> (B, L, E)``:
+
+    * ``positions`` (L,) or (B, L): the tokens' positions; default ``arange(n, n + L)`` with n =
+      ``cache.tokens_seen`` (0 without a cache), so decoding continues where the cache stopped and never restarts
+      at 0. Left-padded sentences give a row each. The causal (and window) mask comes from positions
+      (:func:`decode_mask`).
+    * ``cache``: a :class:`KVCache` (or any object with ``update(k, v, positions) -> (k_all, v_all, k_positions)``
+      and ``tokens_seen``); the new keys and values are appended to it and the queries read all it returns.
+    * ``key_padding_mask`` (B, T), True at pads, over every token so far (the cache's past and the L new ones,
+      T = ``cache.tokens_seen`` after this call, L without a cache), as a generation loop keeps it; with a rolling
+      cache its last columns are used.
+
+    Float32 and float64, on whatever device the layer and its inputs share.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None, *, window: int | None = None,
+                 rope_base: float = 10000.0, rope: bool = True, rope_dtype: torch.dtype | None = None,
+                 bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = _head_dim(embed_dim, num_heads)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.n_rep = _check_num_kv_heads(num_heads, self.num_kv_heads)  # query heads per key/value head
+        if rope:
+            _check_head_dim(self.head_dim, f"head_dim = embed_dim / num_heads = {embed_dim} / {num_heads}")
+        self.window = None if window is None else check_positive_int(window, "window")
+        self.rope, self.rope_base, self.rope_dtype = rope, rope_base, rope_dtype
+        d, h, h_kv = self.head_dim, num_heads, self.num_kv_heads
+        self.q_proj = nn.Linear(embed_dim, h * d, bias=bias, **factory)
+        self.k_proj = nn.Linear(embed_dim, h_kv * d, bias=bias, **factory)
+        self.v_proj = nn.Linear(embed_dim, h_kv * d, bias=bias, **factory)
+        self.o_proj = nn.Linear(h * d, embed_dim, bias=bias, **factory)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"window={self.window}, rope={self.rope}")
+
+    def _check_input(self, x, cache) -> None:
+        check_floating(x, "x")
+        check_shape(x, "x", ("B", "L", "E"), (None, None, self.embed_dim))
+        check_same_dtype(x, "x", self.q_proj.weight, "the layer")
+        check_same_device(x, "x", self.q_proj.weight, "the layer")
+        if cache is not None and not (hasattr(cache, "update") and hasattr(cache, "tokens_seen")):
+            raise TypeError(f"cache must be a KVCache (one per layer), got {type(cache).__name__}.")
+
+    def _padding(self, key_padding_mask, B: int, T: int, S: int, device) -> torch.Tensor:
+        """The (B, 1, 1, S) ignore mask of the S keys read now, from the (B, T) mask of every token so far."""
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+            got = type(key_padding_mask).__name__ if not isinstance(key_padding_mask, torch.Tensor) \
+                else key_padding_mask.dtype
+            raise TypeError(f"key_padding_mask must be a bool tensor, True at pads, got {got}. A 0/1 attention "
+                            f"mask as tokenizers give it (1 = real token) converts with attention_mask == 0.")
+        if key_padding_mask.shape != (B, T):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, T) = {(B, T)}: one column per token so far (the cache's "
+                f"past and the new ones), got {tuple(key_padding_mask.shape)}. In a generation loop, append a "
+                f"column of False for each new token."
+            )
+        if key_padding_mask.device != device:
+            raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but x is on {device}. "
+                             f"Move it with key_padding_mask.to(x.device).")
+        return key_padding_mask[:, None, None, T - S:]  # (B, 1, 1, S)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
+                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input(x, cache)
+        B, L, _ = x.shape
+        h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if positions is None:
+            start = 0 if cache is None else cache.tokens_seen  # continue after the cache, never restart at 0
+            positions = torch.arange(start, start + L, device=x.device)  # (L,)
+        check_positions(positions, length=L, batch=B, device=x.device)
+        q = self.q_proj(x).view(B, L, h, d).transpose(1, 2)  # (B, h, L, d)
+        k = self.k_proj(x).view(B, L, h_kv, d).transpose(1, 2)  # (B, h_kv, L, d)
+        v = self.v_proj(x).view(B, L, h_kv, d).transpose(1, 2)  # (B, h_kv, L, d)
+        if self.rope:  # queries and keys learn where they are; values do not
+            q = apply_rope(q, positions, base=self.rope_base, angle_dtype=self.rope_dtype)
+            k = apply_rope(k, positions, base=self.rope_base, angle_dtype=self.rope_dtype)
+        k_positions = positions
+        if cache is not None:
+            k, v, k_positions = cache.update(k, v, positions)  # (B, h_kv, S, d) twice, (S,) or (B, S)
+        S = k.shape[2]
+        mask = decode_mask(positions, k_positions, window=self.window)  # (L, S) or (B, 1, L, S)
+        mask = mask if mask.ndim == 4 else mask[None, None]  # (1|B, 1, L, S)
+        if key_padding_mask is not None:
+            T = L if cache is None else cache.tokens_seen
+            mask = mask | self._padding(key_padding_mask, B, T, S, x.device)  # (B, 1, L, S)
+        y = fused_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)  # (B, h, L, d)
+        return self.o_proj(y.transpose(1, 2).reshape(B, L, h * d))  # (B, L, E)
