@@ -352,4 +352,5 @@ def test_key_padding_mask_grows_with_the_cache():
     layer(x[:, :3], cache=cache, key_padding_mask=torch.zeros(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(B, T\) = \(1, 4\).*append a column of False"):
         layer(x[:, 3:], cache=cache, key_padding_mask=torch.zeros(1, 3, dtype=torch.bool))
+    assert len(cache) == cache.tokens_seen == 3  # refused before the cache changed
     assert "num_kv_heads=2, window=None, rope=True" in repr(layer)
