@@ -1,4 +1,4 @@
-"""The two widgets: their Python state against torch and the package, their checks, and their ES modules.
+"""The three widgets: their Python state against torch and the package, their checks, and their ES modules.
 
 The ES modules draw the pictures in the browser from the traits alone; the last tests run them in Chromium with a
 stand-in model (no kernel, as on the static site) and compare what they compute with the Python state, then check
@@ -16,7 +16,7 @@ from test_site import contrast, focus_ring_problems, low_contrast_marks, picture
 from attention_course.functional import masked_softmax
 from attention_course.heads import split_heads, split_heads_flat
 from attention_course.masks import causal_mask, merge_masks, padding_mask
-from attention_course.widgets import HeadReshapeWidget, MaskBroadcastWidget
+from attention_course.widgets import DecodeCacheWidget, HeadReshapeWidget, MaskBroadcastWidget
 
 
 def t(x, dtype=None):
@@ -123,7 +123,7 @@ def test_mask_shrinking_the_batch_clamps_the_example_first():
     assert [set(m["state"]) for m in sent] == [{"batch_size"}, {"example", "lengths"}]  # the rest together
 
 
-# ---------------------------------------------------------------- update(**settings), both widgets
+# ---------------------------------------------------------------- update(**settings), every widget
 def record_messages(widget) -> list[dict]:
     """The messages the widget sends to the front end from now on (the comm is a stand-in: there is no kernel)."""
     sent = []
@@ -148,8 +148,11 @@ def test_update_is_not_a_name_ipywidgets_or_anywidget_use():
         (MaskBroadcastWidget(), {"max_len": 1, "lengths": [1, 1, 1]}, {"max_len": 1, "lengths": [1, 1, 1]}),
         (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "seq_len": 1},
          {"embed_dim": 9, "num_heads": 3, "seq_len": 1}),  # neither alone is valid from D=8, h=2
+        (DecodeCacheWidget(), {"num_heads": 3, "num_kv_heads": 3, "window": 2},
+         {"num_heads": 3, "num_kv_heads": 3, "window": 2}),  # neither alone is valid from h=4, h_kv=2
+        (DecodeCacheWidget(window=6), {"steps": 4}, {"steps": 4, "step": 3, "window": 4}),  # clamped by the widget
     ],
-    ids=["mask-batch", "mask-L1", "head-D-and-h"],
+    ids=["mask-batch", "mask-L1", "head-D-and-h", "decode-h-and-hkv", "decode-steps"],
 )
 def test_update_sets_everything_in_one_message(widget, settings_, expected_message):
     sent = record_messages(widget)
@@ -176,8 +179,20 @@ def test_update_sets_everything_in_one_message(widget, settings_, expected_messa
          "To change both at once: w.update(embed_dim=7, num_heads=1)"),
         (HeadReshapeWidget(), {"num_heads": 12}, traitlets.TraitError, "choose num_heads among 1, 2, 4, 8"),
         (HeadReshapeWidget(), {"batch_size": 2, "seq_len": "4"}, traitlets.TraitError, "seq_len"),
+        (DecodeCacheWidget(), {"heads": 2}, TypeError,
+         "its settings are step, steps, num_heads, num_kv_heads, window, head_dim, dtype"),
+        (DecodeCacheWidget(), {"num_heads": 6, "num_kv_heads": 4}, traitlets.TraitError,
+         "num_heads 6 is not divisible by num_kv_heads 4: every KV head must serve the same number of query heads. "
+         "Choose num_kv_heads among 1, 2, 3, 6; to change both at once: w.update(num_heads=6, num_kv_heads=3)."),
+        (DecodeCacheWidget(), {"step": 9}, traitlets.TraitError,
+         "step must be an integer from 0 to 7, got 9. It is the position of the new token, from 0 to steps - 1 = 7. "
+         "To generate more tokens as well: w.update(steps=10, step=9)."),
+        (DecodeCacheWidget(), {"window": 12}, traitlets.TraitError,
+         "window must be an integer from 1 to 8, got 12. None means no window: the query reads the whole cache. "
+         "For a longer generation: w.update(steps=12, window=12)."),
     ],
-    ids=["unknown-mask", "unknown-head", "count", "too-long", "example", "D-prime", "h-too-big", "type"],
+    ids=["unknown-mask", "unknown-head", "count", "too-long", "example", "D-prime", "h-too-big", "type",
+         "unknown-decode", "decode-hkv", "decode-step", "decode-window"],
 )
 def test_update_rejects_bad_settings_and_changes_nothing(widget, settings_, error, message):
     before = {name: getattr(widget, name) for name in widget.SETTINGS}
@@ -191,12 +206,12 @@ def test_update_rejects_bad_settings_and_changes_nothing(widget, settings_, erro
 
 def test_hints_name_update_not_set_state():
     import attention_course.widgets as package
-    from attention_course.widgets import _base, head_reshape, mask_broadcast
+    from attention_course.widgets import _base, decode_cache, head_reshape, mask_broadcast
 
-    for module in (package, _base, head_reshape, mask_broadcast):
+    for module in (package, _base, decode_cache, head_reshape, mask_broadcast):
         source = open(module.__file__).read()
         assert "set_state(" not in source.replace("w.set_state(...)", ""), module.__name__  # only the warning
-    for cls in (MaskBroadcastWidget, HeadReshapeWidget):
+    for cls in (MaskBroadcastWidget, HeadReshapeWidget, DecodeCacheWidget):
         assert "w.update(" in cls.__doc__
         assert "set_state" in cls.update.__doc__ and "ipywidgets 7" in cls.update.__doc__
 
@@ -259,7 +274,7 @@ def test_figure_draws(widget):
 
 
 def test_widgets_are_one_anywidget_model_with_their_code():
-    for w in (MaskBroadcastWidget(), HeadReshapeWidget()):
+    for w in (MaskBroadcastWidget(), HeadReshapeWidget(), DecodeCacheWidget()):
         assert "export default { render }" in w._esm and "computeState" in w._esm
         assert ".ac-widget" in w._css
         assert w._repr_mimebundle_()[0].keys() >= {"application/vnd.jupyter.widget-view+json", "text/plain"}
@@ -295,7 +310,7 @@ RENDER = """async ([esm, css, traits]) => {
 
 def render(page, widget):
     traits = {name: getattr(widget, name) for name in widget.trait_names(sync=True) if not name.startswith("_")}
-    traits = {k: v for k, v in traits.items() if isinstance(v, (int, bool, list))}
+    traits = {k: v for k, v in traits.items() if isinstance(v, (int, bool, list, str, type(None)))}
     page.set_content("<!doctype html><html><body></body></html>")
     page.evaluate(RENDER, [widget._esm, widget._css, traits])
     return page.locator(".ac-widget")
@@ -339,6 +354,11 @@ def page(browser):
         (HeadReshapeWidget, {}),
         (HeadReshapeWidget, {"batch_size": 3, "seq_len": 6, "embed_dim": 12, "num_heads": 4}),
         (HeadReshapeWidget, {"batch_size": 1, "seq_len": 1, "embed_dim": 2, "num_heads": 1}),
+        (DecodeCacheWidget, {}),
+        (DecodeCacheWidget, {"num_heads": 8, "num_kv_heads": 2, "window": 3, "steps": 16, "step": 11}),
+        (DecodeCacheWidget, {"num_heads": 6, "num_kv_heads": 1, "window": 1, "step": 0, "head_dim": 128,
+                             "dtype": "bfloat16"}),
+        (DecodeCacheWidget, {"num_heads": 1, "num_kv_heads": 1, "steps": 1, "dtype": "float64"}),
     ],
 )
 def test_js_computes_the_python_state(page, cls, settings_):
@@ -398,6 +418,7 @@ def panel_titles(page):
     [
         (MaskBroadcastWidget(example=2), {"batch_size": 2, "lengths": [4, 1], "causal": True, "num_heads": 2}),
         (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "batch_size": 1}),
+        (DecodeCacheWidget(), {"num_heads": 6, "num_kv_heads": 3, "window": 2, "step": 4, "dtype": "float16"}),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, dict) else "",
 )
@@ -444,13 +465,13 @@ def listen_above(page):
     }""")
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
-def test_sliders_keep_their_keys(page, cls):
+@pytest.mark.parametrize(("cls", "name"), [(MaskBroadcastWidget, "num_heads"), (HeadReshapeWidget, "embed_dim"),
+                                           (DecodeCacheWidget, "num_heads")])
+def test_sliders_keep_their_keys(page, cls, name):
     widget = render(page, cls(num_heads=2))
     for node in widget.locator("input[type=range]").all():
         assert node.get_attribute("data-lm-suppress-shortcuts") == "true"
     listen_above(page)
-    name = "num_heads" if cls is MaskBroadcastWidget else "embed_dim"
     slider = widget.locator(f"input[name={name}]")
     start = page.evaluate("window.traits")[name]
     slider.focus()
@@ -716,17 +737,18 @@ def test_head_tables_match_the_picture(page):
     check_head_tables(widget, HeadReshapeWidget(seq_len=3, num_heads=4))
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
-def test_tables_open_from_the_keyboard(page, cls):
+@pytest.mark.parametrize(("cls", "control"), [(MaskBroadcastWidget, "batch_size"), (HeadReshapeWidget, "batch_size"),
+                                              (DecodeCacheWidget, "step")])
+def test_tables_open_from_the_keyboard(page, cls, control):
     widget = render(page, cls())
     summary = widget.locator("details.ac-tables > summary")
     assert not widget.locator("table").first.is_visible()  # folded away until asked for
-    widget.locator("input, button").last.focus()
+    widget.locator("input:visible, button:visible").last.focus()
     page.keyboard.press("Tab")  # the last control, then the summary: in the tab order
     assert page.evaluate("document.activeElement.tagName") == "SUMMARY" and "tables" in summary.inner_text()
     page.keyboard.press("Enter")
     assert widget.locator("table").first.is_visible()
-    widget.locator("input[name=batch_size]").fill("1")  # redrawn: the tables change, and stay open
+    widget.locator(f"input[name={control}]").fill("1")  # redrawn: the tables change, and stay open
     assert widget.locator("details.ac-tables").get_attribute("open") is not None
     assert widget.locator("table").first.is_visible()
 
@@ -885,7 +907,7 @@ def test_head_drawn_text_contrast_in_every_state(page):
     sweep_contrast(page, states)
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
+@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget, DecodeCacheWidget])
 def test_focus_ring_contrast(page, cls):
     widget = render(page, cls())
     assert not focus_ring_problems(page, widget, "no page theme")
