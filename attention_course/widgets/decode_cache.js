@@ -196,8 +196,10 @@ function render({ model, el }) {
     window_on: checkbox("sliding window", "window_on", setWindowOn),
     window: slider("window W", "window", (W) => commit(model, { window: W })),
   };
-  const kvLabel = make("span", { id: uid("ac-kv") }, "KV heads h_kv (divides h)");
-  const kvHeads = make("span", { class: "ac-choices", role: "group", "aria-labelledby": kvLabel.id });
+  const kvHeads = choices("KV heads h_kv (divides h)", "num_kv_heads", (k) => {
+    moved = null;
+    commit(model, { num_kv_heads: k });
+  });
   const notice = make("output", { class: "ac-notice", role: "status", "aria-live": "polite" });
   const picture = make("div", { class: "ac-picture" });
   const numbers = tablesBox("Show what each head reads, and the cache size step by step, as tables");
@@ -205,14 +207,8 @@ function render({ model, el }) {
   el.replaceChildren(
     make("div", { class: "ac-controls" }, make("span", { class: "ac-choices ac-stepper" }, previous, controls.step, next),
          controls.steps),
-    make("div", { class: "ac-controls" }, controls.num_heads, make("span", { class: "ac-control" }, kvLabel, kvHeads),
-         controls.window_on, controls.window, notice),
+    make("div", { class: "ac-controls" }, controls.num_heads, kvHeads, controls.window_on, controls.window, notice),
     picture, numbers, status);
-  const kvButton = (k) => {
-    const button = make("button", { type: "button", name: "num_kv_heads", value: String(k) }, String(k));
-    button.addEventListener("click", () => { moved = null; commit(model, { num_kv_heads: k }); });
-    return button;
-  };
 
   const redraw = () => {
     // Settings made consistent first (trait changes may arrive one message at a time): never draw a step past the
@@ -235,24 +231,14 @@ function render({ model, el }) {
     controls.window_on.update(p.window !== null);
     controls.window.style.display = p.window === null ? "none" : "";
     controls.window.update(p.window ?? 1, 1, p.steps);
-    // The KV head buttons change in place, so the one just pressed keeps the focus; a new h brings new choices, and
-    // then the focused button's value, if still offered, keeps it.
-    const choices = divisorsOf(p.num_heads);
-    if ([...kvHeads.children].map((b) => Number(b.value)).join() !== choices.join()) {
-      const active = el.ownerDocument.activeElement, had = kvHeads.contains(active) ? active.value : null;
-      kvHeads.replaceChildren(...choices.map(kvButton));
-      if (had !== null) (kvHeads.querySelector(`button[value="${had}"]`) ?? kvHeads.lastElementChild).focus();
-    }
-    for (const b of kvHeads.children) b.setAttribute("aria-pressed", String(Number(b.value) === p.num_kv_heads));
+    kvHeads.update(divisorsOf(p.num_heads), p.num_kv_heads);  // only a new h brings new buttons
     const st = computeState(p);
     picture.innerHTML = draw(p, st);
     numbers.show(tables(p, st));
     status.say(describe(p, st));
     el.dataset.state = JSON.stringify(st);
   };
-  const schedule = batched(redraw);
-  for (const k of names) model.on(`change:${k}`, schedule);
-  redraw();
+  watch(model, names, redraw);
 }
 
 export default { render };
