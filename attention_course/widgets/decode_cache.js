@@ -121,7 +121,8 @@ function draw(p, st) {
     ? { cls: "ac-out", fill: OUTSIDE, title: `${who}, position ${j}: outside the window, not read` +
                                               "; a rolling cache has dropped it" }
     : { cls: "ac-kv", fill: kvFill(g), text: String(j), title: `${who}, position ${j}: read` });
-  const readWords = (st.read_positions.length === S ? `all ${S} positions` : positionsWord(st.read_positions)) +
+  const readWords = (st.read_positions.length === S ? (S === 1 ? "position 0, the whole cache" : `all ${S} positions`)
+    : positionsWord(st.read_positions)) +
     (st.read_positions.length < S ? `, not ${positionsWord(st.key_positions.filter(outside))} (hatched: outside ` +
                                    `the window)` : "");
   const out = [];
@@ -131,8 +132,8 @@ function draw(p, st) {
       size: 22, font: 9, rowLabels: range(hkv).map((g) => `kv${g}`), colLabels: positions,
       right: (g) => `→ q${g * nRep}${nRep > 1 ? `–q${(g + 1) * nRep - 1}` : ""}`, rightWidth: 60,
       xTitle: "key positions", yTitle: "KV heads",
-      label: `The cache's keys after step ${t}: ${plural(hkv, "KV head")} (rows) by ${plural(S, "position")} ` +
-             `0 to ${t} (columns). The new query reads ${readWords}.` })),
+      label: `The cache's keys after step ${t}: ${plural(hkv, "KV head")} (rows) by ${plural(S, "key position")}, ` +
+             `${spans(st.key_positions)} (columns). The new query reads ${readWords}.` })),
     `</div>`);
   out.push(`<div class="ac-panel"><h4>2. What the new query reads, head by head: ${plural(h, "query head")} over ` +
            `${plural(hkv, "KV head")}, query head j reads KV head j div ${nRep}</h4><div class="ac-multiples">`,
@@ -141,7 +142,8 @@ function draw(p, st) {
       return fig(hatch(grid(nRep, S, (i, j) => cell(g, j, `query head ${heads[i]} (KV head ${g})`), {
         size: 22, font: 9, rowLabels: heads.map((j) => `q${j}`), colLabels: positions,
         xTitle: `KV head ${g}'s keys`, yTitle: "query heads",
-        label: `${cap(headsWord(heads))} (rows) ${nRep === 1 ? "reads" : "each read"} the keys of KV head ${g} (columns, positions 0 to ${t}): ` +
+        label: `${cap(headsWord(heads))} (rows) ${nRep === 1 ? "reads" : "each read"} the keys of KV head ${g} ` +
+               `(columns, ${positionsWord(st.key_positions)}): ` +
                `${readWords}.` })), `KV head ${g}: ${headsWord(heads)}`);
     }),
     `</div></div>`);

@@ -15,6 +15,7 @@ import colorsys
 import torch
 import traitlets
 
+from ..decoding import KVCache, decode_mask, kv_cache_bytes, repeat_kv
 from ._base import CSS, CourseWidget, call, check_range, esm
 
 MAX_HEADS, MAX_STEPS, MAX_HEAD_DIM = 8, 16, 1024
@@ -132,32 +133,35 @@ class DecodeCacheWidget(CourseWidget):
 
     @property
     def state(self) -> dict:
-        """What step t reads and holds, as lists and ints (masks: True = may NOT attend)."""
-        h, h_kv, t, W, T = self.num_heads, self.num_kv_heads, self.step, self.window, self.steps
+        """What step t reads and holds, as lists and ints (masks: True = may NOT attend), from the package's
+        decode_mask, repeat_kv, KVCache and kv_cache_bytes."""
+        h, h_kv, t, W, d = self.num_heads, self.num_kv_heads, self.step, self.window, self.head_dim
+        dtype = getattr(torch, self.dtype)
         keys = torch.arange(t + 1)  # (S,): the positions in the cache once the new token's key is in, S = t + 1
-        query = torch.tensor([t])  # (1,): the new token's position
-        ignore = keys[None, :] > query[:, None]  # (1, S): a later key (none: the cache holds none yet)
-        if W is not None:
-            ignore |= query[:, None] - keys[None, :] >= W  # (1, S): or W or more positions back
-        per_head = ignore.expand(h, -1)  # (h, S): every query head the same row
-        kv_of_query = torch.arange(h_kv).repeat_interleave(self.n_rep)  # (h,): query head j reads j // n_rep
-        rolling = keys[-W:] if W is not None else keys  # what a rolling cache keeps: its last W entries
-        itemsize = getattr(torch, self.dtype).itemsize
-        per_position = 2 * h_kv * self.head_dim * itemsize  # K and V of one position, one layer, batch of one
-        held = [min(s + 1, W or s + 1) for s in range(T)]  # rolling cache entries after each step
+        ignore = decode_mask(torch.tensor([t]), keys, window=W)  # (1, S): the new query's row
+        heads = torch.arange(h_kv, dtype=torch.float64).view(1, h_kv, 1, 1)  # (B, h_kv, S, d) = (1, h_kv, 1, 1)
+        kv_of_query = repeat_kv(heads, self.n_rep).flatten().long()  # (h,): the KV head query head j reads
+        # A rolling cache (a full one without a window) fed one token a step: what it holds after each step
+        cache, held = KVCache(window=W), []
+        for s in range(self.steps):
+            kv = torch.zeros(1, h_kv, 1, d, dtype=dtype)  # (B, h_kv, L_new, d): one new position
+            cache.update(kv, kv, torch.tensor([s]))
+            held.append(len(cache))
+            if s == t:
+                rolling, rolling_bytes = cache.positions.tolist(), cache.nbytes
         return {
             "key_positions": keys.tolist(),
             "kv_head_of_query": kv_of_query.tolist(),
-            "ignore_mask": per_head.tolist(),
+            "ignore_mask": ignore.expand(h, -1).tolist(),  # (h, S): every query head the same row
             "read_positions": keys[~ignore[0]].tolist(),
-            "rolling_positions": rolling.tolist(),
+            "rolling_positions": rolling,
             "cache_entries": t + 1,
             "rolling_entries": len(rolling),
-            "bytes_per_position": per_position,
-            "cache_bytes": per_position * (t + 1),
-            "rolling_bytes": per_position * len(rolling),
-            "mha_cache_bytes": 2 * h * self.head_dim * itemsize * (t + 1),  # one KV head per query head
-            "entries_by_step": [[s + 1, held[s]] for s in range(T)],  # [full cache, rolling cache] after step s
+            "bytes_per_position": kv_cache_bytes(1, h_kv, d, 1, dtype),  # K and V, one layer, batch of one
+            "cache_bytes": kv_cache_bytes(1, h_kv, d, t + 1, dtype),
+            "rolling_bytes": rolling_bytes,
+            "mha_cache_bytes": kv_cache_bytes(1, h, d, t + 1, dtype),  # one KV head per query head
+            "entries_by_step": [[s + 1, held[s]] for s in range(self.steps)],  # [full, rolling] after step s
         }
 
     def figure(self):
@@ -171,7 +175,7 @@ class DecodeCacheWidget(CourseWidget):
         read = set(state["read_positions"])
         S = t + 1
         # rows, top to bottom: the cache's KV heads, a gap, then the query heads grouped by the KV head they read
-        rows = [(f"KV head {g}", g) for g in range(h_kv)] + [None]
+        rows = [(f"kv{g} cache", g) for g in range(h_kv)] + [None]
         for g in range(h_kv):
             rows += [(f"q{j} → kv{g}", g) for j in range(g * self.n_rep, (g + 1) * self.n_rep)] + [None]
         rows.pop()
