@@ -116,15 +116,16 @@ DEATH = "Kernel died"  # what nbgrader logs when the kernel under a cell has gon
 AFTER_DEATH = 5.0  # seconds nbgrader gets to finish after that
 
 
-def run_until_dead(command: list[str], env: dict, cwd: Path, timeout: float | None) -> subprocess.CompletedProcess:
+def run_until_dead(command: list[str], env: dict, cwd: Path, timeout: float | None,
+                   grace: float = AFTER_DEATH) -> subprocess.CompletedProcess:
     """Run nbgrader, but stop it a few seconds after it logged the kernel's death: jupyter_client can then hang for
     good, joining a heartbeat thread blocked sending to the dead kernel (a submission that scribbles on its file
     descriptors and exits does it), and the notebook's outcome is known already (its kernel died)."""
     with tempfile.TemporaryDirectory(prefix="nbgrader-") as logs:  # outside the runtime folder the kernel sees
-        return _run_until_dead(command, env, cwd, Path(logs), timeout)
+        return _run_until_dead(command, env, cwd, Path(logs), timeout, grace)
 
 
-def _run_until_dead(command, env, cwd, logs: Path, timeout):
+def _run_until_dead(command, env, cwd, logs: Path, timeout, grace):
     log, err = logs / "stdout", logs / "stderr"
     with log.open("w") as stdout, err.open("w") as stderr:
         process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
@@ -137,7 +138,7 @@ def _run_until_dead(command, env, cwd, logs: Path, timeout):
                 raise subprocess.TimeoutExpired(command, timeout)
             if died is None and DEATH in err.read_text(errors="replace"):
                 died = now
-            if died is not None and now - died > AFTER_DEATH:
+            if died is not None and now - died > grace:
                 process.kill()
                 break
             time.sleep(0.2)

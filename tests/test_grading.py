@@ -315,7 +315,7 @@ def test_nbgrader_is_stopped_soon_after_it_logs_the_kernels_death():
     probe = f"""import subprocess, sys
 from instructor.grade import run_until_dead
 try:
-    died = run_until_dead([sys.executable, '-c', {hang!r}], {{}}, '.', timeout=120).returncode
+    died = run_until_dead([sys.executable, '-c', {hang!r}], {{}}, '.', timeout=120, grace=0.5).returncode
 except subprocess.TimeoutExpired:
     died = 'waited for the timeout'
 fine = run_until_dead([sys.executable, '-c', 'print(42)'], {{}}, '.', timeout=120)
