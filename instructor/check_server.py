@@ -141,14 +141,15 @@ class Guard:
         self.depth += 1
         if self.depth > 1:
             return
-        for name, owner, attr, original in self.forbidden:
+        for i, (name, owner, attr, original) in enumerate(self.forbidden):
             stub = self.stub(name, original)
             code = getattr(original, "__code__", None)
             if code is not None and not code.co_freevars:  # a Python function: every alias of it is caught
-                self.saved.append((original.__globals__, "__grading_stub__", None))
+                key = f"__grading_stub_{i}__"  # one per function: two of them may share a module's globals
+                self.saved.append((original.__globals__, key, None))
                 self.saved.append((original, "__code__", code))
-                original.__globals__["__grading_stub__"] = stub  # the stub's code calls it
-                original.__code__ = compile_stub(code.co_name).__code__
+                original.__globals__[key] = stub  # the stub's code calls it
+                original.__code__ = compile_stub(code.co_name, key).__code__
             else:
                 self.saved.append((owner, attr, original))
                 setattr(owner, attr, stub)
@@ -196,9 +197,9 @@ class Guard:
         return guarded
 
 
-def compile_stub(name: str):
+def compile_stub(name: str, key: str):
     scope = {}
-    exec(f"def {name}(*args, **kwargs):\n    return __grading_stub__(*args, **kwargs)\n", scope)
+    exec(f"def {name}(*args, **kwargs):\n    return {key}(*args, **kwargs)\n", scope)
     return scope[name]
 
 

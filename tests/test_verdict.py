@@ -80,6 +80,26 @@ def test_a_forbidden_function_is_unavailable_during_the_students_calls_only():
             assert "without calling `torch.softmax`" in result["ex-ch2-softmax"]["message"], name
 
 
+def test_each_forbidden_function_of_one_module_names_itself():
+    """Two forbidden functions from the same module (their stubs live in its globals, one name each)."""
+    import torch
+
+    import attention_course.masks as masks
+
+    guard = check_server.Guard(["attention_course.masks.ignore_to_allow", "attention_course.masks.allow_to_ignore"],
+                               "*without* the package's mask converters", {})
+    mask = torch.tensor([[True, False]])
+    guard.enter()
+    try:
+        for fn, name in ((masks.ignore_to_allow, "ignore_to_allow"), (masks.allow_to_ignore, "allow_to_ignore")):
+            with pytest.raises(check_server.ForbiddenCall, match=f"^attention_course.masks.{name} may not be used"):
+                fn(mask)
+    finally:
+        guard.exit()
+    assert masks.ignore_to_allow(mask).tolist() == [[False, True]] and guard.used == [
+        "attention_course.masks.ignore_to_allow", "attention_course.masks.allow_to_ignore"]
+
+
 def test_only_definitions_are_kept():
     cell = ("import torch\nfrom math import sqrt\nSCALE = 2\nalias = torch.softmax\nf = lambda x: x\n"
             "def g(x):\n    return x\nclass H:\n    pass\nprint('hi')\nx = g(3)\nfor i in range(3):\n    pass\n"
