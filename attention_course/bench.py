@@ -20,6 +20,12 @@ first checked against ``F.scaled_dot_product_attention``. Beside the times: achi
 measured float32 matrix-multiply rate; and the peak memory one forward call allocates (on the CPU: torch's
 allocations as recorded by ``torch.profiler`` with ``profile_memory=True``; on a GPU:
 ``torch.cuda.max_memory_allocated``), above what was allocated before the call.
+
+The decode section (``--section decode``) times generation's inner step in one causal layer
+(:class:`~attention_course.decoding.CausalSelfAttention`, GQA and RoPE): the next token after a context of T tokens,
+with the KV cache (one query against T cached keys, O(T)) and without it (the whole sequence again, O(T^2) in the
+attention), as tokens per second for growing T. Parity first: at each T the cached step's output is checked against
+the last row of the full recomputation, and the cache's bytes against 2 h_kv d T (batch, bytes per number).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .decoding import CausalSelfAttention, KVCache, kv_cache_bytes
 from .functional import fused_attention, scaled_dot_product_attention
 from .masks import causal_mask, padding_mask
 from .multihead import MultiheadAttention
@@ -393,6 +400,73 @@ def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("no
     return "\n".join(lines), results
 
 
+# -------------------------------------------------------------------------------------------------------- decoding
+DECODE_HEADER = (f"{'T':>6}{'cache KiB':>11}{'|cached-full|':>15}{'cached tok/s':>14}{'full tok/s':>12}"
+                 f"{'speed-up':>10}")
+
+
+def decode_step(layer, x_new, cache) -> torch.Tensor:
+    """One decode step through ``cache``, which is left as it was: (B, 1, E) -> (B, 1, E), the KV cache's O(T) path.
+
+    ``KVCache.update`` builds new tensors and never writes into the ones it held, so putting them back restores it.
+    """
+    held = cache.k, cache.v, cache.positions, cache.tokens_seen
+    out = layer(x_new, cache=cache)
+    cache.k, cache.v, cache.positions, cache.tokens_seen = held
+    return out
+
+
+def decode_bench(D=256, h=8, h_kv=2, lengths=(128, 256, 512, 1024, 2048), repeats=9, batch=1,
+                 device=None) -> tuple[str, dict]:
+    """The decode benchmark: the report's lines, and per T a dict of what was measured.
+
+    For each context length T: a KV cache prefilled with T tokens; the next token's output with it (``cached``)
+    and by recomputing all T + 1 tokens (``full``, its last row), checked equal first (float32: 1e-4), then timed
+    interleaved, forward under ``torch.no_grad()``; tokens per second = 1 / median seconds per step.
+    """
+    device = torch.device(device or "cpu")
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(D, h, h_kv, device=device).eval()
+    d = D // h
+    x = torch.randn(batch, max(lengths) + 1, D, generator=torch.Generator().manual_seed(1)).to(device)
+    lines = [
+        *_wrap(f"decoding: one CausalSelfAttention layer, E={D}, heads={h}, kv heads={h_kv} (d={d}), RoPE, batch "
+               f"{batch}, float32, on {device}; the next token after T tokens, with the KV cache (one query against "
+               f"T cached keys) and without (all T + 1 tokens again); median of {repeats} interleaved repeats"),
+        DECODE_HEADER,
+    ]
+    results = {}
+    with torch.no_grad():
+        for T in lengths:
+            cache = KVCache()
+            layer(x[:, :T], cache=cache)  # prefill
+            new, everything = x[:, T:T + 1], x[:, :T + 1]
+            cached, full = decode_step(layer, new, cache), layer(everything)[:, -1:]
+            assert_close_report(cached, full, f"T={T}: cached step against full recomputation", atol=1e-4, rtol=1e-4)
+            expected_bytes = kv_cache_bytes(1, h_kv, d, T, torch.float32, batch=batch)
+            assert cache.nbytes == expected_bytes, (cache.nbytes, expected_bytes)
+            times = {"cached": [], "full": []}
+            for r in range(repeats):
+                for name in (("cached", "full") if r % 2 == 0 else ("full", "cached")):  # who goes first, in turn
+                    _sync(device)
+                    start = time.perf_counter()
+                    if name == "cached":
+                        decode_step(layer, new, cache)
+                    else:
+                        layer(everything)
+                    _sync(device)
+                    times[name].append(time.perf_counter() - start)
+            t_cached, t_full = statistics.median(times["cached"]), statistics.median(times["full"])
+            diff = (cached - full).abs().max().item()
+            results[T] = dict(diff=diff, cache_bytes=cache.nbytes, cached_tps=1 / t_cached, full_tps=1 / t_full,
+                              speedup=t_full / t_cached)
+            lines.append(f"{T:>6}{cache.nbytes / 1024:>11.1f}{diff:>15.1e}{1 / t_cached:>14.0f}{1 / t_full:>12.0f}"
+                         f"{t_full / t_cached:>10.1f}")
+    lines += _wrap("parity checked before timing at every T: the cached step's output equals the last row of the "
+                   "full recomputation (atol 1e-4), and the cache holds 2 * kv heads * d * T * 4 bytes: ok")
+    return "\n".join(lines), results
+
+
 def layer_section(args) -> str:
     """The layers: ours against nn.MultiheadAttention, forward and fwd+bwd, with and without key padding."""
     B, L, D, h = args.batch, args.length, args.dim, args.heads
@@ -422,8 +496,8 @@ def layer_section(args) -> str:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(prog="python -m attention_course.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=("all", "layer", "core"), default="all",
-                        help="the layers, the attention core, or both (default)")
+    parser.add_argument("--section", choices=("all", "layer", "core", "decode"), default="all",
+                        help="the layers, the attention core, decoding with and without the KV cache, or all (default)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--dim", type=int, default=512)
@@ -435,8 +509,15 @@ def main(argv=None) -> str:
     parser.add_argument("--core-dim", type=int, default=64, help="head size d of the attention core")
     parser.add_argument("--core-repeats", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=256, help="tiled attention's block size")
+    parser.add_argument("--decode-dim", type=int, default=256)
+    parser.add_argument("--decode-heads", type=int, default=8)
+    parser.add_argument("--decode-kv-heads", type=int, default=2)
+    parser.add_argument("--decode-lengths", type=lambda s: tuple(int(n) for n in s.split(",")),
+                        default=(128, 256, 512, 1024, 2048), help="context lengths T, comma-separated")
+    parser.add_argument("--decode-repeats", type=int, default=9)
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes (layers B=2, L=64, D=64, h=4; core B=1, h=2, L=160, d=16) and 3 repeats")
+                        help="small sizes (layers B=2, L=64, D=64, h=4; core B=1, h=2, L=160, d=16; decode E=64, h=4, "
+                             "h_kv=2, T=16,32,64) and 3 repeats")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave out the compiled rows (and flex_attention)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
@@ -445,6 +526,8 @@ def main(argv=None) -> str:
         args.batch, args.length, args.dim, args.heads, args.repeats = 2, 64, 64, 4, 3
         args.core_batch, args.core_heads, args.core_length, args.core_dim = 1, 2, 160, 16
         args.core_repeats, args.block_size = min(args.repeats, 3), 64
+        args.decode_dim, args.decode_heads, args.decode_kv_heads = 64, 4, 2
+        args.decode_lengths, args.decode_repeats = (16, 32, 64), min(args.repeats, 3)
     load_before = os.getloadavg()[0]
     sections = []
     if args.section in ("all", "layer"):
@@ -454,6 +537,9 @@ def main(argv=None) -> str:
             args.core_batch, args.core_heads, args.core_length, args.core_dim, args.block_size, args.core_repeats,
             flex=args.compile, backend=args.backend, targets=True,
         )[0])
+    if args.section in ("all", "decode"):
+        sections.append(decode_bench(args.decode_dim, args.decode_heads, args.decode_kv_heads, args.decode_lengths,
+                                     args.decode_repeats)[0])
     sections.append(
         f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
         f"(a load above the CPU count means other processes shared them: expect noisier ratios)"

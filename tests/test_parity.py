@@ -1,4 +1,4 @@
-"""copy_weights, compare (the parity report), assert_close_report, and the benchmark's quick mode."""
+"""copy_weights, compare (the parity report), assert_close_report, and the benchmark's quick mode and decode section."""
 import pytest
 import torch
 from torch import nn
@@ -137,6 +137,31 @@ def test_bench_quick_runs_and_prints(capsys):
     for name in bench.NAMES + bench.COMPILED_NAMES:
         assert name in printed
     assert "parity with nn.MultiheadAttention" in printed and "B=2, L=64, D=64" in printed
+    assert "decoding: one CausalSelfAttention layer, E=64" in printed and bench.DECODE_HEADER in printed
+
+
+def test_bench_decode_section_checks_parity_and_the_cache_size(capsys):
+    from attention_course import bench
+    from attention_course.decoding import kv_cache_bytes
+
+    report, results = bench.decode_bench(32, 4, 2, lengths=(8, 24), repeats=1)
+    assert set(results) == {8, 24}
+    for T, measured in results.items():
+        assert measured["diff"] < 1e-5 and measured["cache_bytes"] == kv_cache_bytes(1, 2, 8, T) == 2 * 2 * 8 * T * 4
+        assert measured["cached_tps"] > 0 and measured["full_tps"] > 0
+    assert bench.DECODE_HEADER in report and "parity checked before timing at every T" in report
+    assert all(len(line) <= 79 for line in report.splitlines())
+    printed = bench.main(["--section", "decode", "--quick", "--repeats", "1"])
+    assert "E=64, heads=4, kv heads=2 (d=16)" in printed and bench.DECODE_HEADER in capsys.readouterr().out
+
+
+def test_bench_decode_section_refuses_to_time_a_wrong_cache(monkeypatch):
+    from attention_course import bench
+    from attention_course.decoding import KVCache
+
+    monkeypatch.setattr(bench, "KVCache", lambda: KVCache(window=4))  # a cache that forgets: the step reads too little
+    with pytest.raises(AssertionError, match="T=8: cached step against full recomputation is not close"):
+        bench.decode_bench(32, 4, 2, lengths=(8,), repeats=1)
 
 
 def test_difference_of_empty_tensors():
