@@ -177,7 +177,7 @@ def decode_with_counter():
     (ch10.check_decode_step, lambda *a: ch10._decode(*a, mask="hide cache"), "HIDES THE CACHE"),
     (ch10.check_decode_step, lambda *a: ch10._decode(*a, own_key=False), "OLD CACHE ONLY"),
     (ch10.check_decode_step, decode_with_counter(), "differ by up to"),
-    (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, low=">"), "OFF-BY-ONE"),
+    (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, low=">"), "OFF BY ONE"),
     (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, band="symmetric"), "NOT CAUSAL"),
     (ch10.check_window_mask, lambda q, k, w: ~ch10._reference_window_mask(q, k, w), "convention SWAPPED"),
 ])
@@ -208,3 +208,33 @@ def test_the_spec_names_every_exercise():
                  "window_mask(q_positions, k_positions, window)", "ex-ch10-repeat-kv", "ex-ch10-rope",
                  "ex-ch10-decode-step", "ex-ch10-window-mask"):
         assert name in ch10.__doc__, name
+
+
+def test_the_package_agrees_with_the_checkers():
+    """The chapter's own functions are right answers to its exercises: one convention throughout."""
+    from attention_course.decoding import decode_mask, repeat_kv
+    from attention_course.rope import apply_rope
+
+    for check, answer in ((ch10.check_repeat_kv, repeat_kv), (ch10.check_apply_rope, apply_rope),
+                          (ch10.check_window_mask, lambda q, k, w: decode_mask(q, k, window=w))):
+        check(answer)
+
+
+def test_the_rules_resolve_to_functions_that_exist():
+    """Grading makes each forbidden name unavailable during the check: every one must exist."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from instructor import verdict
+
+    for label, (names, rule) in verdict.RULES.items():
+        if not label.startswith("ex-ch10-"):
+            continue
+        for name in names:
+            module, attr = name.rsplit(".", 1)
+            assert callable(getattr(importlib.import_module(module), attr)), name
+            assert attr in rule, (label, attr)
