@@ -1235,8 +1235,8 @@ def test_decode_tables_match_the_picture(page):
 def test_decode_drawn_text_contrast_in_every_state(page):
     render(page, DecodeCacheWidget(num_heads=8, num_kv_heads=8, steps=16))
     states = [{"num_heads": h, "num_kv_heads": k, "window": W, "steps": 16, "step": 15}
-              for h in range(1, 9) for k in range(1, h + 1) if h % k == 0 for W in (None, 1, 5)]
-    assert len(states) == 60
+              for h in range(1, 9) for k in range(1, h + 1) if h % k == 0 for W in (None, 1)]
+    assert len(states) == 40  # every head pairing, every KV head's fill; with W = 1, hatching on all keys but one
     sweep_contrast(page, states)
     problems, marks = low_contrast_marks(page, "document")
-    assert not problems and sum(m["kind"] == "cross" for m in marks) == (8 + 8) * 11  # the hatching of every cell
+    assert not problems and sum(m["kind"] == "cross" for m in marks) == (8 + 8) * 15  # the hatching of every cell
