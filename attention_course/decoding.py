@@ -227,8 +227,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None and not (hasattr(cache, "update") and hasattr(cache, "tokens_seen")):
             raise TypeError(f"cache must be a KVCache (one per layer), got {type(cache).__name__}.")
 
-    def _padding(self, key_padding_mask, B: int, T: int, S: int, device) -> torch.Tensor:
-        """The (B, 1, 1, S) ignore mask of the S keys read now, from the (B, T) mask of every token so far."""
+    def _padding(self, key_padding_mask, B: int, T: int, device) -> torch.Tensor:
+        """The (B, T) mask of every token so far, checked, as (B, 1, 1, T)."""
         if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
             got = type(key_padding_mask).__name__ if not isinstance(key_padding_mask, torch.Tensor) \
                 else key_padding_mask.dtype
@@ -243,7 +243,7 @@ class CausalSelfAttention(nn.Module):
         if key_padding_mask.device != device:
             raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but x is on {device}. "
                              f"Move it with key_padding_mask.to(x.device).")
-        return key_padding_mask[:, None, None, T - S:]  # (B, 1, 1, S)
+        return key_padding_mask[:, None, None, :]  # (B, 1, 1, T)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, cache=None,
                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,6 +254,10 @@ class CausalSelfAttention(nn.Module):
             start = 0 if cache is None else cache.tokens_seen  # continue after the cache, never restart at 0
             positions = torch.arange(start, start + L, device=x.device)  # (L,)
         check_positions(positions, length=L, batch=B, device=x.device)
+        pad = None  # checked before the cache changes
+        if key_padding_mask is not None:
+            T = L + (0 if cache is None else cache.tokens_seen)  # every token so far, the new ones included
+            pad = self._padding(key_padding_mask, B, T, x.device)  # (B, 1, 1, T)
         q = self.q_proj(x).view(B, L, h, d).transpose(1, 2)  # (B, h, L, d)
         k = self.k_proj(x).view(B, L, h_kv, d).transpose(1, 2)  # (B, h_kv, L, d)
         v = self.v_proj(x).view(B, L, h_kv, d).transpose(1, 2)  # (B, h_kv, L, d)
@@ -266,8 +270,7 @@ class CausalSelfAttention(nn.Module):
         S = k.shape[2]
         mask = decode_mask(positions, k_positions, window=self.window)  # (L, S) or (B, 1, L, S)
         mask = mask if mask.ndim == 4 else mask[None, None]  # (1|B, 1, L, S)
-        if key_padding_mask is not None:
-            T = L if cache is None else cache.tokens_seen
-            mask = mask | self._padding(key_padding_mask, B, T, S, x.device)  # (B, 1, L, S)
+        if pad is not None:
+            mask = mask | pad[..., T - S:]  # (B, 1, L, S): a rolling cache holds the last S tokens only
         y = fused_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)  # (B, h, L, d)
         return self.o_proj(y.transpose(1, 2).reshape(B, L, h * d))  # (B, L, E)

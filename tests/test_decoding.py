@@ -302,6 +302,17 @@ def test_device_follows_the_inputs(device):
         torch.testing.assert_close(out[~pad], layer(x, positions, key_padding_mask=pad)[~pad], atol=1e-12, rtol=0)
 
 
+def test_no_tensor_is_made_on_another_device():
+    """On torch's "meta" device tensors have shapes but no numbers: any tensor the layer or cache made on the CPU
+    by itself (a hard-coded device) would meet a meta tensor and raise."""
+    layer = make_layer(window=3, dtype=torch.float32).to("meta")
+    x, positions, pad = (t.to("meta") for t in left_padded([5, 3], dtype=torch.float32))
+    cache = KVCache(window=3)
+    out = decode(layer, x, 2, positions, pad, cache)
+    assert out.device.type == cache.k.device.type == "meta" and out.shape == (2, 5, 16) and len(cache) == 3
+    assert layer(x).device.type == "meta"  # default positions too
+
+
 @pytest.mark.parametrize("build, error, match", [
     (lambda: CausalSelfAttention(16, 4, 3), ValueError, "num_heads=4 is not a multiple of num_kv_heads=3.*1, 2, 4"),
     (lambda: CausalSelfAttention(12, 4), ValueError, r"head_dim = embed_dim / num_heads = 12 / 4 must be even"),
@@ -341,4 +352,5 @@ def test_key_padding_mask_grows_with_the_cache():
     layer(x[:, :3], cache=cache, key_padding_mask=torch.zeros(1, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\(B, T\) = \(1, 4\).*append a column of False"):
         layer(x[:, 3:], cache=cache, key_padding_mask=torch.zeros(1, 3, dtype=torch.bool))
+    assert len(cache) == cache.tokens_seen == 3  # refused before the cache changed
     assert "num_kv_heads=2, window=None, rope=True" in repr(layer)

@@ -5,7 +5,7 @@ other host is blocked and counted. For every page in ``_toc.yml``: no console or
 blocked requests, math typeset, images loaded, internal links and anchors resolve, notebook pages' Colab and
 download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
 size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
-output line or table wider than its box). Plus the site search and the two widgets, which must redraw when a
+output line or table wider than its box). Plus the site search and the widgets, which must redraw when a
 control moves (no kernel) and stay accessible in light and dark mode (named pictures, drawn text at >= 4.5:1, a focus
 ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of every page, at desktop and phone
 widths, and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
@@ -54,6 +54,7 @@ CHROMIUM_ARGS = [
 WIDGETS = {  # DOM marker (data-ac-widget) -> the anywidget id its embedded state carries
     "mask-broadcast": "attention_course.widgets.mask_broadcast.MaskBroadcastWidget",
     "head-reshape": "attention_course.widgets.head_reshape.HeadReshapeWidget",
+    "decode-cache": "attention_course.widgets.decode_cache.DecodeCacheWidget",
 }
 
 
@@ -669,12 +670,17 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
             view.locator("input[name=causal]").click()
             after = json.loads(view.get_attribute("data-state"))
             assert after != state, f"{page}: the widget's state did not change when 'causal' was clicked"
-        else:
+        elif widget == "head-reshape":
             other = view.locator("button[name=num_heads][aria-pressed=false]").first
             h = int(other.get_attribute("value"))
             other.click()
             after = json.loads(view.get_attribute("data-state"))
             assert after["shape"]["h"] == h
+        else:  # decode-cache: a step back (or forward, from step 0); the cache holds positions 0 to t
+            t = len(state["key_positions"]) - 1
+            view.locator(f"button[name=step][value={'previous' if t else 'next'}]").click()
+            after = json.loads(view.get_attribute("data-state"))
+            assert after["key_positions"] == list(range(t if t else 2)), after["key_positions"]
         assert picture.inner_html() != before, f"{page}: the {widget} picture did not change when a control moved"
         # what a screen reader hears follows: the pictures' names and the live summary
         after_words = picture_words(view)

@@ -1,4 +1,4 @@
-"""The two widgets: their Python state against torch and the package, their checks, and their ES modules.
+"""The three widgets: their Python state against torch and the package, their checks, and their ES modules.
 
 The ES modules draw the pictures in the browser from the traits alone; the last tests run them in Chromium with a
 stand-in model (no kernel, as on the static site) and compare what they compute with the Python state, then check
@@ -16,7 +16,7 @@ from test_site import contrast, focus_ring_problems, low_contrast_marks, picture
 from attention_course.functional import masked_softmax
 from attention_course.heads import split_heads, split_heads_flat
 from attention_course.masks import causal_mask, merge_masks, padding_mask
-from attention_course.widgets import HeadReshapeWidget, MaskBroadcastWidget
+from attention_course.widgets import DecodeCacheWidget, HeadReshapeWidget, MaskBroadcastWidget
 
 
 def t(x, dtype=None):
@@ -123,7 +123,7 @@ def test_mask_shrinking_the_batch_clamps_the_example_first():
     assert [set(m["state"]) for m in sent] == [{"batch_size"}, {"example", "lengths"}]  # the rest together
 
 
-# ---------------------------------------------------------------- update(**settings), both widgets
+# ---------------------------------------------------------------- update(**settings), every widget
 def record_messages(widget) -> list[dict]:
     """The messages the widget sends to the front end from now on (the comm is a stand-in: there is no kernel)."""
     sent = []
@@ -148,8 +148,11 @@ def test_update_is_not_a_name_ipywidgets_or_anywidget_use():
         (MaskBroadcastWidget(), {"max_len": 1, "lengths": [1, 1, 1]}, {"max_len": 1, "lengths": [1, 1, 1]}),
         (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "seq_len": 1},
          {"embed_dim": 9, "num_heads": 3, "seq_len": 1}),  # neither alone is valid from D=8, h=2
+        (DecodeCacheWidget(), {"num_heads": 3, "num_kv_heads": 3, "window": 2},
+         {"num_heads": 3, "num_kv_heads": 3, "window": 2}),  # neither alone is valid from h=4, h_kv=2
+        (DecodeCacheWidget(window=6), {"steps": 4}, {"steps": 4, "step": 3, "window": 4}),  # clamped by the widget
     ],
-    ids=["mask-batch", "mask-L1", "head-D-and-h"],
+    ids=["mask-batch", "mask-L1", "head-D-and-h", "decode-h-and-hkv", "decode-steps"],
 )
 def test_update_sets_everything_in_one_message(widget, settings_, expected_message):
     sent = record_messages(widget)
@@ -176,8 +179,20 @@ def test_update_sets_everything_in_one_message(widget, settings_, expected_messa
          "To change both at once: w.update(embed_dim=7, num_heads=1)"),
         (HeadReshapeWidget(), {"num_heads": 12}, traitlets.TraitError, "choose num_heads among 1, 2, 4, 8"),
         (HeadReshapeWidget(), {"batch_size": 2, "seq_len": "4"}, traitlets.TraitError, "seq_len"),
+        (DecodeCacheWidget(), {"heads": 2}, TypeError,
+         "its settings are step, steps, num_heads, num_kv_heads, window, head_dim, dtype"),
+        (DecodeCacheWidget(), {"num_heads": 6, "num_kv_heads": 4}, traitlets.TraitError,
+         "num_heads 6 is not divisible by num_kv_heads 4: every KV head must serve the same number of query heads. "
+         "Choose num_kv_heads among 1, 2, 3, 6; to change both at once: w.update(num_heads=6, num_kv_heads=3)."),
+        (DecodeCacheWidget(), {"step": 9}, traitlets.TraitError,
+         "step must be an integer from 0 to 7, got 9. It is the position of the new token, from 0 to steps - 1 = 7. "
+         "To generate more tokens as well: w.update(steps=10, step=9)."),
+        (DecodeCacheWidget(), {"window": 12}, traitlets.TraitError,
+         "window must be an integer from 1 to 8, got 12. None means no window: the query reads the whole cache. "
+         "For a longer generation: w.update(steps=12, window=12)."),
     ],
-    ids=["unknown-mask", "unknown-head", "count", "too-long", "example", "D-prime", "h-too-big", "type"],
+    ids=["unknown-mask", "unknown-head", "count", "too-long", "example", "D-prime", "h-too-big", "type",
+         "unknown-decode", "decode-hkv", "decode-step", "decode-window"],
 )
 def test_update_rejects_bad_settings_and_changes_nothing(widget, settings_, error, message):
     before = {name: getattr(widget, name) for name in widget.SETTINGS}
@@ -191,12 +206,12 @@ def test_update_rejects_bad_settings_and_changes_nothing(widget, settings_, erro
 
 def test_hints_name_update_not_set_state():
     import attention_course.widgets as package
-    from attention_course.widgets import _base, head_reshape, mask_broadcast
+    from attention_course.widgets import _base, decode_cache, head_reshape, mask_broadcast
 
-    for module in (package, _base, head_reshape, mask_broadcast):
+    for module in (package, _base, decode_cache, head_reshape, mask_broadcast):
         source = open(module.__file__).read()
         assert "set_state(" not in source.replace("w.set_state(...)", ""), module.__name__  # only the warning
-    for cls in (MaskBroadcastWidget, HeadReshapeWidget):
+    for cls in (MaskBroadcastWidget, HeadReshapeWidget, DecodeCacheWidget):
         assert "w.update(" in cls.__doc__
         assert "set_state" in cls.update.__doc__ and "ipywidgets 7" in cls.update.__doc__
 
@@ -248,6 +263,153 @@ def test_head_count_must_divide_embed_dim():
         HeadReshapeWidget(seq_len=7)
 
 
+# ---------------------------------------------------------------- DecodeCacheWidget
+def test_decode_defaults():
+    w = DecodeCacheWidget()
+    assert (w.num_heads, w.num_kv_heads, w.window, w.steps, w.step, w.head_dim, w.dtype) == (4, 2, None, 8, 7, 64, "float32")
+    s = w.state
+    assert s["key_positions"] == list(range(8)) and s["read_positions"] == list(range(8))
+    assert s["kv_head_of_query"] == [0, 0, 1, 1]
+    assert s["cache_bytes"] == 2 * 2 * 64 * 8 * 4 and s["mha_cache_bytes"] == 2 * s["cache_bytes"]
+    assert DecodeCacheWidget(steps=3).step == 2 and DecodeCacheWidget(steps=3, step=0).step == 0  # the last, unless said
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_decode_state_matches_a_cache_built_by_hand(data):
+    """The widget's state against torch alone: the band mask of the whole generation, the head pairing of
+    repeat_interleave, a cache kept as a list of positions, and the bytes of real key and value tensors."""
+    h = data.draw(st.integers(1, 8))
+    h_kv = data.draw(st.sampled_from([k for k in range(1, h + 1) if h % k == 0]))
+    T = data.draw(st.integers(1, 16))
+    t = data.draw(st.integers(0, T - 1))
+    W = data.draw(st.one_of(st.none(), st.integers(1, T)))
+    d, dtype = data.draw(st.integers(1, 16)), data.draw(st.sampled_from([torch.float32, torch.float16, torch.float64]))
+    s = DecodeCacheWidget(num_heads=h, num_kv_heads=h_kv, window=W, steps=T, step=t, head_dim=d, dtype=dtype).state
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]  # (T, T): every query of the generation, every key
+    band = causal_mask(T) | ((i - j >= W) if W else torch.zeros(T, T, dtype=torch.bool))
+    assert s["key_positions"] == list(range(t + 1))
+    assert s["ignore_mask"] == [band[t, :t + 1].tolist()] * h  # the new query's row, the same for every head
+    assert s["read_positions"] == [p for p in range(t + 1) if not band[t, p]]
+    keys = torch.randn(h_kv, 3)  # a key per KV head: query head j must see the one of KV head j // (h / h_kv)
+    read = keys.repeat_interleave(h // h_kv, dim=0)  # (h, 3)
+    assert all(torch.equal(read[q], keys[g]) for q, g in enumerate(s["kv_head_of_query"]))
+    assert s["kv_head_of_query"] == sorted(s["kv_head_of_query"])  # grouped: 0, 0, 1, 1, never 0, 1, 0, 1
+    held = []
+    for step in range(T):  # a rolling cache by hand: append, then drop all but the last W
+        held = (held + [step])[-W:] if W else held + [step]
+        assert s["entries_by_step"][step] == [step + 1, len(held)]
+        if step == t:
+            assert s["rolling_positions"] == held
+    assert s["rolling_positions"] == s["read_positions"]  # a rolling cache holds exactly what the window reads
+    assert s["rolling_entries"] == min(t + 1, W or t + 1)
+    k = v = torch.zeros(1, h_kv, t + 1, d, dtype=dtype)  # (B, h_kv, S, d): the cache's tensors, one layer
+    assert s["cache_bytes"] == k.nbytes + v.nbytes == (t + 1) * s["bytes_per_position"]
+    assert s["rolling_bytes"] == s["rolling_entries"] * s["bytes_per_position"]
+    assert s["mha_cache_bytes"] == s["cache_bytes"] * h // h_kv
+
+
+def test_decode_agrees_with_the_attention_it_pictures():
+    """In the package's layer, the output at step t changes with the token at position p exactly when the widget
+    says the query reads p; decoding token by token, a rolling cache holds the positions the widget shows."""
+    from attention_course.decoding import CausalSelfAttention, KVCache
+
+    torch.manual_seed(0)
+    h, h_kv, W, T, E = 4, 2, 3, 7, 8
+    layer = CausalSelfAttention(E, h, h_kv, window=W, dtype=torch.float64)
+    x = torch.randn(1, T, E, dtype=torch.float64)  # (B, L, E)
+    for t in (1, 4, 6):
+        s = DecodeCacheWidget(num_heads=h, num_kv_heads=h_kv, window=W, steps=T, step=t).state
+        base = layer(x)[0, t]
+        changed = []
+        for p in range(t + 1):
+            nudged = x.clone()
+            nudged[0, p] += 1
+            changed.append(not torch.allclose(layer(nudged)[0, t], base, rtol=0, atol=1e-12))
+        assert [p for p in range(t + 1) if changed[p]] == s["read_positions"], t
+    cache, held = KVCache(window=W), []
+    for t in range(T):
+        layer(x[:, t:t + 1], cache=cache)  # one token a step, its position from the cache
+        held.append(cache.positions.tolist())
+    assert [len(p) for p in held] == [n for _, n in s["entries_by_step"]]
+    assert held[-1] == s["rolling_positions"] == [4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_heads": 9}, "num_heads must be an integer from 1 to 8, got 9"),
+        ({"num_heads": 3}, "num_heads 3 is not divisible by num_kv_heads 2"),
+        ({"num_kv_heads": 3}, "w.update(num_heads=4, num_kv_heads=2)"),
+        ({"num_kv_heads": 0}, "num_kv_heads must be an integer from 1 to 4, got 0. Each KV head serves"),
+        ({"steps": 17}, "steps must be an integer from 1 to 16, got 17"),
+        ({"step": -1}, "step must be an integer from 0 to 7, got -1"),
+        ({"window": 0}, "window must be an integer from 1 to 8, got 0. None means no window"),
+        ({"window": 2.5}, "The 'window' trait"),
+        ({"head_dim": 0}, "head_dim must be an integer from 1 to 1024, got 0"),
+        ({"dtype": "int8"}, "dtype must be one of 'float64', 'float32', 'float16', 'bfloat16' (or the torch dtype of "
+                            "that name), got 'int8'"),
+    ],
+)
+def test_decode_rejects_bad_settings(change, message):
+    w = DecodeCacheWidget(window=4)
+    before = {name: getattr(w, name) for name in w.SETTINGS}
+    with pytest.raises(traitlets.TraitError) as error:
+        w.update(**change)
+    assert message in str(error.value)
+    assert {name: getattr(w, name) for name in w.SETTINGS} == before
+
+
+def test_decode_steps_keep_step_and_window_valid():
+    w = DecodeCacheWidget(steps=10, step=9, window=8)
+    sent = record_messages(w)
+    w.steps = 4  # alone: the step and the window follow, in one message after it
+    assert (w.step, w.window) == (3, 4)
+    assert [set(m["state"]) for m in sent] == [{"steps"}, {"step", "window"}]
+    w.update(window=None, steps=16)
+    assert (w.step, w.window, w.steps) == (3, None, 16)
+    assert w.state["read_positions"] == [0, 1, 2, 3]
+
+
+def test_decode_dtype_sizes_the_cache():
+    sizes = {name: DecodeCacheWidget(dtype=getattr(torch, name)).state["cache_bytes"]
+             for name in ("float64", "float32", "float16", "bfloat16")}
+    assert sizes == {name: 2 * 2 * 64 * 8 * getattr(torch, name).itemsize for name in sizes}
+    assert DecodeCacheWidget(dtype=torch.bfloat16).dtype == "bfloat16"
+
+
+def test_decode_fills_contrast_with_the_outside_grey():
+    """Each KV head's fill against the grey of a key outside the window: >= 3:1, so the window shows in lightness
+    too, not in hue alone (and the hatching on the grey is drawn in an ink of >= 3:1, tested in the browser)."""
+    from attention_course.plots import contrast_ratio
+    from attention_course.widgets.decode_cache import OUTSIDE, kv_fill
+
+    assert min(contrast_ratio(kv_fill(g), OUTSIDE) for g in range(8)) >= 3
+
+
+def test_decode_figure_hatches_the_keys_outside_the_window():
+    import io
+    import struct
+
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    w = DecodeCacheWidget(num_heads=6, num_kv_heads=2, window=3, steps=16, step=15)
+    fig = w.figure()
+    hatched = [p for p in fig.axes[0].patches if p.get_hatch()]
+    rows = w.num_kv_heads + w.num_heads  # the cache's rows and the query heads' rows
+    assert len(hatched) == rows * (16 - 3) and len(fig.axes[0].patches) == rows * 16
+    png = io.BytesIO()
+    fig.savefig(png, format="png", bbox_inches="tight")
+    width = struct.unpack(">II", png.getvalue()[16:24])[0]
+    smallest = min(t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip())
+    assert width <= 688 and smallest * fig.dpi / 72 >= 9, (width, smallest)
+    plt.close(fig)
+    fig = DecodeCacheWidget().figure()  # no window: nothing hatched
+    assert not [p for p in fig.axes[0].patches if p.get_hatch()]
+    plt.close(fig)
+
+
 @pytest.mark.parametrize("widget", [MaskBroadcastWidget(causal=True, lengths=(4, 2, 1)), HeadReshapeWidget()],
                          ids=lambda w: type(w).__name__)
 def test_figure_draws(widget):
@@ -259,7 +421,7 @@ def test_figure_draws(widget):
 
 
 def test_widgets_are_one_anywidget_model_with_their_code():
-    for w in (MaskBroadcastWidget(), HeadReshapeWidget()):
+    for w in (MaskBroadcastWidget(), HeadReshapeWidget(), DecodeCacheWidget()):
         assert "export default { render }" in w._esm and "computeState" in w._esm
         assert ".ac-widget" in w._css
         assert w._repr_mimebundle_()[0].keys() >= {"application/vnd.jupyter.widget-view+json", "text/plain"}
@@ -295,7 +457,7 @@ RENDER = """async ([esm, css, traits]) => {
 
 def render(page, widget):
     traits = {name: getattr(widget, name) for name in widget.trait_names(sync=True) if not name.startswith("_")}
-    traits = {k: v for k, v in traits.items() if isinstance(v, (int, bool, list))}
+    traits = {k: v for k, v in traits.items() if isinstance(v, (int, bool, list, str, type(None)))}
     page.set_content("<!doctype html><html><body></body></html>")
     page.evaluate(RENDER, [widget._esm, widget._css, traits])
     return page.locator(".ac-widget")
@@ -339,6 +501,11 @@ def page(browser):
         (HeadReshapeWidget, {}),
         (HeadReshapeWidget, {"batch_size": 3, "seq_len": 6, "embed_dim": 12, "num_heads": 4}),
         (HeadReshapeWidget, {"batch_size": 1, "seq_len": 1, "embed_dim": 2, "num_heads": 1}),
+        (DecodeCacheWidget, {}),
+        (DecodeCacheWidget, {"num_heads": 8, "num_kv_heads": 2, "window": 3, "steps": 16, "step": 11}),
+        (DecodeCacheWidget, {"num_heads": 6, "num_kv_heads": 1, "window": 1, "step": 0, "head_dim": 128,
+                             "dtype": "bfloat16"}),
+        (DecodeCacheWidget, {"num_heads": 1, "num_kv_heads": 1, "steps": 1, "dtype": "float64"}),
     ],
 )
 def test_js_computes_the_python_state(page, cls, settings_):
@@ -398,6 +565,7 @@ def panel_titles(page):
     [
         (MaskBroadcastWidget(example=2), {"batch_size": 2, "lengths": [4, 1], "causal": True, "num_heads": 2}),
         (HeadReshapeWidget(), {"embed_dim": 9, "num_heads": 3, "batch_size": 1}),
+        (DecodeCacheWidget(), {"num_heads": 6, "num_kv_heads": 3, "window": 2, "step": 4, "dtype": "float16"}),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, dict) else "",
 )
@@ -444,13 +612,13 @@ def listen_above(page):
     }""")
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
-def test_sliders_keep_their_keys(page, cls):
+@pytest.mark.parametrize(("cls", "name"), [(MaskBroadcastWidget, "num_heads"), (HeadReshapeWidget, "embed_dim"),
+                                           (DecodeCacheWidget, "num_heads")])
+def test_sliders_keep_their_keys(page, cls, name):
     widget = render(page, cls(num_heads=2))
     for node in widget.locator("input[type=range]").all():
         assert node.get_attribute("data-lm-suppress-shortcuts") == "true"
     listen_above(page)
-    name = "num_heads" if cls is MaskBroadcastWidget else "embed_dim"
     slider = widget.locator(f"input[name={name}]")
     start = page.evaluate("window.traits")[name]
     slider.focus()
@@ -716,17 +884,18 @@ def test_head_tables_match_the_picture(page):
     check_head_tables(widget, HeadReshapeWidget(seq_len=3, num_heads=4))
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
-def test_tables_open_from_the_keyboard(page, cls):
+@pytest.mark.parametrize(("cls", "control"), [(MaskBroadcastWidget, "batch_size"), (HeadReshapeWidget, "batch_size"),
+                                              (DecodeCacheWidget, "step")])
+def test_tables_open_from_the_keyboard(page, cls, control):
     widget = render(page, cls())
     summary = widget.locator("details.ac-tables > summary")
     assert not widget.locator("table").first.is_visible()  # folded away until asked for
-    widget.locator("input, button").last.focus()
+    widget.locator("input:visible, button:visible").last.focus()
     page.keyboard.press("Tab")  # the last control, then the summary: in the tab order
     assert page.evaluate("document.activeElement.tagName") == "SUMMARY" and "tables" in summary.inner_text()
     page.keyboard.press("Enter")
     assert widget.locator("table").first.is_visible()
-    widget.locator("input[name=batch_size]").fill("1")  # redrawn: the tables change, and stay open
+    widget.locator(f"input[name={control}]").fill("1")  # redrawn: the tables change, and stay open
     assert widget.locator("details.ac-tables").get_attribute("open") is not None
     assert widget.locator("table").first.is_visible()
 
@@ -885,7 +1054,189 @@ def test_head_drawn_text_contrast_in_every_state(page):
     sweep_contrast(page, states)
 
 
-@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget])
+@pytest.mark.parametrize("cls", [MaskBroadcastWidget, HeadReshapeWidget, DecodeCacheWidget])
 def test_focus_ring_contrast(page, cls):
     widget = render(page, cls())
     assert not focus_ring_problems(page, widget, "no page theme")
+
+
+# ---------------------------------------------------------------- the decode widget in the browser
+def decode_widget_of(page) -> DecodeCacheWidget:
+    """A Python widget with the settings the page's stand-in model holds now."""
+    traits = page.evaluate("window.traits")
+    return DecodeCacheWidget(**{k: traits[k] for k in DecodeCacheWidget.SETTINGS})
+
+
+def hatched_cells(widget) -> int:
+    return widget.locator(".ac-picture g.ac-cell:has(rect.ac-out) path.ac-hatch").count()
+
+
+@pytest.mark.parametrize("key", ["Enter", "Space", "click"])
+def test_decode_step_buttons_keep_the_focus(page, key):
+    widget = render(page, DecodeCacheWidget(steps=3))  # step 2, the last
+    previous, following = (widget.locator(f"button[name=step][value={v}]") for v in ("previous", "next"))
+    assert following.get_attribute("aria-disabled") == "true" and previous.get_attribute("aria-disabled") == "false"
+
+    def press(button):
+        before = widget.locator(".ac-picture").inner_html()
+        if key == "click":
+            button.click(force=True)  # force: Playwright takes aria-disabled for disabled, and would wait
+        else:
+            button.focus()
+            page.keyboard.press(key)
+        return widget.locator(".ac-picture").inner_html() != before
+
+    for expected in (1, 0):
+        assert press(previous)
+        assert page.evaluate("window.traits")["step"] == expected
+        assert page.evaluate("[document.activeElement.name, document.activeElement.value]") == ["step", "previous"]
+    assert previous.get_attribute("aria-disabled") == "true"
+    assert not press(previous)  # at step 0: nothing to go back to, and the focus stays
+    assert page.evaluate("window.traits")["step"] == 0 and page.evaluate("document.activeElement.value") == "previous"
+    assert press(following) and page.evaluate("window.traits")["step"] == 1
+    assert widget.locator("input[name=step]").input_value() == "1"
+    assert_same_state(js_state(page), decode_widget_of(page).state)
+
+
+def test_decode_heads_slider_keeps_kv_heads_dividing(page):
+    widget = render(page, DecodeCacheWidget(num_heads=4, num_kv_heads=2))
+    notice, kv = widget.locator(".ac-notice"), widget.locator("button[name=num_kv_heads]")
+    assert kv.all_inner_texts() == ["1", "2", "4"] and notice.inner_text() == ""
+    widget.locator("input[name=num_heads]").fill("3")  # 2 does not divide 3: the largest divisor below it, said
+    assert page.evaluate("window.traits")["num_kv_heads"] == 1 and kv.all_inner_texts() == ["1", "3"]
+    assert notice.inner_text() == "h_kv = 2 does not divide h = 3: h_kv is now 1, the largest KV head count below it that does."
+    widget.locator("input[name=num_heads]").fill("6")  # 1 divides 6: kept, nothing to say
+    assert page.evaluate("window.traits")["num_kv_heads"] == 1 and notice.inner_text() == ""
+    widget.locator("button[name=num_kv_heads][value='3']").click()
+    assert widget.locator("button[aria-pressed=true]").all_inner_texts() == ["3"]
+    assert len(widget.locator(".ac-multiples figure").all()) == 3  # a figure per KV head
+    assert_same_state(js_state(page), DecodeCacheWidget(num_heads=6, num_kv_heads=3).state)
+
+
+def test_decode_kv_buttons_keep_the_focus_when_h_changes_from_python(page):
+    w = DecodeCacheWidget(num_heads=4, num_kv_heads=2)
+    widget = render(page, w)
+    widget.locator("button[name=num_kv_heads][value='2']").focus()
+    sent = record_messages(w)
+    w.update(num_heads=8)  # new choices 1, 2, 4, 8; 2 still among them
+    apply(page, sent[0])
+    assert widget.locator("button[name=num_kv_heads]").all_inner_texts() == ["1", "2", "4", "8"]
+    assert page.evaluate("document.activeElement.value") == "2"
+    group = page.get_by_role("group", name="KV heads h_kv (divides h)", exact=True)
+    assert group.count() == 1 and group.get_by_role("button").count() == 4
+
+
+def test_decode_window_greys_and_hatches_the_keys_outside_it(page):
+    widget = render(page, DecodeCacheWidget())  # 4 query heads over 2 KV heads, step 7, no window
+    W = widget.locator("input[name=window]")
+    assert not W.is_visible() and hatched_cells(widget) == 0 and widget.locator(".ac-sw.ac-out").count() == 0
+    widget.locator("input[name=window_on]").check()
+    assert page.evaluate("window.traits")["window"] == 4 and W.is_visible()  # half the generation, to start with
+    W.fill("2")
+    assert hatched_cells(widget) == (2 + 4) * 6  # 6 of the 8 positions, in the 2 cache rows and the 4 query rows
+    assert widget.locator(".ac-sw.ac-out").count() == 1
+    widget.locator("input[name=window_on]").uncheck()
+    assert page.evaluate("window.traits")["window"] is None and hatched_cells(widget) == 0
+    widget.locator("input[name=window_on]").check()  # the window comes back as it was
+    assert page.evaluate("window.traits")["window"] == 2
+    widget.locator("input[name=steps]").fill("3")  # fewer steps: the step and the window follow, as in Python
+    traits = page.evaluate("window.traits")
+    assert (traits["steps"], traits["step"], traits["window"]) == (3, 2, 2)
+    assert_same_state(js_state(page), decode_widget_of(page).state)
+    w = DecodeCacheWidget(steps=10, step=9, window=8)
+    w.steps = 3
+    assert (w.step, w.window) == (2, 3)
+    render(page, DecodeCacheWidget(steps=10, step=9, window=8)).locator("input[name=steps]").fill("3")
+    assert page.evaluate("[window.traits.step, window.traits.window]") == [2, 3]
+
+
+def test_decode_outside_cells_differ_in_lightness_and_pattern(page):
+    render(page, DecodeCacheWidget(num_heads=8, num_kv_heads=8, window=2, step=7))
+    grey = colour(page, ".ac-picture rect.ac-out")
+    hatch = colour(page, ".ac-picture path.ac-hatch", "stroke")
+    assert contrast(grey, hatch) >= 3
+    for g in range(8):  # each KV head's fill, as drawn
+        kept = colour(page, f".ac-picture svg:first-of-type g.ac-cell:nth-of-type({8 * g + 7}) rect", "fill")
+        assert kept != grey and contrast(kept, grey) >= 3, g
+    from attention_course.widgets.decode_cache import OUTSIDE
+
+    assert tuple(int(OUTSIDE[i:i + 2], 16) for i in (1, 3, 5)) == grey
+    assert colour(page, ".ac-legend .ac-sw.ac-out", "backgroundColor") == grey
+
+
+def test_decode_pictures_say_what_they_show_and_follow_the_controls(page):
+    widget = render(page, DecodeCacheWidget(window=3, step=5))
+    words = picture_words(widget)
+    assert [role for role, _ in words["pictures"]] == ["img"] * 3  # the cache, then a picture per KV head
+    assert [name for _, name in words["pictures"]] == [
+        "The cache's keys after step 5: 2 KV heads (rows) by 6 key positions, 0 to 5 (columns). The new query reads "
+        "positions 3 to 5, not positions 0 to 2 (hatched: outside the window).",
+        "Query heads 0 and 1 (rows) each read the keys of KV head 0 (columns, positions 0 to 5): positions 3 to 5, "
+        "not positions 0 to 2 (hatched: outside the window).",
+        "Query heads 2 and 3 (rows) each read the keys of KV head 1 (columns, positions 0 to 5): positions 3 to 5, "
+        "not positions 0 to 2 (hatched: outside the window).",
+    ]
+    assert words["live"] == [
+        "Step t = 5 (of 0 to 7): the new token at position 5 has added its key and value, so the cache holds 6 "
+        "positions per KV head (positions 0 to 5). 4 query heads share 2 KV heads, 2 each (grouped-query attention): "
+        "query heads 0 and 1 read KV head 0 and query heads 2 and 3 read KV head 1. Sliding window W = 3: it reads "
+        "positions 3 to 5; positions 0 to 2 are outside the window, and a rolling cache of 3 entries has dropped "
+        "them. Cache per layer: 6,144 bytes; rolling cache: 3,072 bytes."]
+    s = DecodeCacheWidget(window=3, step=5).state
+    assert "6,144 bytes" in words["live"][0] and s["cache_bytes"] == 6144 and s["rolling_bytes"] == 3072
+    summary = widget.locator(".ac-summary").inner_text()
+    assert "keeps 3 (positions 3 to 5), and never more than 3" in summary and "12,288 bytes, 2 times as much" in summary
+
+    widget.locator("input[name=step]").focus()
+    page.keyboard.press("Home")  # step 0: one key, inside any window
+    after = picture_words(widget)
+    assert after["live"][0].startswith("Step t = 0 (of 0 to 7): the new token at position 0 has added its key and "
+                                       "value, so the cache holds 1 position per KV head (position 0).")
+    assert "it reads position 0, the whole cache: nothing is outside the window yet." in after["live"][0]
+    assert after["pictures"][1][1].endswith("each read the keys of KV head 0 (columns, position 0): position 0, the "
+                                            "whole cache.")
+    widget.locator("button[name=num_kv_heads][value='1']").click()
+    mqa = picture_words(widget)
+    assert "4 query heads share 1 KV head, 4 each (multi-query attention): query heads 0 to 3 read KV head 0." \
+        in mqa["live"][0]
+    widget.locator("button[name=num_kv_heads][value='4']").click()
+    assert "4 query heads with a KV head each (multi-head attention, no sharing)." in picture_words(widget)["live"][0]
+    region = widget.locator(".ac-sr[aria-live=polite]")
+    assert region.count() == 1 and region.get_attribute("aria-atomic") == "true"
+    assert "multi-head attention, no sharing" in widget.aria_snapshot()
+
+
+def test_decode_tables_match_the_picture(page):
+    widget = render(page, DecodeCacheWidget(num_heads=6, num_kv_heads=2, window=4, steps=10, step=6))
+    for moved in (False, True):
+        w = decode_widget_of(page)
+        s = w.state
+        reads, sizes = tables_of(widget)
+        cols = [f"key {j}" for j in s["key_positions"]]
+        assert reads["columns"] == ["query head", "reads KV head", *cols]
+        assert [r[:2] for r in reads["rows"]] == [[f"q{j}", f"kv{g}"] for j, g in enumerate(s["kv_head_of_query"])]
+        assert [[c != "read" for c in r[2:]] for r in reads["rows"]] == s["ignore_mask"]
+        for g in range(w.num_kv_heads):  # each KV head's picture: a position where read, hatching where not
+            heads = [j for j, kv in enumerate(s["kv_head_of_query"]) if kv == g]
+            name = f"Query heads {heads[0]} to {heads[-1]}" if len(heads) > 2 else f"Query heads {heads[0]} and {heads[1]}"
+            assert drawn_cells(widget, name) == [c.split(" ")[0].replace("read", str(p)).replace("not", "x")
+                                                 for r in reads["rows"] if r[0] in [f"q{j}" for j in heads]
+                                                 for p, c in enumerate(r[2:])]
+        assert [r[0].split(" ")[0] for r in sizes["rows"]] == [str(n) for n in range(w.steps)]
+        assert sizes["rows"][w.step][0] == f"{w.step} (shown)"
+        assert [[int(r[1]), int(r[3])] for r in sizes["rows"]] == s["entries_by_step"]
+        assert [int(r[2].split(" ")[0].replace(",", "")) for r in sizes["rows"]] == [
+            full * s["bytes_per_position"] for full, _ in s["entries_by_step"]]
+        if not moved:
+            widget.locator("input[name=num_heads]").fill("8")  # h_kv 2 still divides: 4 query heads a KV head
+            widget.locator("button[name=step][value=next]").click()
+
+
+def test_decode_drawn_text_contrast_in_every_state(page):
+    render(page, DecodeCacheWidget(num_heads=8, num_kv_heads=8, steps=16))
+    states = [{"num_heads": h, "num_kv_heads": k, "window": W, "steps": 16, "step": 15}
+              for h in range(1, 9) for k in range(1, h + 1) if h % k == 0 for W in (None, 1)]
+    assert len(states) == 40  # every head pairing, every KV head's fill; with W = 1, hatching on all keys but one
+    sweep_contrast(page, states)
+    problems, marks = low_contrast_marks(page, "document")
+    assert not problems and sum(m["kind"] == "cross" for m in marks) == (8 + 8) * 15  # the hatching of every cell

@@ -14,7 +14,8 @@ a static matplotlib picture of the current settings.
 Change settings with ``w.update(...)`` (or one trait at a time, ``w.causal = False``), not ``w.set_state(...)``:
 that is ipywidgets' handler for messages from the browser, and on ipywidgets 7 (Colab) it never redraws.
 """
+from .decode_cache import DecodeCacheWidget
 from .head_reshape import HeadReshapeWidget
 from .mask_broadcast import MaskBroadcastWidget
 
-__all__ = ["HeadReshapeWidget", "MaskBroadcastWidget"]
+__all__ = ["DecodeCacheWidget", "HeadReshapeWidget", "MaskBroadcastWidget"]

@@ -54,6 +54,29 @@ function checkbox(label, name, onChange) {
   return node;
 }
 
+// A group of buttons, one per choice (an integer), named by its visible label; onPick(value) on a click, Enter or
+// Space. node.update(values, pressed) makes the buttons only when the choices change, so the one just pressed keeps
+// the keyboard focus; when they do change, a focused button's value, if still offered, keeps it.
+function choices(label, name, onPick) {
+  const title = make("span", { id: uid(`ac-${name}`) }, label);
+  const group = make("span", { class: "ac-choices", role: "group", "aria-labelledby": title.id });
+  const button = (value) => {
+    const node = make("button", { type: "button", name, value: String(value) }, String(value));
+    node.addEventListener("click", () => onPick(value));
+    return node;
+  };
+  const node = make("span", { class: "ac-control" }, title, group);
+  node.update = (values, pressed) => {
+    if ([...group.children].map((b) => Number(b.value)).join() !== values.join()) {
+      const active = group.ownerDocument.activeElement, had = group.contains(active) ? active.value : null;
+      group.replaceChildren(...values.map(button));
+      if (had !== null) (group.querySelector(`button[value="${had}"]`) ?? group.firstElementChild).focus();
+    }
+    for (const b of group.children) b.setAttribute("aria-pressed", String(Number(b.value) === pressed));
+  };
+  return node;
+}
+
 // Set several traits at once (one message to the kernel, if there is one; none on the static site).
 function commit(model, changes) {
   for (const [key, value] of Object.entries(changes)) model.set(key, value);
@@ -68,6 +91,13 @@ function batched(fn) {
     pending = true;
     queueMicrotask(() => { pending = false; fn(); });
   };
+}
+
+// Draw now, and again after every burst of changes to the traits `names`.
+function watch(model, names, redraw) {
+  const schedule = batched(redraw);
+  for (const k of names) model.on(`change:${k}`, schedule);
+  redraw();
 }
 
 const esc = (text) => String(text).replace(/[&<>"]/g, (c) => `&#${c.charCodeAt(0)};`);

@@ -158,20 +158,13 @@ function render({ model, el }) {
     seq_len: slider("length L", "seq_len", (v) => commit(model, { seq_len: v })),
     embed_dim: slider("embedding D", "embed_dim", setD),
   };
-  const headsLabel = make("span", { id: uid("ac-heads") }, "heads h (divides D)");
-  const heads = make("span", { class: "ac-choices", role: "group", "aria-labelledby": headsLabel.id });
+  const heads = choices("heads h (divides D)", "num_heads", (k) => commit(model, { num_heads: k }));
   const notice = make("output", { class: "ac-notice", role: "status", "aria-live": "polite" });
   const picture = make("div", { class: "ac-picture" });
   const numbersBox = tablesBox("Show the numbers as tables");
   const status = liveRegion();
-  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls),
-                           make("span", { class: "ac-control" }, headsLabel, heads),
-                           notice), picture, numbersBox, status);
-  const headButton = (k) => {
-    const button = make("button", { type: "button", name: "num_heads", value: String(k) }, String(k));
-    button.addEventListener("click", () => commit(model, { num_heads: k }));
-    return button;
-  };
+  el.replaceChildren(make("div", { class: "ac-controls" }, ...Object.values(controls), heads, notice),
+                     picture, numbersBox, status);
 
   const redraw = () => {
     const p = get();
@@ -182,15 +175,7 @@ function render({ model, el }) {
     controls.batch_size.update(p.batch_size, 1, 3);
     controls.seq_len.update(p.seq_len, 1, 6);
     controls.embed_dim.update(p.embed_dim, 2, 12);
-    // The head buttons change in place: the one just pressed (Enter, Space or a click) keeps the keyboard focus. Only
-    // a new D brings new choices; then a focused button's value, if still offered, keeps the focus.
-    const choices = divisors(p.embed_dim);
-    if ([...heads.children].map((b) => Number(b.value)).join() !== choices.join()) {
-      const active = el.ownerDocument.activeElement, had = heads.contains(active) ? active.value : null;
-      heads.replaceChildren(...choices.map(headButton));
-      if (had !== null) (heads.querySelector(`button[value="${had}"]`) ?? heads.firstElementChild).focus();
-    }
-    for (const button of heads.children) button.setAttribute("aria-pressed", String(Number(button.value) === p.num_heads));
+    heads.update(divisors(p.embed_dim), p.num_heads);  // only a new D brings new buttons
     if (p.embed_dim % p.num_heads !== 0) {  // only reachable by setting the traits from outside, one at a time
       const message = `D = ${p.embed_dim} is not divisible by h = ${p.num_heads}: ` +
                       `choose h among ${divisors(p.embed_dim).join(", ")}.`;
@@ -206,9 +191,7 @@ function render({ model, el }) {
     status.say(describe(st));
     el.dataset.state = JSON.stringify(st);
   };
-  const schedule = batched(redraw);
-  for (const k of names) model.on(`change:${k}`, schedule);
-  redraw();
+  watch(model, names, redraw);
 }
 
 export default { render };

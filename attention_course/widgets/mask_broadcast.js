@@ -237,9 +237,7 @@ function render({ model, el }) {
     status.say(describe(p, st));
     el.dataset.state = JSON.stringify(st);
   };
-  const schedule = batched(redraw);
-  for (const k of ["batch_size", "max_len", "lengths", "causal", "num_heads", "example", "show_heads"]) model.on(`change:${k}`, schedule);
-  redraw();
+  watch(model, ["batch_size", "max_len", "lengths", "causal", "num_heads", "example", "show_heads"], redraw);
 }
 
 export default { render };

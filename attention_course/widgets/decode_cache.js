@@ -1,0 +1,246 @@
+// DecodeCacheWidget's picture, computed here from the traits alone (the static site has no kernel).
+// decode_cache.py computes the same state with torch; keep the two in step.
+// Polarity: true = may NOT attend (an ignore mask, as in attention_course.masks).
+
+const ITEMSIZE = { float64: 8, float32: 4, float16: 2, bfloat16: 2 };  // bytes of one element (torch's itemsize)
+const MAX_HEADS = 8, MAX_STEPS = 16;
+
+const divisorsOf = (n) => range(n).map((i) => i + 1).filter((k) => n % k === 0);
+// The KV head count kept when h changes: the largest divisor of h not above it (decode_cache.py suggests the same).
+const fitKvHeads = (h, hkv) => Math.max(...divisorsOf(h).filter((k) => k <= hkv));
+
+function computeState({ step: t, steps: T, num_heads: h, num_kv_heads: hkv, window: W, head_dim: d, dtype }) {
+  const keys = range(t + 1);  // (S,): the cache's positions once the new token's key is in, S = t + 1
+  const ignore = keys.map((j) => j > t || (W !== null && t - j >= W));  // (S,): the new query's row
+  const rolling = W === null ? keys : keys.slice(-W);  // what a rolling cache keeps: its last W entries
+  const perPosition = 2 * hkv * d * ITEMSIZE[dtype];  // K and V of one position, one layer, batch of one
+  return {
+    key_positions: keys,
+    kv_head_of_query: range(h).map((j) => Math.floor(j / (h / hkv))),  // repeat_interleave: j // n_rep
+    ignore_mask: range(h).map(() => ignore.slice()),  // (h, S): every query head the same row
+    read_positions: keys.filter((j) => !ignore[j]),
+    rolling_positions: rolling,
+    cache_entries: t + 1,
+    rolling_entries: rolling.length,
+    bytes_per_position: perPosition,
+    cache_bytes: perPosition * (t + 1),
+    rolling_bytes: perPosition * rolling.length,
+    mha_cache_bytes: 2 * h * d * ITEMSIZE[dtype] * (t + 1),
+    entries_by_step: range(T).map((s) => [s + 1, W === null ? s + 1 : Math.min(s + 1, W)]),
+  };
+}
+
+// ---- colours: a hue per KV head (light, so the ink reads on it); a key outside the window: grey AND hatched
+const kvFill = (g) => hsl((g * 137.5 + 15) % 360, 62, 88);  // kv_fill in decode_cache.py
+const OUTSIDE = hex("#6e7781");
+const HATCH_INK = css(textOn(OUTSIDE));
+
+// Diagonal hatching over every cell drawn with class ac-out in the grid markup `svg` (three lines a cell, in the
+// ink textOn() picks for the grey, so the pattern reads at >= 3:1 like the other widgets' crosses).
+function hatch(svg) {
+  return svg.replace(/<rect class="ac-out" x="([\d.]+)" y="([\d.]+)" width="([\d.]+)"[^>]*\/>/g, (rect, ...xys) => {
+    const [x, y, s] = xys.slice(0, 3).map(Number);
+    const lines = [[0, s / 2, s / 2, 0], [0, s, s, 0], [s / 2, s, s, s / 2]];
+    const path = lines.map(([a, b, c, e]) => `M${x + a} ${y + b}L${x + c} ${y + e}`).join("");
+    return `${rect}<path class="ac-x ac-hatch" style="stroke: ${HATCH_INK}" d="${path}"/>`;
+  });
+}
+
+// ---- the picture in words: every grid's label, the live summary, the summary lines and the tables
+const bytes = (n) => `${n.toLocaleString("en-US")} bytes`;
+const positionsWord = (ps) => (ps.length === 1 ? `position ${ps[0]}` : `positions ${spans(ps)}`);
+const queriesOf = (g, nRep) => range(nRep).map((i) => g * nRep + i);
+const cap = (text) => text[0].toUpperCase() + text.slice(1);
+const headsWord = (js) => (js.length === 1 ? `query head ${js[0]}` : `query heads ${spans(js)}`);
+
+function windowWords(p, st) {
+  const out = st.key_positions.filter((j) => st.ignore_mask[0][j]);
+  if (p.window === null) return "No window: it reads every cached key, and the cache grows by one entry a step.";
+  return `Sliding window W = ${p.window}: it reads ${positionsWord(st.read_positions)}` +
+    (out.length ? `; ${positionsWord(out)} ${out.length === 1 ? "is" : "are"} outside the window, and a rolling ` +
+                  `cache of ${p.window} entries has dropped ${out.length === 1 ? "it" : "them"}.`
+                : `, the whole cache: nothing is outside the window yet.`);
+}
+
+function sharingWords(p) {
+  const { num_heads: h, num_kv_heads: hkv } = p, nRep = h / hkv;
+  const kind = hkv === 1 ? "multi-query attention" : hkv === h ? "multi-head attention, no sharing"
+    : "grouped-query attention";
+  if (hkv === h) return `${plural(h, "query head")} with a KV head each (${kind}).`;
+  return `${plural(h, "query head")} share ${plural(hkv, "KV head")}, ${nRep} each (${kind}): ` +
+    listing(range(hkv).map((g) => `${headsWord(queriesOf(g, nRep))} read${nRep === 1 ? "s" : ""} KV head ${g}`)) + ".";
+}
+
+function describe(p, st) {
+  const t = p.step;
+  return `Step t = ${t} (of 0 to ${p.steps - 1}): the new token at position ${t} has added its key and value, ` +
+    `so the cache holds ${plural(t + 1, "position")} per KV head (${positionsWord(st.key_positions)}). ` +
+    `${sharingWords(p)} ${windowWords(p, st)} Cache per layer: ${bytes(st.cache_bytes)}` +
+    (p.window === null ? "." : `; rolling cache: ${bytes(st.rolling_bytes)}.`);
+}
+
+function summary(p, st) {
+  const { num_heads: h, num_kv_heads: hkv, head_dim: d, dtype } = p, size = ITEMSIZE[dtype], S = st.cache_entries;
+  const formula = (heads, n) => `2 · ${heads} · ${d} · ${n} · ${size} = ${bytes(2 * heads * d * n * size)}`;
+  return [
+    `<div><b>Cache entries held:</b> ${S} per KV head (${positionsWord(st.key_positions)}), for each of the ` +
+    `${plural(hkv, "KV head")}: ${hkv * S} keys and as many values.` +
+    (p.window === null ? " No window: every step adds one."
+      : ` <b>A rolling cache</b> of W = ${p.window} keeps ${st.rolling_entries} (${positionsWord(st.rolling_positions)}), ` +
+        `and never more than ${p.window}.`) + `</div>`,
+    `<div><b>Bytes per layer</b>, batch of one, head_dim d = ${d}, ${dtype} (${size} bytes): K and V = 2 · h_kv · d · ` +
+    `S · bytes = ${formula(hkv, S)}` + (p.window === null ? "" : `; rolling: ${formula(hkv, st.rolling_entries)}`) +
+    (hkv < h ? `. Without sharing (${h} KV heads): ${formula(h, S)}, ${h / hkv} times as much.` : ".") + `</div>`,
+  ].join("");
+}
+
+function tables(p, st) {
+  const t = p.step, cols = st.key_positions.map((j) => `key ${j}`);
+  const out = [table(`Step ${t}: what each query head of the new token reads (the key positions in the cache)`,
+    ["query head", "reads KV head", ...cols],
+    range(p.num_heads).map((j) => ({
+      head: `q${j}`, cells: [`kv${st.kv_head_of_query[j]}`,
+                             ...st.ignore_mask[j].map((no) => (no ? "not read (outside the window)" : "read"))] })))];
+  const rolling = p.window !== null;
+  out.push(table(`Cache size after each step, one layer, batch of one: ${bytes(st.bytes_per_position)} a position ` +
+                 `(K and V, ${plural(p.num_kv_heads, "KV head")}, d = ${p.head_dim}, ${p.dtype})`,
+    ["step", "full cache: entries", "full cache: bytes",
+     ...(rolling ? [`rolling cache (W = ${p.window}): entries`, "rolling cache: bytes"] : [])],
+    st.entries_by_step.map(([full, held], s) => ({
+      head: s === t ? `${s} (shown)` : `${s}`,
+      cells: [String(full), bytes(full * st.bytes_per_position),
+              ...(rolling ? [String(held), bytes(held * st.bytes_per_position)] : [])] }))));
+  return out.join("");
+}
+
+function draw(p, st) {
+  const { step: t, num_heads: h, num_kv_heads: hkv } = p, nRep = h / hkv, S = t + 1;
+  const outside = (j) => st.ignore_mask[0][j];
+  const positions = st.key_positions.map(String);
+  const cell = (g, j, who) => (outside(j)
+    ? { cls: "ac-out", fill: OUTSIDE, title: `${who}, position ${j}: outside the window, not read` +
+                                              "; a rolling cache has dropped it" }
+    : { cls: "ac-kv", fill: kvFill(g), text: String(j), title: `${who}, position ${j}: read` });
+  const readWords = (st.read_positions.length === S ? (S === 1 ? "position 0, the whole cache" : `all ${S} positions`)
+    : positionsWord(st.read_positions)) +
+    (st.read_positions.length < S ? `, not ${positionsWord(st.key_positions.filter(outside))} (hatched: outside ` +
+                                   `the window)` : "");
+  const out = [];
+  out.push(`<div class="ac-panel"><h4>1. The cache after step t = ${t}: the new token (position ${t}) has added ` +
+           `its key and value; keys (B, h_kv, S, d) = (1, ${hkv}, ${S}, ${p.head_dim})</h4>`,
+    hatch(grid(hkv, S, (g, j) => cell(g, j, `KV head ${g}`), {
+      size: 22, font: 9, rowLabels: range(hkv).map((g) => `kv${g}`), colLabels: positions,
+      right: (g) => `→ q${g * nRep}${nRep > 1 ? `–q${(g + 1) * nRep - 1}` : ""}`, rightWidth: 60,
+      xTitle: "key positions", yTitle: "KV heads",
+      label: `The cache's keys after step ${t}: ${plural(hkv, "KV head")} (rows) by ${plural(S, "key position")}, ` +
+             `${spans(st.key_positions)} (columns). The new query reads ${readWords}.` })),
+    `</div>`);
+  out.push(`<div class="ac-panel"><h4>2. What the new query reads, head by head: ${plural(h, "query head")} over ` +
+           `${plural(hkv, "KV head")}, query head j reads KV head j div ${nRep}</h4><div class="ac-multiples">`,
+    ...range(hkv).map((g) => {
+      const heads = queriesOf(g, nRep);
+      return fig(hatch(grid(nRep, S, (i, j) => cell(g, j, `query head ${heads[i]} (KV head ${g})`), {
+        size: 22, font: 9, rowLabels: heads.map((j) => `q${j}`), colLabels: positions,
+        xTitle: `KV head ${g}'s keys`, yTitle: "query heads",
+        label: `${cap(headsWord(heads))} (rows) ${nRep === 1 ? "reads" : "each read"} the keys of KV head ${g} ` +
+               `(columns, ${positionsWord(st.key_positions)}): ` +
+               `${readWords}.` })), `KV head ${g}: ${headsWord(heads)}`);
+    }),
+    `</div></div>`);
+  out.push(`<div class="ac-legend ac-summary">`, summary(p, st), `</div>`);
+  out.push(`<div class="ac-legend">`,
+    ...range(hkv).map((g) => `<span><i class="ac-sw" style="background: ${css(kvFill(g))}"></i>` +
+                             `KV head ${g}'s keys, read by ${headsWord(queriesOf(g, nRep))}</span>`),
+    p.window === null ? ""
+      : `<span><i class="ac-sw ac-out"></i>grey and hatched: outside the window, not read (a rolling cache has ` +
+        `dropped it)</span>`,
+    `<div>The number in a cell is the key's position. Polarity of the masks: <b>True = may NOT attend</b>.</div>`,
+    `</div>`);
+  return out.join("");
+}
+
+function render({ model, el }) {
+  el.classList.add("ac-widget");
+  el.dataset.acWidget = "decode-cache";
+  const names = ["step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype"];
+  const get = () => Object.fromEntries(names.map((k) => [k, model.get(k) ?? null]));
+  let lastWindow = null;  // the window the checkbox brings back
+  let moved = null;  // a KV head count the h slider had to change, said while h and h_kv stay as it left them
+  const setStep = (t) => commit(model, { step: Math.min(Math.max(t, 0), get().steps - 1) });
+  const setSteps = (T) => {
+    const p = get();
+    commit(model, { step: Math.min(p.step, T - 1), window: p.window === null ? null : Math.min(p.window, T), steps: T });
+  };
+  const setHeads = (h) => {
+    const before = get().num_kv_heads, hkv = fitKvHeads(h, before);
+    moved = hkv === before ? null : { h, from: before, hkv };
+    commit(model, { num_heads: h, num_kv_heads: hkv });
+  };
+  const setWindowOn = (on) => {
+    const p = get();
+    if (!on) lastWindow = p.window;
+    commit(model, { window: on ? Math.min(lastWindow ?? Math.ceil(p.steps / 2), p.steps) : null });
+  };
+  const stepButton = (by, text, arrow) => {
+    const parts = by < 0 ? [make("span", { "aria-hidden": "true" }, arrow), ` ${text}`]
+      : [`${text} `, make("span", { "aria-hidden": "true" }, arrow)];
+    const button = make("button", { type: "button", name: "step", value: by < 0 ? "previous" : "next" }, ...parts);
+    button.addEventListener("click", () => {
+      if (button.getAttribute("aria-disabled") !== "true") setStep(get().step + by);
+    });
+    return button;
+  };
+  const previous = stepButton(-1, "previous step", "◀"), next = stepButton(1, "next step", "▶");
+  const controls = {
+    step: slider("step t", "step", setStep),
+    steps: slider("steps T", "steps", setSteps),
+    num_heads: slider("query heads h", "num_heads", setHeads),
+    window_on: checkbox("sliding window", "window_on", setWindowOn),
+    window: slider("window W", "window", (W) => commit(model, { window: W })),
+  };
+  const kvHeads = choices("KV heads h_kv (divides h)", "num_kv_heads", (k) => {
+    moved = null;
+    commit(model, { num_kv_heads: k });
+  });
+  const notice = make("output", { class: "ac-notice", role: "status", "aria-live": "polite" });
+  const picture = make("div", { class: "ac-picture" });
+  const numbers = tablesBox("Show what each head reads, and the cache size step by step, as tables");
+  const status = liveRegion();
+  el.replaceChildren(
+    make("div", { class: "ac-controls" }, make("span", { class: "ac-choices ac-stepper" }, previous, controls.step, next),
+         controls.steps),
+    make("div", { class: "ac-controls" }, controls.num_heads, kvHeads, controls.window_on, controls.window, notice),
+    picture, numbers, status);
+
+  const redraw = () => {
+    // Settings made consistent first (trait changes may arrive one message at a time): never draw a step past the
+    // last, a window longer than the generation, or a KV head count that does not divide h.
+    const p = get();
+    p.steps = Math.min(Math.max(p.steps, 1), MAX_STEPS);
+    p.step = Math.min(Math.max(p.step, 0), p.steps - 1);
+    p.window = p.window === null ? null : Math.min(Math.max(p.window, 1), p.steps);
+    p.num_heads = Math.min(Math.max(p.num_heads, 1), MAX_HEADS);
+    p.num_kv_heads = fitKvHeads(p.num_heads, p.num_kv_heads);
+    if (!(p.dtype in ITEMSIZE)) p.dtype = "float32";
+    if (moved && (moved.h !== p.num_heads || moved.hkv !== p.num_kv_heads)) moved = null;
+    notice.textContent = moved ? `h_kv = ${moved.from} does not divide h = ${moved.h}: h_kv is now ${moved.hkv}, ` +
+                                 "the largest KV head count below it that does." : "";
+    controls.step.update(p.step, 0, p.steps - 1);
+    previous.setAttribute("aria-disabled", String(p.step === 0));
+    next.setAttribute("aria-disabled", String(p.step === p.steps - 1));
+    controls.steps.update(p.steps, 1, MAX_STEPS);
+    controls.num_heads.update(p.num_heads, 1, MAX_HEADS);
+    controls.window_on.update(p.window !== null);
+    controls.window.style.display = p.window === null ? "none" : "";
+    controls.window.update(p.window ?? 1, 1, p.steps);
+    kvHeads.update(divisorsOf(p.num_heads), p.num_kv_heads);  // only a new h brings new buttons
+    const st = computeState(p);
+    picture.innerHTML = draw(p, st);
+    numbers.show(tables(p, st));
+    status.say(describe(p, st));
+    el.dataset.state = JSON.stringify(st);
+  };
+  watch(model, names, redraw);
+}
+
+export default { render };
