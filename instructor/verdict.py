@@ -41,6 +41,16 @@ RULES = {
                        "Write `my_softmax(scores, dim=-1)` without calling `torch.softmax`."),
     "ex-ch3-padding-mask": (["attention_course.masks.padding_mask"],
                             "*without* the package's `padding_mask`"),
+    "ex-ch10-repeat-kv": (["attention_course.decoding.repeat_kv",
+                           "transformers.models.llama.modeling_llama.repeat_kv"],
+                          "*without* the package's `repeat_kv` (or `transformers`' own)"),
+    "ex-ch10-rope": (["attention_course.rope.apply_rope", "attention_course.rope.rope_cos_sin",
+                      "attention_course.rope.rotate_half",
+                      "transformers.models.llama.modeling_llama.apply_rotary_pos_emb",
+                      "transformers.models.llama.modeling_llama.rotate_half"],
+                     "*without* the package's `apply_rope`, `rope_cos_sin` or `rotate_half` (nor `transformers`' "
+                     "`apply_rotary_pos_emb`)"),
+    "ex-ch10-window-mask": (["attention_course.decoding.decode_mask"], "*without* the package's `decode_mask`"),
 }
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
