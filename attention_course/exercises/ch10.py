@@ -705,10 +705,10 @@ def _window_cases():
 
 _WINDOW_MISTAKES = [
     (dict(low=">"),
-     "each query sees window + 1 keys: an OFF-BY-ONE, hiding only q - k > window. With window W a query sees "
+     "each query sees window + 1 keys: an OFF BY ONE, hiding only q - k > window. With window W a query sees "
      "itself and the W - 1 positions before it: hide q - k >= W."),
     (dict(low=">=-1"),
-     "each query sees window - 1 keys: an OFF-BY-ONE, hiding q - k >= window - 1. With window W a query sees "
+     "each query sees window - 1 keys: an OFF BY ONE, hiding q - k >= window - 1. With window W a query sees "
      "itself and the W - 1 positions before it: hide q - k >= W."),
     (dict(band="symmetric"),
      "the band is symmetric, |q - k| >= window: it is NOT CAUSAL, the keys up to window - 1 positions AFTER each "

@@ -409,8 +409,8 @@ WINDOW_MASK = Catalogue(
         "torch.where": window_where,
     },
     mutants=[
-        window_mutant("window + 1 keys seen", (r"window \+ 1 keys", r"OFF-BY-ONE"), low=">"),
-        window_mutant("window - 1 keys seen", (r"window - 1 keys", r"OFF-BY-ONE"), low=">=-1"),
+        window_mutant("window + 1 keys seen", (r"window \+ 1 keys", r"OFF BY ONE"), low=">"),
+        window_mutant("window - 1 keys seen", (r"window - 1 keys", r"OFF BY ONE"), low=">=-1"),
         window_mutant("symmetric band", (r"symmetric", r"NOT CAUSAL"), "not causal", band="symmetric"),
         window_mutant("no causal part", (r"NOT CAUSAL",), "not causal", causal="none"),
         window_mutant("window ignored", (r"WINDOW IS IGNORED",), low="none"),
