@@ -652,11 +652,17 @@ def pages_showing(widget: str) -> list[str]:
     return [page for page in PAGES if WIDGETS[widget] in page_html(page)]
 
 
+def test_every_widget_of_the_package_is_tested_on_the_site():
+    import attention_course.widgets as widgets
+
+    exported = {f"{getattr(widgets, name).__module__}.{name}" for name in widgets.__all__}
+    assert exported == set(WIDGETS.values())
+
+
 @pytest.mark.parametrize("widget", WIDGETS)
 def test_widget_redraws_without_a_kernel(site, visit, widget):
     pages = pages_showing(widget)
-    if not pages:
-        pytest.skip(f"no page in _toc.yml displays the {widget} widget yet")
+    assert pages, f"no page in _toc.yml displays the {widget} widget: a widget of the package is shown in a chapter"
     for page in pages:
         v = visit(f"{page}.html")
         view = v.tab.locator(f".ac-widget[data-ac-widget={widget}]").first
@@ -700,8 +706,7 @@ def test_widgets_are_accessible_on_the_site(site, visit, widget):
     controls' group named by its visible label, every drawn label at >= 4.5:1 against its cell and every cross at
     >= 3:1 (greyed rows included), and a focus ring at >= 3:1 on every control, Tab after Tab."""
     pages = pages_showing(widget)
-    if not pages:
-        pytest.skip(f"no page in _toc.yml displays the {widget} widget yet")
+    assert pages, f"no page in _toc.yml displays the {widget} widget: a widget of the package is shown in a chapter"
     for page in pages:
         v = visit(f"{page}.html")
         views = v.tab.locator(f".ac-widget[data-ac-widget={widget}]")
