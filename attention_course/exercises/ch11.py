@@ -41,14 +41,13 @@ import builtins
 import importlib
 import inspect
 import marshal
-import math
 import pickle
 import sys
 import types
 
 import torch
 
-from . import ATOL, DTYPE, ExerciseError, close, describe_diff, max_diff, passed, raised, require_shape, same_error
+from . import ATOL, DTYPE, ExerciseError, close, describe_diff, passed, raised, require_shape
 
 NEG_INF = float("-inf")
 WORLD = 2  # processes per check: one launch, every case inside it
@@ -514,7 +513,8 @@ def _split_worker(fn, rank: int, world_size: int, cases, real):
         got = fn(real["in_proj_weight"].clone(), real["in_proj_bias"].clone(), h, rank, world_size)
         outcome = ("ok", _plain(got))
         cols = real["out_weight"][:, rank * n * (E // h):(rank + 1) * n * (E // h)]
-        share = _heads_output(x, got[0], got[1], cols, n)
+        if tuple(got[0].shape) == (3 * E // world_size, E) and tuple(got[1].shape) == (3 * E // world_size,):
+            share = _heads_output(x, got[0], got[1], cols, n)
     except Exception as err:  # noqa: BLE001 - the rank still takes part in the all_reduce, with zeros
         if outcome[0] != "ok":
             outcome = ("raised", _sendable_error(err))
@@ -558,7 +558,7 @@ def _split_mistakes(E, h, r, P):
          f"layout of Megatron-LM). nn.MultiheadAttention packs all of W_q, then all of W_k, then all of W_v: "
          f"view(3, num_heads, d, E)."),
         (dict(heads="strided"),
-         f"rank {r} took heads {strided}, every {P}th head: STRIDED. {fix}."),
+         f"rank {r} took heads {strided}, one in every {P}: STRIDED. {fix}."),
         (dict(heads="mirror"),
          f"rank {r} took the heads of ANOTHER RANK, rank {P - 1 - r}'s (heads counted from the other end). {fix}."),
         (dict(heads="next"),
@@ -616,7 +616,20 @@ def _bias_shape(b: torch.Tensor, E: int, P: int, case: str) -> None:
     require_shape(b, want, f"{case}: your bias", "(3 E / world_size,)")
 
 
-def _judge_split_record(record, what, weight, bias, h, P, absent) -> None:
+def _split_fits(switches, seen) -> bool:
+    """Whether the weight a rank returned (``seen``: its record and case) is the reference with this mistake."""
+    record, (what, weight, bias, h, P) = seen
+    items = _items(record, 2)
+    if items is None or h % P:
+        return True  # nothing to compare here
+    try:
+        made = _split(weight, bias, h, record["rank"], P, **switches)[0]
+    except Exception:  # noqa: BLE001
+        return False
+    return close(items[0], made, ATOL)
+
+
+def _judge_split_record(record, what, weight, bias, h, P, absent, records=()) -> None:
     r = record["rank"]
     E = weight.shape[1]
     case = f"{what}, rank {r} of {P}"
@@ -652,9 +665,12 @@ def _judge_split_record(record, what, weight, bias, h, P, absent) -> None:
                             f"{_name(weight.dtype)}: keep the input's dtype.")
     want_w, want_b = _reference_split_in_proj(weight, bias, h, r, P)
     if not close(w, want_w, ATOL):
-        for switches, message in _split_mistakes(E, h, r, P):
-            if close(w, _split(weight, bias, h, r, P, **switches)[0], ATOL):
-                raise ExerciseError(f"{case}: {message}")
+        found = [(switches, message) for switches, message in _split_mistakes(E, h, r, P)
+                 if close(w, _split(weight, bias, h, r, P, **switches)[0], ATOL)]
+        if found:  # several mistakes can give these rows: the one that gives every rank's of every case, if any
+            every = [(switches, message) for switches, message in found
+                     if all(_split_fits(switches, other) for other in records)]
+            raise ExerciseError(f"{case}: {(every or found)[0][1]}")
         rows = _row_map(w, weight)
         raise ExerciseError(
             f"{case}: your weight holds rows {_ranges(rows)} of in_proj_weight; rank {r} of {P} needs rows "
@@ -696,13 +712,13 @@ def _judge_indivisible(record, absent) -> None:
             f"yourself before splitting and raise ValueError{hint}, saying that world_size must divide num_heads.")
 
 
-def _judge_split(result, cases, want) -> None:
+def _judge_split(result, cases, real, want) -> None:
     simulated = {}
     for from_rank in result["ranks"]:
         simulated.update(from_rank["simulated"])
-    for index, (what, weight, bias, h, P) in enumerate(cases[:-1]):
-        for record in simulated[index]:
-            _judge_split_record(record, what, weight, bias, h, P, result["absent"])
+    every = [(record, cases[index]) for index in range(len(cases) - 1) for record in simulated[index]]
+    for record, (what, weight, bias, h, P) in every:
+        _judge_split_record(record, what, weight, bias, h, P, result["absent"], every)
     _judge_indivisible(simulated[len(cases) - 1][0], result["absent"])
     for rank, from_rank in enumerate(result["ranks"]):
         real = from_rank["real"]
@@ -725,13 +741,7 @@ def check_split_in_proj(fn) -> None:
     (and bias) of rank's heads, in worker processes: every rank of worlds of 1 to 4 simulated, a ValueError when
     world_size does not divide num_heads, and a real tensor-parallel layer of two processes whose all-reduced heads
     equal ``nn.MultiheadAttention``."""
-    cases, real, want = _split_job()
-    result = _gather("split", [fn], cases, real, _SPLIT_RULE)[0]
-    _judge_split(result, cases, want)
-    passed(f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
-           f"num_heads, and in {WORLD} processes the heads summed by all_reduce equal nn.MultiheadAttention "
-           f"(to {ATOL:g}).")
-
+    _verdicts("split", [fn])[0]()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1010,12 +1020,12 @@ def _record_args(record, case, r):
     return (record["input"], *blocks, record["step"], r, P, causal)
 
 
-def _items(record):
-    """The three tensors a step returned, or None."""
+def _items(record, length: int = 3):
+    """The tensors a call returned as a tuple of ``length``, or None."""
     kind, got = record["outcome"]
-    if kind != "ok" or got[0] != "sequence" or len(got[2]) != 3 or not all(map(_valid_tensor, got[2])):
+    if kind != "ok" or got[0] != "sequence" or len(got[2]) != length or not _valid_tensor(got[2][0]):
         return None
-    return [item[1] for item in got[2]]
+    return [item[1] if _valid_tensor(item) else None for item in got[2]]
 
 
 def _fits(switches, items, args) -> bool:
@@ -1038,9 +1048,12 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     if kind == "raised":
         raise _learner_error(got, where, absent)
     skipped = " (for a block to skip, return the state unchanged)" if causal and src > r else ""
+    if got[0] == "none" and skipped:
+        raise ExerciseError(f"{where} returned None for a block it skips: a skipped block leaves the state as it "
+                            f"was, so return the state unchanged, (m, l, acc) as given.")
     if got[0] == "none":
-        raise ExerciseError(f"{where} returned None: is the return statement missing{skipped}? It returns the new "
-                            f"state, the tuple (m, l, acc).")
+        raise ExerciseError(f"{where} returned None: is the return statement missing? It returns the new state, "
+                            f"the tuple (m, l, acc).")
     if got[0] == "tensor":
         raise ExerciseError(f"{where} returned one tensor, {tuple(got[1].shape)}: return the new STATE, the tuple "
                             f"(m, l, acc), which the next step merges into; the output acc / l comes after the "
@@ -1070,7 +1083,7 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     if found:  # several mistakes can give this one step: the one that gives every step of the case, if any
         every = [(switches, message) for switches, message in found if all(
             _fits(switches, _items(other), _record_args(other, case, rank)) for rank, other in records
-            if _items(other) is not None)]
+            if _items(other) is not None and all(t is not None for t in _items(other)))]
         raise ExerciseError(f"{where}: {(every or found)[0][1]}")
     if causal and src > r and not all(close(a, b, ATOL) for a, b in zip(items, record["input"])):
         raise ExerciseError(f"{where}: this block comes AFTER the rank's own, so with is_causal every key is in the "
@@ -1114,9 +1127,36 @@ def check_ring_step(fn) -> None:
     ring attention, in worker processes: every rank of worlds of 1 to 4 simulated (lengths not divisible by the
     world size, padding, causal), each step compared with the online-softmax merge, then a real ring of two
     processes whose acc / l equals attention over the whole sequence."""
-    cases, real, want = _ring_job()
-    result = _gather("ring", [fn], cases, real, _RING_RULE)[0]
-    _judge_ring(result, cases, real, want)
-    passed(f"every step of every rank for 1 to 4 ranks (uneven blocks, padding, causal) merges its block as the "
-           f"online softmax does, and a real ring of {WORLD} processes gives attention over the whole sequence "
-           f"(to {ATOL:g}).")
+    _verdicts("ring", [fn])[0]()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One launch, any number of answers
+
+
+_EXERCISES = {
+    "split": (_split_job, _judge_split, lambda: _SPLIT_RULE,
+              f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not "
+              f"divide num_heads, and in {WORLD} processes the heads summed by all_reduce equal "
+              f"nn.MultiheadAttention (to {ATOL:g})."),
+    "ring": (_ring_job, _judge_ring, lambda: _RING_RULE,
+             f"every step of every rank for 1 to 4 ranks (uneven blocks, padding, causal) merges its block as the "
+             f"online softmax does, and a real ring of {WORLD} processes gives attention over the whole sequence "
+             f"(to {ATOL:g})."),
+}
+
+
+def _verdicts(exercise: str, answers: list) -> list:
+    """Run every answer in one launch of the worker processes; for each, a function of nothing that judges it (prints
+    the verdict, or raises ExerciseError), as the exercise's checker does. The checkers call it with one answer;
+    tests/mutants/ch11.py with a whole catalogue, to launch once."""
+    job, judge, rule, message = _EXERCISES[exercise]
+    cases, real, want = job()
+    results = _gather(exercise, answers, cases, real, rule())
+
+    def verdict(result):
+        def run():
+            judge(result, cases, real, want)
+            passed(message)
+        return run
+    return [verdict(result) for result in results]
