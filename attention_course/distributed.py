@@ -1,11 +1,24 @@
 """Attention across processes, on PyTorch's own engine ``torch.distributed`` (gloo on CPU processes).
 
-* :func:`launch` starts ``world_size`` worker processes on this machine, each in a process group, runs
-  ``fn(rank, world_size, *args)`` in every one and returns their results in rank order. The same worker code runs
-  unchanged under ``torchrun`` on many machines: only the start-up differs.
+Two ways to spread one attention layer over P processes ("ranks"), each following from an earlier chapter:
 
-A worker runs in a fresh Python process (``spawn``), which imports ``fn`` by its module and name: ``fn`` must live
-in a file Python can import (a package module, or a ``.py`` file beside the notebook), not in a notebook cell.
+* **Heads over ranks** (tensor parallelism; heads are independent, chapter 5). Rank r keeps heads
+  r h/P .. (r+1) h/P: its rows of W_q, W_k, W_v (column-parallel) and the matching columns of W_o (row-parallel).
+  Its heads' output times its columns of W_o is its part of the layer's output; one all-reduce adds the parts.
+  :func:`head_parallel_by_hand` does it with ``dist.all_reduce``, :func:`parallelize_attention` with
+  ``parallelize_module``; :func:`split_in_proj_by_heads` cuts a packed ``in_proj_weight``;
+  :func:`tp_bytes_per_layer` is what the all-reduce sends.
+* **A sequence around a ring** (partial softmaxes merge exactly, chapter 8). Rank r keeps its block of queries;
+  the key/value blocks pass from rank to rank, and each is merged in with the online softmax:
+  :func:`ring_attention`, with :func:`zigzag_split` / :func:`zigzag_merge` to balance a causal mask, and
+  :class:`RingStats` to count each rank's work, memory and messages.
+
+:func:`launch` starts the ranks on this machine and runs ``fn(rank, world_size, *args)`` in every one.
+:func:`ring_worker` and :func:`head_parallel_worker` are such functions, ready to launch. The same worker code
+runs unchanged under ``torchrun`` on many machines (backend ``"nccl"`` on GPUs): only the start-up differs.
+
+A worker runs in a fresh process, which imports ``fn`` by its module and name: ``fn`` must live in a file Python
+can import (a package module, or a ``.py`` file beside the notebook), not in a notebook cell.
 """
 from __future__ import annotations
 
