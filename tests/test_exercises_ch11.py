@@ -3,10 +3,13 @@ heads split over ranks and summed give the layer; the ring: every rank's merged 
 sequence), a learner's function reaches the worker processes by value (a notebook cell's, a lambda, helpers,
 closures), a hang ends in a message, and grading runs them where it runs: in the sandbox without a network. Every
 mutant of tests/mutants/ch11.py is run by tests/test_mutation.py, in one launch per checker."""
+import contextlib
 import functools
+import io
 import math
 import multiprocessing
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -254,6 +257,45 @@ def test_grading_reruns_both_checks_in_its_sandbox():
     assert found["ex-ch11-split-in-proj"]["message"].startswith("Correct"), found
     assert found["ex-ch11-ring-step"]["passed"] is False, found
     assert "NEITHER l NOR acc IS RESCALED" in found["ex-ch11-ring-step"]["message"], found
+
+
+def forked_check(check, answer) -> str:
+    """``check(answer)`` in a fork of this process, as grading's check server runs each check: its message."""
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one thread, as the check server sets before it forks (OpenMP does not survive a fork)
+        os.close(read)
+        signal.alarm(120)
+        torch.set_num_threads(1)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                check(answer)
+            message = out.getvalue()
+        except BaseException as err:  # noqa: BLE001
+            message = f"{type(err).__name__}: {err}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        message = pipe.read()
+    os.waitpid(pid, 0)
+    return message
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "attention_course.distributed.launch is not fork-safe yet: a process forked from one whose launch started the "
+    "forkserver (grading's check server forks a child per check after the chapter's setup cells launched) gets "
+    "ChildProcessError from multiprocessing's forkserver. The fix belongs in launch (spawn, or a server of its "
+    "own, in a fork of the server's owner); remove this mark with it."))
+def test_a_check_runs_in_a_fork_of_a_process_that_launched():
+    from attention_course.distributed import launch
+
+    assert launch(2, ch11._verdicts.__globals__["_worker"], {"exercise": "split", "answers": [], "cases": [],
+                                                            "real": None, "forbidden": [], "rule": ""}) == [[], []]
+    message = forked_check(ch11.check_split_in_proj, ch11._reference_split_in_proj)
+    assert message.startswith("Correct"), message
 
 
 def test_a_right_ring_step_from_a_cell_passes(capsys):
