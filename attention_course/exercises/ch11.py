@@ -10,7 +10,8 @@ IGNORE masks, bool, True = this key is padding, as everywhere in the course):
    owns the heads rank*n .. (rank+1)*n - 1, n = num_heads / world_size (contiguous, as ``ColwiseParallel`` shards),
    and returns its rows in the same packed layout: ``weight`` (3D / world_size, D), the q rows of its heads, then
    their k rows, then their v rows, and ``bias`` (3D / world_size,) likewise. When world_size does not divide
-   num_heads it raises ValueError. Without the package's ``split_in_proj_by_heads``.
+   num_heads it raises ValueError. Without the package's ``split_in_proj_by_heads`` (the checker makes it raise in
+   the workers, where grading's own guard does not reach).
 2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> state`` --
    :func:`check_ring_step`, grade_id ``ex-ch11-ring-step``. One step of ring attention on one rank. ``q``
    (B, h, L_q, d) are the rank's own queries, block ``rank`` of ``torch.tensor_split(x, world_size, dim=2)``;
