@@ -312,3 +312,18 @@ def test_the_spec_names_every_exercise():
                  "ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)",
                  "ex-ch11-split-in-proj", "ex-ch11-ring-step"):
         assert name in ch11.__doc__, name
+
+
+def test_what_the_learners_function_prints_in_the_workers_is_shown(capsys):
+    """A worker's standard output reaches no notebook: it comes back with the results and is printed before the
+    verdict (a print is how a learner looks inside a function)."""
+    def chatty(in_proj_weight, in_proj_bias, num_heads, rank, world_size):
+        if (num_heads, rank, world_size) == (4, 1, 2):
+            print("rank 1 of 2 sees", tuple(in_proj_weight.shape))
+        return ch11._reference_split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size)
+
+    ch11.check_split_in_proj(chatty)
+    out = capsys.readouterr().out
+    assert "Printed by your function in worker rank 0:\nrank 1 of 2 sees (24, 8)" in out  # its simulated case
+    assert "Printed by your function in worker rank 1:\nrank 1 of 2 sees (24, 8)" in out  # the real run
+    assert out.index("Printed") < out.index("Correct")

@@ -39,8 +39,10 @@ block of padding, ...) by rerunning the reference with that mistake applied.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import inspect
+import io
 import marshal
 import pickle
 import sys
@@ -321,7 +323,10 @@ def _worker(rank: int, world_size: int, job: dict):
             fn = _unpack(parcel)
         except Exception as err:  # noqa: BLE001
             fn = _unloadable(err)
-        results.append(run(fn, rank, world_size, job["cases"], job["real"]))
+        printed = io.StringIO()  # a worker's own output goes to no notebook: it comes back with the results
+        with contextlib.redirect_stdout(printed):
+            results.append(run(fn, rank, world_size, job["cases"], job["real"]))
+        results[-1]["printed"] = printed.getvalue()
     return results
 
 
@@ -1156,11 +1161,24 @@ def _verdicts(exercise: str, answers: list) -> list:
     tests/mutants/ch11.py with a whole catalogue, to launch once."""
     job, judge, rule, message = _EXERCISES[exercise]
     cases, real, want = job()
-    results = _gather(exercise, answers, cases, real, rule())
+    callables = [answer for answer in answers if callable(answer)]
+    results = iter(_gather(exercise, callables, cases, real, rule()) if callables else [])
 
-    def verdict(result):
+    def verdict(answer, result):
         def run():
+            if result is None:
+                raise ExerciseError(f"the checker takes your function itself, e.g. check_{_NAMES[exercise]}"
+                                    f"({_NAMES[exercise]}), without parentheses after its name; it got a "
+                                    f"{type(answer).__name__}.")
+            for rank, from_rank in enumerate(result["ranks"]):
+                if from_rank.get("printed"):
+                    text = from_rank["printed"]
+                    cut = f"\n[... {len(text) - 2000} more characters]" if len(text) > 2000 else ""
+                    print(f"Printed by your function in worker rank {rank}:\n{text[:2000].rstrip()}{cut}")
             judge(result, cases, real, want)
             passed(message)
         return run
-    return [verdict(result) for result in results]
+    return [verdict(answer, next(results) if callable(answer) else None) for answer in answers]
+
+
+_NAMES = {"split": "split_in_proj", "ring": "ring_step"}

@@ -246,6 +246,8 @@ SPLIT = catalogue(
         Mutant("a global that cannot be sent", uses_a_lock, (r"LOCK", r"cannot be sent to the worker")),
         Mutant("no return statement", no_return, (r"return statement",)),
         Mutant("the stub", stub, (r"stub",)),
+        Mutant("the function's result, not the function", (torch.zeros(12, 8), torch.zeros(12)),
+               (r"without parentheses", r"got a tuple")),
     ],
 )
 
