@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import itertools
 import os
 import pickle
 import sys
@@ -192,7 +193,7 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
         raise TypeError(f"the arguments of launch must be picklable to reach the workers: {exc}") from exc
     # The rendezvous: a key-value store the workers meet at. Port 0: the system picks a free one, no race.
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
+                          timeout=datetime.timedelta(seconds=START_TIMEOUT))
     ctx = _context()
     procs, conns = [], []
     try:
@@ -286,12 +287,13 @@ def block_ranges(length: int, world_size: int, layout: str = "contiguous") -> li
 
     ``"contiguous"``: rank r holds piece r of ``torch.tensor_split(x, world_size)``, one piece.
     ``"zigzag"``: the sequence is cut into 2P pieces and rank r holds pieces r and 2P-1-r, one from each end, so
-    that under a causal mask every rank has as many early keys as late queries (see :func:`zigzag_split`).
+    that under a causal mask every rank has the same work: its early piece attends few keys, its late piece many
+    (see :func:`zigzag_split`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
     n = world_size if layout == "contiguous" else 2 * world_size
-    stops = torch.tensor(_sizes(length, n)).cumsum(0).tolist()
+    stops = list(itertools.accumulate(_sizes(length, n)))
     pieces = list(zip([0, *stops[:-1]], stops))
     if layout == "contiguous":
         return [[piece] for piece in pieces]
