@@ -153,6 +153,22 @@ def _check_importable(fn) -> None:
         )
 
 
+def _forget_the_fork_server() -> None:
+    """In a process forked from one that launched (a grading server's child for each student, say): the inherited
+    record of the parent's fork server, which multiprocessing would ``os.waitpid`` on and fail ("No child
+    processes"), is dropped, so that this process's first launch starts a fork server of its own."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)  # this process's copy: the parent's server lives on
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_fork_server)
+
+
 def _context():
     """Where the start method allows it, workers fork from a server process that imported torch and this package
     once (``forkserver``): later launches start in a fraction of a second instead of seconds. Else ``spawn``."""

@@ -223,6 +223,20 @@ def test_launch_returns_results_in_rank_order(battery_results):
     assert [r["ring"][4][8].shape[2] for r in battery_results] == [3, 3, 3, 2]  # rank r holds block r of L = 11
 
 
+def test_a_forked_child_of_a_process_that_launched_can_launch():
+    """As grading does: a check server launches, then forks a child per student, which launches too."""
+    assert [r[1] for r in D.launch(1, square, 3)] == [3.0]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its own launch works
+        try:
+            code = 0 if [r[1] for r in D.launch(2, square, 4)] == [12.0, 12.0] else 1  # (1 + 2) * 4
+        except BaseException:  # noqa: BLE001
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_worker_error_names_its_rank_and_traceback_and_stops_the_others(tmp_path):
     with pytest.raises(D.WorkerError, match=r"worker rank 1 of 2 failed: KeyError: 'no such head'") as info:
         D.launch(2, record_pid_then, str(tmp_path), "raise")
