@@ -4,12 +4,12 @@ The exercises, as the learner writes them (the checkers call them with float64 C
 IGNORE masks, bool, True = this key is padding, as everywhere in the course):
 
 1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` --
-   :func:`check_split_in_proj`, grade_id ``ex-ch11-split-in-proj``. ``in_proj_weight`` (3E, E) and
-   ``in_proj_bias`` (3E,) are ``nn.MultiheadAttention``'s packed projections: the rows of W_q, then of W_k, then of
-   W_v, each (E, E) with head j in rows j*d .. (j+1)*d - 1 (d = E / num_heads). Rank ``rank`` of ``world_size``
+   :func:`check_split_in_proj`, grade_id ``ex-ch11-split-in-proj``. ``in_proj_weight`` (3D, D) and
+   ``in_proj_bias`` (3D,) are ``nn.MultiheadAttention``'s packed projections: the rows of W_q, then of W_k, then of
+   W_v, each (D, D) with head j in rows j*d .. (j+1)*d - 1 (d = D / num_heads). Rank ``rank`` of ``world_size``
    owns the heads rank*n .. (rank+1)*n - 1, n = num_heads / world_size (contiguous, as ``ColwiseParallel`` shards),
-   and returns its rows in the same packed layout: ``weight`` (3E / world_size, E), the q rows of its heads, then
-   their k rows, then their v rows, and ``bias`` (3E / world_size,) likewise. When world_size does not divide
+   and returns its rows in the same packed layout: ``weight`` (3D / world_size, D), the q rows of its heads, then
+   their k rows, then their v rows, and ``bias`` (3D / world_size,) likewise. When world_size does not divide
    num_heads it raises ValueError. Without the package's ``split_in_proj_by_heads``.
 2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> state`` --
    :func:`check_ring_step`, grade_id ``ex-ch11-ring-step``. One step of ring attention on one rank. ``q``
@@ -546,17 +546,17 @@ def _split_mistakes(E, h, r, P):
     mine = f"heads {r * n}-{(r + 1) * n - 1}" if n > 1 else f"head {r}"
     strided = list(range(r, h, P))
     fix = (f"Rank r owns the CONTIGUOUS heads r*n .. (r+1)*n - 1 (n = num_heads // world_size = {n}), here {mine}, "
-           f"as ColwiseParallel cuts the rows: in_proj_weight.view(3, num_heads, d, E)[:, r*n:(r+1)*n]")
+           f"as ColwiseParallel cuts the rows: in_proj_weight.view(3, num_heads, d, D)[:, r*n:(r+1)*n]")
     return [
         (dict(layout="chunks"),
          f"the packed rows are cut into {P} CONTIGUOUS CHUNKS: rank {r} got rows {r * 3 * E // P}-"
          f"{(r + 1) * 3 * E // P - 1} of in_proj_weight, {_thirds(r * 3 * E // P, (r + 1) * 3 * E // P, E)}, "
-         f"which mixes up W_q, W_k and W_v. Separate q, k and v first (in_proj_weight.view(3, num_heads, d, E), or "
+         f"which mixes up W_q, W_k and W_v. Separate q, k and v first (in_proj_weight.view(3, num_heads, d, D), or "
          f".chunk(3)), take this rank's heads from each, and pack them again."),
         (dict(layout="per head"),
          f"the rows are read HEAD BY HEAD, as (num_heads, 3, d): q, k and v of head 0, then of head 1 (the fused "
          f"layout of Megatron-LM). nn.MultiheadAttention packs all of W_q, then all of W_k, then all of W_v: "
-         f"view(3, num_heads, d, E)."),
+         f"view(3, num_heads, d, D)."),
         (dict(heads="strided"),
          f"rank {r} took heads {strided}, one in every {P}: STRIDED. {fix}."),
         (dict(heads="mirror"),
@@ -566,10 +566,10 @@ def _split_mistakes(E, h, r, P):
         (dict(out="per head"),
          f"the rows of {mine} are all there, but ORDERED PER HEAD (q, k, v rows of one head, then of the next). Keep "
          f"the packed layout: all the q rows of the rank's heads, then their k rows, then their v rows, so that "
-         f"weight[:E // world_size] is the rank's share of W_q."),
+         f"weight[:D // world_size] is the rank's share of W_q."),
         *[(dict(order=order),
            f"the three blocks come in the order {', '.join('qkv'[i] for i in order)}: the PACKED ORDER q, k, v of "
-           f"in_proj_weight must be kept (the layer reads rows [:E/P] as W_q, the next as W_k, the last as W_v).")
+           f"in_proj_weight must be kept (the layer reads rows [:D/P] as W_q, the next as W_k, the last as W_v).")
           for order in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]],
     ]
 
@@ -589,16 +589,16 @@ def _split_shape(w: torch.Tensor, E: int, h: int, r: int, P: int, case: str) -> 
                          f"features) -> {want}.",
         (E // P, E): f"your weight has the rows of ONE OF q, k, v only ({shape}): the rank needs its heads' rows of "
                      f"all three, packed q, k, v -> {want}.",
-        (3, E // P, E): f"your weight is still 3-D, {shape}: pack it back, .reshape(3 * E // world_size, E) -> "
+        (3, E // P, E): f"your weight is still 3-D, {shape}: pack it back, .reshape(3 * D // world_size, D) -> "
                         f"{want}.",
-        (3, n, d, E): f"your weight is still 4-D, {shape}: pack it back, .reshape(3 * E // world_size, E) -> {want}.",
+        (3, n, d, E): f"your weight is still 4-D, {shape}: pack it back, .reshape(3 * D // world_size, D) -> {want}.",
     }
     if n > 1:
         named[(3 * d, E)] = (f"your weight has the rows of ONE HEAD ({shape}): each of the {P} ranks owns n = "
                              f"num_heads // world_size = {n} heads -> {want}.")
     if shape in named and shape != want:
         raise ExerciseError(f"{case}: {named[shape]}")
-    require_shape(w, want, f"{case}: your weight", "(3 E / world_size, E)")
+    require_shape(w, want, f"{case}: your weight", "(3 D / world_size, D)")
 
 
 def _bias_shape(b: torch.Tensor, E: int, P: int, case: str) -> None:
@@ -613,7 +613,7 @@ def _bias_shape(b: torch.Tensor, E: int, P: int, case: str) -> None:
                             f"heads from the q, k and v thirds of in_proj_bias, packed -> {want}.")
     if b.numel() == 3 * E // P:
         raise ExerciseError(f"{case}: your bias has shape {shape}: flatten it, .reshape(-1) -> {want}.")
-    require_shape(b, want, f"{case}: your bias", "(3 E / world_size,)")
+    require_shape(b, want, f"{case}: your bias", "(3 D / world_size,)")
 
 
 def _split_fits(switches, seen) -> bool:
@@ -733,7 +733,10 @@ def _judge_split(result, cases, real, want) -> None:
                 f"its arguments?")
 
 
-_SPLIT_RULE = ([], "")  # the functions the exercise forbids (dotted names) and its words: filled below
+# The functions the exercise forbids (dotted names) and its words. Grading makes them raise in the process that runs
+# the check (instructor/verdict.py's RULES); the learner's code runs in the workers, so the checker does it there.
+_SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],
+               "*without* the package's `split_in_proj_by_heads`")
 
 
 def check_split_in_proj(fn) -> None:

@@ -189,6 +189,12 @@ def three_parts(w, b, h, r, P):
     return (*weight.chunk(3),)
 
 
+def packaged(w, b, h, r, P):
+    from attention_course.distributed import split_in_proj_by_heads
+
+    return split_in_proj_by_heads(w, h, r, P), split_in_proj_by_heads(b, h, r, P)
+
+
 LOCK = threading.Lock()  # not picklable: it cannot reach the workers
 
 
@@ -235,6 +241,8 @@ SPLIT = catalogue(
                (r"came back as float32",)),
         Mutant("three tensors q, k, v", three_parts, (r"returned 3 items", r"PACKED")),
         Mutant("the weight alone", lambda *a: view_and_slice(*a)[0], (r"returned one tensor", r"\(weight, bias\)")),
+        Mutant("the package's split_in_proj_by_heads", packaged, (r"not accepted", r"may not be used",
+                                                                   r"split_in_proj_by_heads")),
         Mutant("a global that cannot be sent", uses_a_lock, (r"LOCK", r"cannot be sent to the worker")),
         Mutant("no return statement", no_return, (r"return statement",)),
         Mutant("the stub", stub, (r"stub",)),
