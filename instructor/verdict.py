@@ -51,6 +51,8 @@ RULES = {
                      "*without* the package's `apply_rope`, `rope_cos_sin` or `rotate_half` (nor `transformers`' "
                      "`apply_rotary_pos_emb`)"),
     "ex-ch10-window-mask": (["attention_course.decoding.decode_mask"], "*without* the package's `decode_mask`"),
+    "ex-ch11-split-in-proj": (["attention_course.distributed.split_in_proj_by_heads"],
+                              "*without* the package's `split_in_proj_by_heads`"),
 }
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
