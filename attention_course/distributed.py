@@ -156,13 +156,16 @@ def _check_importable(fn) -> None:
 def _forget_the_fork_server() -> None:
     """In a process forked from one that launched (a grading server's child for each student, say): the inherited
     record of the parent's fork server, which multiprocessing would ``os.waitpid`` on and fail ("No child
-    processes"), is dropped, so that this process's first launch starts a fork server of its own."""
-    from multiprocessing import forkserver
+    processes"), is dropped, and so is the parent's temporary folder, where the new server's socket would go (the
+    parent may empty or remove it meanwhile: the grading sandbox does between students). This process's first
+    launch then starts a fork server of its own, in a folder of its own."""
+    from multiprocessing import forkserver, process
 
     server = forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)  # this process's copy: the parent's server lives on
     server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    process.current_process()._config.pop("tempdir", None)
 
 
 if hasattr(os, "register_at_fork"):
