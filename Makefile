@@ -29,11 +29,13 @@ help:
 	@echo "make grade-bench [STUDENTS=200] [JOBS=n]  time the grading of a generated class of chapter-3 submissions"
 	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
+# --no-compile: pip would byte-compile every module of every package (torch, transformers, Sphinx: half a minute on
+# two cores); Python compiles the modules actually imported, once, on first import.
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --disable-pip-version-check -q "$(TORCH)"
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --disable-pip-version-check -q --no-compile "$(TORCH)"
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -55,7 +57,7 @@ _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js
 
 $(GRADER)/.installed: Makefile
 	test -x $(GRADER)/bin/python || $(PYTHON) -m venv $(GRADER)
-	$(GRADER)/bin/python -m pip install --disable-pip-version-check -q "$(NBGRADER)"
+	$(GRADER)/bin/python -m pip install --disable-pip-version-check -q --no-compile "$(NBGRADER)"
 	touch $@
 
 # The student edition (book/instructors.md): nbgrader's generate_assignment on every chapter, and the website built

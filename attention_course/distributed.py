@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import copy
 import datetime
+import itertools
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -70,9 +72,27 @@ def _loopback_interface() -> str | None:
 START_TIMEOUT = 300.0  # seconds the workers may take to start and meet (each imports torch: seconds on a busy machine)
 
 
-def _worker(rank: int, world_size: int, port: int, timeout: float, payload: bytes, conn) -> None:
-    """Runs in each spawned process: join the process group, say ("ready",), run fn, send back ("ok", result)
+def _end_with(caller: int) -> None:
+    """End this worker when the process that launched it is gone (a notebook kernel restarted or killed while the
+    workers ran): no orphan is left waiting for messages that will never come."""
+    def watch():
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(caller, 0)  # signal 0: only asks whether the process exists
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # exists, owned by another user
+                pass
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _worker(rank: int, world_size: int, port: int, timeout: float, payload: bytes, conn, caller=None) -> None:
+    """Runs in each worker process: join the process group, say ("ready",), run fn, send back ("ok", result)
     or ("error", message, traceback)."""
+    if caller is not None:
+        _end_with(caller)
     try:
         env, fn, args = pickle.loads(payload)  # imports fn's module here, in the worker
         os.environ.clear()
@@ -133,6 +153,25 @@ def _check_importable(fn) -> None:
         )
 
 
+def _forget_the_fork_server() -> None:
+    """In a process forked from one that launched (a grading server's child for each student, say): the inherited
+    record of the parent's fork server, which multiprocessing would ``os.waitpid`` on and fail ("No child
+    processes"), is dropped, and so is the parent's temporary folder, where the new server's socket would go (the
+    parent may empty or remove it meanwhile: the grading sandbox does between students). This process's first
+    launch then starts a fork server of its own, in a folder of its own."""
+    from multiprocessing import forkserver, process
+
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)  # this process's copy: the parent's server lives on
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    process.current_process()._config.pop("tempdir", None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_fork_server)
+
+
 def _context():
     """Where the start method allows it, workers fork from a server process that imported torch and this package
     once (``forkserver``): later launches start in a fraction of a second instead of seconds. Else ``spawn``."""
@@ -148,7 +187,7 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
 
     Returns the ``world_size`` results, in rank order (each must be picklable: tensors, numbers, dicts...).
 
-    Each worker is a fresh Python process (``spawn``) that connects to a rendezvous store this process holds on
+    Each worker is a new Python process that connects to a rendezvous store this process holds on
     127.0.0.1 at a free port, joins the default process group (backend gloo, CPU) and calls ``fn``; inside it,
     ``torch.distributed`` (``dist.all_reduce``, ``dist.isend``...) talks to the other workers. Usable from a
     notebook cell, as long as ``fn`` lives in an importable file (see the module's docstring).
@@ -157,8 +196,11 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
     the worker's traceback. If they are not all done ``timeout`` seconds after all of them joined the group (a
     worker waiting forever for a message no one sends: a collective not every rank called, a send without its
     receive), all are stopped and ``TimeoutError`` is raised. (Starting and joining have their own limit,
-    ``START_TIMEOUT``: each worker imports torch, which takes seconds on a busy machine.) No process is left behind
-    either way.
+    ``START_TIMEOUT``.) No process is left behind either way, nor when this process itself is killed: each worker
+    ends within a second or so of its caller.
+
+    The first launch starts a server process that imports torch and this package once (seconds); workers fork
+    from it, so later launches start in a fraction of a second (``forkserver``; ``spawn`` where there is no fork).
     """
     world_size = check_positive_int(world_size, "world_size")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -170,13 +212,14 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
         raise TypeError(f"the arguments of launch must be picklable to reach the workers: {exc}") from exc
     # The rendezvous: a key-value store the workers meet at. Port 0: the system picks a free one, no race.
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
+                          timeout=datetime.timedelta(seconds=START_TIMEOUT))
     ctx = _context()
     procs, conns = [], []
     try:
         for rank in range(world_size):
             here, there = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(rank, world_size, store.port, timeout, payload, there), daemon=True)
+            p = ctx.Process(target=_worker, args=(rank, world_size, store.port, timeout, payload, there, os.getpid()),
+                            daemon=True)
             p.start()
             there.close()  # the worker's end stays open in the worker only
             procs.append(p)
@@ -224,7 +267,9 @@ def _collect(procs, conns, world_size: int, timeout: float) -> list:
             except EOFError:  # the process ended without a word: killed, or crashed in C code
                 procs[rank].join(5)
                 raise WorkerError(rank, world_size, f"the process died without reporting (exit code "
-                                  f"{procs[rank].exitcode}): killed, out of memory, or a crash in C code.") from None
+                                  f"{procs[rank].exitcode}): killed, out of memory, or a crash in C code; or, if "
+                                  f"launch is called from a script, the script lacks `if __name__ == \"__main__\":` "
+                                  f"around that call (each worker imports the script first).") from None
             if message[0] == "ready":
                 pending[rank], started = conns[rank], started + 1
                 if started == world_size:  # all in the group: fn's time starts now
@@ -261,12 +306,13 @@ def block_ranges(length: int, world_size: int, layout: str = "contiguous") -> li
 
     ``"contiguous"``: rank r holds piece r of ``torch.tensor_split(x, world_size)``, one piece.
     ``"zigzag"``: the sequence is cut into 2P pieces and rank r holds pieces r and 2P-1-r, one from each end, so
-    that under a causal mask every rank has as many early keys as late queries (see :func:`zigzag_split`).
+    that under a causal mask every rank has the same work: its early piece attends few keys, its late piece many
+    (see :func:`zigzag_split`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
     n = world_size if layout == "contiguous" else 2 * world_size
-    stops = torch.tensor(_sizes(length, n)).cumsum(0).tolist()
+    stops = list(itertools.accumulate(_sizes(length, n)))
     pieces = list(zip([0, *stops[:-1]], stops))
     if layout == "contiguous":
         return [[piece] for piece in pieces]

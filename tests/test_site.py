@@ -307,7 +307,7 @@ HARNESS_MARKERS = """() => {
 # The column a chapter's text sits in, at desktop widths: the site has one search box there.
 DESKTOPS = [DESKTOP, {"width": 1600, "height": 1000}]
 
-# Legible at the size shown (at 1280 px wide; see test_desktop_layout and figure_problems):
+# Legible at the size shown (at 1280 px wide; see desktop_problems and figure_problems):
 # - figures: every image in a cell's output, as shown (its PNG file, natural width, displayed width);
 # - clipped: a <pre> (code, output), a table or a cell's output box in the article whose content is wider than its
 #   box (scrollWidth > clientWidth: the reader must scroll, or never sees the end);
@@ -459,6 +459,9 @@ def slug(page: str) -> str:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page(site, visit, page):
+    """One visit per page (loading and typesetting a page is most of a check's cost), every check on it: errors,
+    requests, math, images, links, buttons; at each desktop width the layout (desktop_problems); at a phone's
+    width no horizontal overflow."""
     start, blocked_before = time.perf_counter(), len(site["blocked"])
     v = visit(f"{page}.html")
     tab, problems = v.tab, v.problems
@@ -469,6 +472,8 @@ def test_page(site, visit, page):
     problems += link_problems(tab, site["url"], f"{page}.html")
     problems += notebook_button_problems(tab, page)
     problems += [f"harness marker visible in the page text: {m!r}" for m in tab.evaluate(HARNESS_MARKERS)]
+    for viewport in DESKTOPS:
+        problems += desktop_problems(v, viewport)
     v.screenshot(slug(page))
     v.resize(PHONE)
     overflow = tab.evaluate(OVERFLOW, PHONE["width"])
@@ -480,16 +485,14 @@ def test_page(site, visit, page):
     assert not problems, f"{page}.html:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("viewport", DESKTOPS, ids=lambda v: f"{v['width']}px")
-@pytest.mark.parametrize("page", PAGES)
-def test_desktop_layout(site, visit, page, viewport):
+def desktop_problems(v, viewport) -> list[str]:
     """At desktop widths: exactly one visible search box, and no equation or table wider than the text column.
 
     At 1280 px, also legible at the size shown: every figure's smallest text renders at >= MIN_TEXT_CSS_PX CSS px
     (figure_problems: from the font sizes the PNG records, its pixel width and its displayed width), no code, output
     line or table is wider than its box (LEGIBILITY)."""
-    v = visit(f"{page}.html")
-    v.resize(viewport)
+    if v.tab.viewport_size != viewport:
+        v.resize(viewport)
     problems = []
     boxes = v.tab.evaluate(SEARCH_BOXES)
     if len(boxes) != 1:
@@ -500,8 +503,7 @@ def test_desktop_layout(site, visit, page, viewport):
         shown = v.tab.evaluate(LEGIBILITY)
         problems += [f"illegible at {DESKTOP['width']} px: {p}" for p in figure_problems(shown["figures"], SITE)]
         problems += [f"wider than its box at {DESKTOP['width']} px: {w}" for w in shown["clipped"] + shown["tables"]]
-    problems += v.close()  # console errors, failed requests
-    assert not problems, f"{page}.html:\n" + "\n".join(problems)
+    return problems
 
 
 def test_toc_pages_exist():

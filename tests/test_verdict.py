@@ -19,22 +19,31 @@ needs_release = pytest.mark.skipif(not RELEASE.exists(), reason="run `make stude
 needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason="needs bubblewrap (apt-get install bubblewrap)")
 
 
-def server(chapter: str) -> verdict.Server:
-    found = verdict.Server(verdict.plan(chapter, RELEASE / chapter / f"{chapter}.ipynb"), [], 4 * 2**30)
-    found.start()
-    return found
+@pytest.fixture(scope="module")
+def server():
+    """chapter -> its check server, started when first asked for and shared by this file's tests, as grading shares
+    one per chapter (each check runs in a fresh child of it)."""
+    started = {}
+
+    def get(chapter: str) -> verdict.Server:
+        if chapter not in started:
+            started[chapter] = verdict.Server(verdict.plan(chapter, RELEASE / chapter / f"{chapter}.ipynb"), [],
+                                              4 * 2**30)
+            started[chapter].start()
+        return started[chapter]
+
+    yield get
+    for each in started.values():
+        each.stop()
 
 
 @needs_release
 @needs_bwrap
 @pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.stem)
-def test_solutions_pass_and_stubs_do_not_when_the_checks_are_re_run(path):
+def test_solutions_pass_and_stubs_do_not_when_the_checks_are_re_run(server, path):
     chapter = server(path.stem)
-    try:
-        good = chapter.check("instructor", verdict.solutions(path), 60)
-        stubs = chapter.check("stubs", verdict.solutions(RELEASE / path.stem / path.name), 60)
-    finally:
-        chapter.stop()
+    good = chapter.check("instructor", verdict.solutions(path), 60)
+    stubs = chapter.check("stubs", verdict.solutions(RELEASE / path.stem / path.name), 60)
     labels = [e.label for e in exercises(path) if e.checked]
     assert list(good) == list(stubs) == labels
     for label in labels:
@@ -48,7 +57,7 @@ SOFTMAX = "def my_softmax(scores, dim=-1):\n    {body}\n"
 
 @needs_release
 @needs_bwrap
-def test_a_forbidden_function_is_unavailable_during_the_students_calls_only():
+def test_a_forbidden_function_is_unavailable_during_the_students_calls_only(server):
     """Chapter 2 forbids torch.softmax: reached by any name (the function, an alias, the method, F.softmax) it raises
     during the student's call and the verdict quotes the rule; the checker's own use of it still works."""
     chapter = server("02_softmax")
@@ -65,13 +74,10 @@ def test_a_forbidden_function_is_unavailable_during_the_students_calls_only():
         "caught": "try:\n        return torch.softmax(scores, dim)\n    except Exception:\n"
                   "        e = (scores - scores.amax(dim, keepdim=True)).exp()\n        return e / e.sum(dim, keepdim=True)",
     }
-    try:
-        found = {name: chapter.check(name, [("ex-ch2-softmax", SOFTMAX.format(body=body)),
-                                            ("ex-ch2-attention", attention)], 30) for name, body in answers.items()}
-        alias = chapter.check("alias", [("ex-ch2-softmax", "my_softmax = torch.softmax\n"),
-                                        ("ex-ch2-attention", attention)], 30)
-    finally:
-        chapter.stop()
+    found = {name: chapter.check(name, [("ex-ch2-softmax", SOFTMAX.format(body=body)),
+                                        ("ex-ch2-attention", attention)], 30) for name, body in answers.items()}
+    alias = chapter.check("alias", [("ex-ch2-softmax", "my_softmax = torch.softmax\n"),
+                                    ("ex-ch2-attention", attention)], 30)
     assert found["exp"]["ex-ch2-softmax"]["passed"] is True
     for name, result in [*found.items(), ("alias", alias)]:
         assert result["ex-ch2-attention"]["passed"] is True, (name, result)  # torch.softmax is allowed there
