@@ -284,12 +284,9 @@ def forked_check(check, answer) -> str:
     return message
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "attention_course.distributed.launch is not fork-safe yet: a process forked from one whose launch started the "
-    "forkserver (grading's check server forks a child per check after the chapter's setup cells launched) gets "
-    "ChildProcessError from multiprocessing's forkserver. The fix belongs in launch (spawn, or a server of its "
-    "own, in a fork of the server's owner); remove this mark with it."))
 def test_a_check_runs_in_a_fork_of_a_process_that_launched():
+    """Grading's check server launches in its setup (the chapter's cells), then forks a child per check: the check
+    runs there, with a fork server of the child's own."""
     from attention_course.distributed import launch
 
     assert launch(2, ch11._verdicts.__globals__["_worker"], {"exercise": "split", "answers": [], "cases": [],
