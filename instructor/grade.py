@@ -214,6 +214,9 @@ def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout:
         if "kernel died" in text.lower() or "DeadKernelError" in text:
             return (f"not graded: the kernel died (the submission crashed it, or went over the memory limit or "
                     f"the {limit} s limit for the whole notebook)")
+        if any(words in text for words in ("CellTimeoutError", "Cell execution timed out", "Timeout waiting for")):
+            return (f"not graded: a cell ran past the {cell_timeout} s limit per cell and nbgrader stopped (on a "
+                    f"busy machine, a larger --cell-timeout)")
         errors = [line for line in text.splitlines() if "Error" in line and "AutogradeApp" not in line]
         return f"not graded: {(errors or [last_line(text)])[-1].strip() or 'nbgrader autograde failed'}"
     sandbox.cut_outputs(graded, output_limit)
