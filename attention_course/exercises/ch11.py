@@ -35,6 +35,9 @@ workers it is called on many cases (several world sizes, simulated: ``dist.get_r
 names the classic mistakes (q, k, v packed rows cut into contiguous chunks, heads strided, the bias forgotten; the
 old state not rescaled, future blocks attended, the block index counted the wrong way round the ring, NaN from a
 block of padding, ...) by rerunning the reference with that mistake applied.
+
+The functions marked ``# pragma: no cover (worker)`` run only in the worker processes, where the tests' line
+coverage does not follow; tests/test_exercises_ch11.py and the chapter's mutation catalogue run every one of them.
 """
 from __future__ import annotations
 
@@ -194,7 +197,7 @@ def _forbid(dotted: list[str], rule: str) -> None:
 _PRETEND: dict[str, int | None] = {"rank": None, "world_size": None}
 
 
-def _pretending(real):
+def _pretending(real):  # pragma: no cover (worker)
     def answer(*args, **kwargs):
         key = "rank" if real.__name__ == "get_rank" else "world_size"
         return _PRETEND[key] if _PRETEND[key] is not None else real(*args, **kwargs)
@@ -202,7 +205,7 @@ def _pretending(real):
     return answer
 
 
-def _install_pretence() -> None:
+def _install_pretence() -> None:  # pragma: no cover (worker)
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -269,7 +272,7 @@ class _Foreign(Exception):
     """An exception of the learner's code that could not be sent back as itself: its type's name and text."""
 
 
-def _sendable_error(err: BaseException) -> BaseException:
+def _sendable_error(err: BaseException) -> BaseException:  # pragma: no cover (worker)
     try:
         back = pickle.loads(pickle.dumps(err))
         if type(back) is type(err) and str(back) == str(err):
@@ -279,7 +282,7 @@ def _sendable_error(err: BaseException) -> BaseException:
     return type(type(err).__name__, (_Foreign,), {})(str(err))
 
 
-def _plain(value):
+def _plain(value):  # pragma: no cover (worker)
     """The learner's return value as plain data: tensors as plain detached CPU copies, tuples and lists item by item;
     anything else as a description ("other", type name)."""
     if isinstance(value, torch.Tensor):
@@ -293,7 +296,7 @@ def _plain(value):
     return ("other", type(value).__name__)
 
 
-def _call(fn, *args):
+def _call(fn, *args):  # pragma: no cover (worker)
     """("ok", plain result) or ("raised", exception) of one call of the learner's function, in a worker."""
     try:
         return ("ok", _plain(fn(*args)))
@@ -311,7 +314,7 @@ def _changed(before, after, names) -> list[str]:
             if isinstance(a, torch.Tensor) and not (a.shape == b.shape and torch.equal(a, b))]
 
 
-def _worker(rank: int, world_size: int, job: dict):
+def _worker(rank: int, world_size: int, job: dict):  # pragma: no cover (worker)
     """Runs in each worker process (launched by :func:`_gather`): every answer of the job on this rank's share of
     the simulated cases, then on the real case, in which the ranks talk."""
     _install_pretence()
@@ -394,7 +397,7 @@ def _describe(packed) -> str:
     return f"a {packed[1]}"
 
 
-def _ranges(indices: list[int | None]) -> str:
+def _ranges(indices: list[int | None]) -> str:  # pragma: no cover (worker)
     """[4, 5, 6, 7, 12, 13] -> "4-7, 12-13" (and how many were found nowhere)."""
     found, parts = [i for i in indices if i is not None], []
     for i in found:
@@ -493,7 +496,7 @@ def _pretend(rank, world_size):
     _PRETEND["rank"], _PRETEND["world_size"] = rank, world_size
 
 
-def _split_worker(fn, rank: int, world_size: int, cases, real):
+def _split_worker(fn, rank: int, world_size: int, cases, real):  # pragma: no cover (worker)
     import torch.distributed as dist
 
     simulated = {}
@@ -529,7 +532,7 @@ def _split_worker(fn, rank: int, world_size: int, cases, real):
     return {"simulated": simulated, "real": {"outcome": outcome, "out": share + real["out_bias"]}}
 
 
-def _row_map(got: torch.Tensor, full: torch.Tensor) -> list[int | None]:
+def _row_map(got: torch.Tensor, full: torch.Tensor) -> list[int | None]:  # pragma: no cover (worker)
     """For each row (or entry) of ``got``, the index of the row of ``full`` it equals (None if none)."""
     got, full = got.reshape(got.shape[0], -1).to(DTYPE), full.reshape(full.shape[0], -1).to(DTYPE)
     equal = ((got[:, None, :] - full[None, :, :]).abs() <= ATOL).all(-1)  # (rows of got, rows of full)
@@ -862,7 +865,7 @@ def _blocks(t: torch.Tensor | None, P: int, dim: int):
     return [None] * P if t is None else list(torch.tensor_split(t, P, dim=dim))
 
 
-def _simulate_ring(fn, case):
+def _simulate_ring(fn, case):  # pragma: no cover (worker)
     """Every rank of the case's world, each step given the block the ring brings it; the learner's own state is
     carried from step to step, as in the ring. Per rank, a record per step until the first unusable result."""
     what, q, k, v, pad, P, causal = case
@@ -891,7 +894,7 @@ def _simulate_ring(fn, case):
     return per_rank
 
 
-def _real_ring(fn, real, rank: int, P: int):
+def _real_ring(fn, real, rank: int, P: int):  # pragma: no cover (worker)
     """The ring for real: this process keeps its queries; the key/value blocks (and their padding) go to rank + 1
     at each step with isend/irecv, posted before the learner's step runs and waited for after it."""
     import torch.distributed as dist
@@ -933,7 +936,7 @@ def _real_ring(fn, real, rank: int, P: int):
     return {"failure": failure, "out": out}
 
 
-def _ring_worker(fn, rank: int, world_size: int, cases, real):
+def _ring_worker(fn, rank: int, world_size: int, cases, real):  # pragma: no cover (worker)
     simulated = {index: _simulate_ring(fn, case) for index, case in enumerate(cases) if index % world_size == rank}
     return {"simulated": simulated, "real": _real_ring(fn, real, rank, world_size)}
 
