@@ -171,6 +171,9 @@ def record_pid_then(rank, world_size, folder, what):
     with open(os.path.join(folder, str(rank)), "w") as f:
         f.write(str(os.getpid()))
     if what == "raise" and rank == 1:
+        deadline = time.monotonic() + 60  # rank 0 in fn first (it may start later on a busy machine)
+        while not os.path.exists(os.path.join(folder, "0")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise KeyError("no such head")
     if what == "raise":
         dist.recv(torch.zeros(1), src=1)  # waits for a message rank 1 never sends
