@@ -96,13 +96,16 @@ test: book student
 	ATTENTION_COURSE_SITE=$(SITE) $(if $(SCREENSHOTS),ATTENTION_COURSE_SCREENSHOTS=1) \
 	  $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
 
-# The quick loop while changing the package or a checker (under a minute): unit and property tests of the package,
-# the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook runs.
+# The quick loop while changing the package or a checker (well under a minute): unit and property tests of the
+# package, the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook
+# runs, no transformers (test_llama.py), and no test marked slow (pyproject.toml: worker processes, the sandbox,
+# nbgrader, inductor); make test runs them all.
 QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/test_grading_class.py \
 	tests/test_verdict.py tests/test_notebooks.py tests/test_alt_text.py tests/test_figure_text.py \
-	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py,$(wildcard tests/test_*.py))
+	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py \
+	tests/test_llama.py,$(wildcard tests/test_*.py))
 check: venv
-	$(BIN)/python -m pytest -q -n auto --durations=5 $(QUICK_TESTS)
+	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
 
 clean:
 	rm -rf _build

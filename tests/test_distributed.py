@@ -221,6 +221,7 @@ def all_dead(folder, n):
     return True
 
 
+@pytest.mark.slow
 def test_launch_returns_results_in_rank_order(battery_results):
     assert [r["rank"] for r in battery_results] == [0, 1, 2, 3]
     pids = {r["pid"] for r in battery_results}
@@ -251,6 +252,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path):
     """As grading does: a check server launches, then forks a child per student, which launches too, while the
     server's scratch folder (where multiprocessing keeps its sockets) is emptied between students."""
@@ -261,6 +263,7 @@ def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path):
     assert run.returncode == 0 and "both children launched" in run.stdout, run.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_worker_error_names_its_rank_and_traceback_and_stops_the_others(tmp_path):
     with pytest.raises(D.WorkerError, match=r"worker rank 1 of 2 failed: KeyError: 'no such head'") as info:
         D.launch(2, record_pid_then, str(tmp_path), "raise")
@@ -269,6 +272,7 @@ def test_a_worker_error_names_its_rank_and_traceback_and_stops_the_others(tmp_pa
     assert all_dead(tmp_path, 2)  # rank 0, which waited for rank 1, was stopped and reaped
 
 
+@pytest.mark.slow
 def test_a_timeout_stops_every_worker(tmp_path):
     start = time.perf_counter()
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] of 1 had not finished 1 s after .* collective"):
@@ -277,12 +281,14 @@ def test_a_timeout_stops_every_worker(tmp_path):
     assert all_dead(tmp_path, 1)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_without_a_word(tmp_path):
     with pytest.raises(D.WorkerError, match=r"rank 0 of 1 failed: the process died without reporting \(exit code 3\)"):
         D.launch(1, record_pid_then, str(tmp_path), "die")
     assert all_dead(tmp_path, 1)
 
 
+@pytest.mark.slow
 def test_workers_end_when_their_caller_is_killed(tmp_path):
     """A caller killed while its workers wait (a notebook kernel restarted during a launch) leaves no orphan."""
     import signal
@@ -355,6 +361,7 @@ def test_worker_body_reports_results_and_errors_through_its_pipe():
 # ----------------------------------------------------------------------------------------------- ring attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("P", [1, 2, 3, 4])
 def test_ring_equals_sdpa_for_1_to_4_ranks(battery_results, P):
     """float64, lengths 12, 11 and 5, every mask, both layouts: the blocks joined are full attention."""
@@ -367,6 +374,7 @@ def test_ring_equals_sdpa_for_1_to_4_ranks(battery_results, P):
             assert empty[1].all() and (got[1] == 0).all()  # the sentence of pads: zeros, not NaN
 
 
+@pytest.mark.slow
 def test_ring_blocks_as_tensor_split_cuts_them(battery_results):
     lengths = [battery_results[r]["ring"][4][8].shape[2] for r in range(WORLD)]  # L = 11, contiguous
     assert lengths == [3, 3, 3, 2] == [b.shape[2] for b in torch.zeros(1, 1, 11).tensor_split(4, dim=2)]
@@ -374,6 +382,7 @@ def test_ring_blocks_as_tensor_split_cuts_them(battery_results):
     assert [battery_results[r]["ring"][4][-1].shape[2] for r in range(WORLD)] == [1, 1, 1, 2]
 
 
+@pytest.mark.slow
 def test_ring_in_float32(battery_results):
     for i, case in enumerate(ring_cases(torch.float32)[:8]):
         blocks = [battery_results[r]["float32"][i][0] for r in range(WORLD)]
@@ -382,6 +391,7 @@ def test_ring_in_float32(battery_results):
         assert_close(got, reference(case)[0], atol=2e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_zigzag_balances_the_causal_ring(battery_results):
     """L = 64 over 4 ranks, causal: contiguous blocks give rank r r+1 tiles of 16 x 16 scores (rank 0 idles 3 steps
     of 4); the zigzag gives every rank 9 tiles of 8 x 8 (its early piece attends r+1 pieces, its late one 8-r)."""
@@ -397,6 +407,7 @@ def test_zigzag_balances_the_causal_ring(battery_results):
     assert 64 * 65 // 2 < sum(s.scores for s in zigzag) < sum(s.scores for s in contiguous)  # diagonal tiles in full
 
 
+@pytest.mark.slow
 def test_ring_memory_and_messages_per_rank(battery_results):
     """Per rank, for L = 64 over 4 ranks, B = h = 1, d = dv = 4, float64: one score tile of (L/P)^2 at most, two
     key/value blocks of L/P positions (the one in use and the one arriving), and P-1 blocks sent."""
@@ -408,6 +419,7 @@ def test_ring_memory_and_messages_per_rank(battery_results):
     assert all(p is None or p >= 0 for p in peaks)
 
 
+@pytest.mark.slow
 def test_validation_across_ranks(battery_results):
     for rank, result in enumerate(battery_results):
         lengths, causal, mask, layout = result["errors"]
@@ -429,6 +441,7 @@ def unsplit(ours, x, grad, pad):
     return layer, y.detach(), xs.grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["4", "2"])
 def test_head_parallel_layer_equals_the_unsplit_one(battery_results, mesh):
     ours, theirs, x, grad, memory, pad = tp_layers()
@@ -450,6 +463,7 @@ def test_head_parallel_layer_equals_the_unsplit_one(battery_results, mesh):
             assert_close(got["cross_grads"][name], p.grad, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_heads_by_hand_and_the_bytes_of_the_all_reduce(battery_results):
     ours = tp_layers()[0]
     x, grad, pad = long_input()
@@ -470,6 +484,7 @@ def test_heads_by_hand_and_the_bytes_of_the_all_reduce(battery_results):
             assert 3 * w["formula"] <= w["sent"]["backward"] < 3.09 * w["formula"]
 
 
+@pytest.mark.slow
 def test_world_size_must_divide_the_heads(battery_results):
     assert all("4 ranks cannot share 6 heads equally" in r["six_heads"] and "Use [1, 2, 3, 6] ranks" in r["six_heads"]
                for r in battery_results)

@@ -257,6 +257,7 @@ def test_compiled_fully_masked_rows_keep_zeros_and_finite_gradients():
     torch.testing.assert_close(c_value, value)
 
 
+@pytest.mark.slow
 def test_compiles_with_inductor_in_both_layouts():
     """One compile with the default backend (generated C++ on the CPU) per layout, against eager numbers."""
     for batch_first in (True, False):

@@ -212,6 +212,7 @@ def test_a_forbidden_function_raises_in_a_worker_under_any_name(monkeypatch):
 # The checkers, in worker processes
 
 
+@pytest.mark.slow
 def test_a_hang_ends_in_a_message_and_leaves_no_process(monkeypatch):
     monkeypatch.setattr(ch11, "TIMEOUT", 2.0)
 
@@ -227,6 +228,7 @@ def test_a_hang_ends_in_a_message_and_leaves_no_process(monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_grading_reruns_both_checks_in_its_sandbox():
     """instructor/verdict.py's check server, in the bubblewrap sandbox with no network (--unshare-net) where bwrap
     works here, bare otherwise: each exercise's check forks a child that runs the solution cell's definitions, then
@@ -284,6 +286,7 @@ def forked_check(check, answer) -> str:
     return message
 
 
+@pytest.mark.slow
 def test_a_check_runs_in_a_fork_of_a_process_that_launched():
     """Grading's check server launches in its setup (the chapter's cells), then forks a child per check: the check
     runs there, with a fork server of the child's own."""

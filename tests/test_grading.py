@@ -261,6 +261,7 @@ print(json.dumps(result))
 '''
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_the_sandbox_lets_a_kernel_read_only_itself_and_the_environment(tmp_path, monkeypatch):
     import socket
@@ -304,6 +305,7 @@ def command_line(process):
 GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")
 def test_nbgrader_is_stopped_soon_after_it_logs_the_kernels_death():
     """After "Kernel died", jupyter_client can hang for good (a heartbeat thread blocked on the dead kernel): the
@@ -325,6 +327,7 @@ print(died, fine.returncode, fine.stdout.strip())
     assert run.stdout.split() == ["-9", "0", "42"], run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_the_watchdog_stops_a_kernel_over_its_memory_or_time(tmp_path):
     verdict = sandbox.verdict_of(tmp_path / "runtime")
     hog = [sys.executable, "-c", "import time\nx = b'x' * (400 * 2**20)\ntime.sleep(60)"]

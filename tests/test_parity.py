@@ -128,6 +128,7 @@ def test_assert_close_report_shapes_dtypes_and_nans():
         assert_close_report(nan, [1.0], "x")
 
 
+@pytest.mark.slow
 def test_bench_quick_runs_and_prints(capsys):
     from attention_course import bench
 
