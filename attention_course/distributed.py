@@ -45,6 +45,7 @@ from .functional import _check_qkv, fused_attention
 from .heads import head_dim, merge_heads, split_heads
 from .masks import merge_masks
 from .multihead import MultiheadAttention
+from .tiled import merge_tile
 
 
 class WorkerError(RuntimeError):
@@ -361,17 +362,6 @@ class RingStats:
     wait_s: float = 0.0  # seconds spent waiting for the next block once the tiles were done (idle)
 
 
-def _merge_tile(state, s: torch.Tensor, v: torch.Tensor):
-    """Chapter 8's online softmax: fold a tile of scores s (..., bq, bk) over values v (..., bk, dv) into the
-    running (m, l, acc) of its queries. A row that has seen only -inf keeps m = -inf, l = 0, acc = 0."""
-    m, l, acc = state  # noqa: E741
-    m_new = torch.maximum(m, s.amax(-1, keepdim=True))  # (..., bq, 1)
-    shift = m_new.masked_fill(m_new == float("-inf"), 0.0)  # exp(-inf - 0) = 0, where -inf - -inf = NaN
-    p = torch.exp(s - shift)  # (..., bq, bk)
-    correction = torch.exp(m - shift)  # (..., bq, 1): rescales what was summed under the old maximum
-    return m_new, correction * l + p.sum(-1, keepdim=True), correction * acc + p @ v
-
-
 def _check_ring_inputs(q, k, v, key_padding_mask, layout) -> None:
     """What one rank can check alone, before talking to the others."""
     if not dist.is_available() or not dist.is_initialized():
@@ -504,7 +494,7 @@ def ring_attention(
                     s = s.masked_fill(future, float("-inf"))
                 if pads is not None:
                     s = s.masked_fill(pads[:, None, None, k_lo:k_hi].bool(), float("-inf"))
-                states[i] = _merge_tile(states[i], s, kv[:, :, k_lo:k_hi, d:])
+                states[i] = merge_tile(states[i], s, kv[:, :, k_lo:k_hi, d:])
                 stats.tiles += 1
                 stats.scores += (qb - qa) * (kb - ka)
                 stats.flops += 2 * B * h * (qb - qa) * (kb - ka) * (d + dv)

@@ -64,6 +64,21 @@ def _tile(mask: torch.Tensor, rows: slice, cols: slice) -> torch.Tensor:
     return mask
 
 
+def merge_tile(state, s: torch.Tensor, v: torch.Tensor):
+    """The online softmax's step: fold a tile of scores s (..., bq, bk) over values v (..., bk, dv) into the running
+    (m, l, acc) of its queries -> the new (m, l, acc). m (..., bq, 1) is the running maximum, l (..., bq, 1) the
+    running normaliser, acc (..., bq, dv) the running weighted sum; a row that has seen only -inf keeps m = -inf,
+    l = 0 and acc = 0. Used by tiled_attention and, across ranks, by distributed.ring_attention."""
+    m, l, acc = state  # noqa: E741
+    # The output does not depend on m (it cancels in acc / l): no gradient needs to flow through it.
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True)).detach()  # (..., bq, 1)
+    # A row that has seen only -inf so far subtracts 0 instead: exp(-inf - 0) = 0, where -inf - -inf = NaN.
+    shift = m_new.masked_fill(m_new == float("-inf"), 0.0)  # (..., bq, 1)
+    p = torch.exp(s - shift)  # (..., bq, bk), unnormalised weights of this tile
+    correction = torch.exp(m - shift)  # (..., bq, 1), rescales what was summed under the old maximum
+    return m_new, correction * l + p.sum(-1, keepdim=True), correction * acc + p @ v  # (..., bq, dv)
+
+
 def tiled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,15 +125,7 @@ def tiled_attention(
             elif attn_mask is not None:
                 tile = _tile(attn_mask, slice(i0, i1), slice(j0, j1))
                 s = s.masked_fill(~tile, float("-inf")) if tile.dtype == torch.bool else s + tile
-            # The output does not depend on m (it cancels in acc / l): no gradient needs to flow through it.
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True)).detach()  # (..., bq, 1)
-            # A row that has seen only -inf so far subtracts 0 instead: exp(-inf - 0) = 0, where -inf - -inf = NaN.
-            shift = m_new.masked_fill(m_new == float("-inf"), 0.0)  # (..., bq, 1)
-            p = torch.exp(s - shift)  # (..., bq, bk), unnormalised weights of this tile
-            correction = torch.exp(m - shift)  # (..., bq, 1), rescales what was summed under the old maximum
-            l = correction * l + p.sum(-1, keepdim=True)  # noqa: E741
-            acc = correction * acc + p @ v[..., j0:j1, :]  # (..., bq, dv)
-            m = m_new
+            m, l, acc = merge_tile((m, l, acc), s, v[..., j0:j1, :])  # noqa: E741
         # A query that saw no key has l = 0 and acc = 0: divide by 1 instead, the output is 0.
         out[..., i0:i1, :] = acc / l.masked_fill(l == 0, 1.0)  # autograd records the copy into the slice
     return out  # (..., L, dv)
