@@ -721,10 +721,16 @@ def _judge_indivisible(record, absent) -> None:
             f"yourself before splitting and raise ValueError{hint}, saying that world_size must divide num_heads.")
 
 
-def _judge_split(result, cases, real, want) -> None:
+def _simulated(result) -> dict:
+    """case index -> what the workers recorded of it, gathered from every rank."""
     simulated = {}
     for from_rank in result["ranks"]:
         simulated.update(from_rank["simulated"])
+    return simulated
+
+
+def _judge_split(result, cases, real, want) -> None:
+    simulated = _simulated(result)
     every = [(record, cases[index]) for index in range(len(cases) - 1) for record in simulated[index]]
     for record, (what, weight, bias, h, P) in every:
         _judge_split_record(record, what, weight, bias, h, P, result["absent"], every)
@@ -1108,9 +1114,7 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
 
 
 def _judge_ring(result, cases, real, want) -> None:
-    simulated = {}
-    for from_rank in result["ranks"]:
-        simulated.update(from_rank["simulated"])
+    simulated = _simulated(result)
     for index, case in enumerate(cases):
         every = [(r, record) for r, records in enumerate(simulated[index]) for record in records]
         for r, record in every:
