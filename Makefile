@@ -30,7 +30,7 @@ NBGRADER := nbgrader>=0.9.5,<0.10
 LOCK        := locks/dev.txt
 GRADER_LOCK := locks/grader.txt
 UV          := $(BIN)/uv
-UV_INSTALL  := $(UV) pip install --quiet --require-hashes --compile-bytecode
+UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
@@ -55,8 +55,9 @@ python-check:
 	  sys.exit(0) if v in tested else sys.exit("Python " + v + " (" + sys.executable + ") is not one this course is tested on: " \
 	  + ", ".join(tested) + ". Run make with one of them, e.g.  make book PYTHON=python3.11  (README, \"Versions\").")'
 
-# The environment: torch first (see TORCH), then uv from the lock (its hash checked by pip), then every locked package
-# with its hashes checked, then the course package itself, editable. uv writes the byte-code of every installed
+# The environment: torch first (see TORCH), then uv from the lock (its hash checked by pip), then every locked package,
+# each file checked against the lock's hashes (uv checks every hash given; torch, which has none there, is the one
+# package not hash-checked, as --require-hashes would refuse it), then the course package itself, editable. uv writes the byte-code of every installed
 # module on every core (--compile-bytecode). It must be written here: where PYTHONDONTWRITEBYTECODE is set (as on
 # this project's machines), Python never writes it on import, and every process (each kernel, test worker,
 # sandboxed submission, distributed worker) would compile torch from source again.
