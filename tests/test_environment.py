@@ -1,0 +1,49 @@
+"""The environment `make` built is the locked one: every package of locks/dev.txt (for this Python and platform) is
+installed at its locked version, and nothing else is but torch (pinned apart, TORCH in the Makefile) and the course.
+
+The targets test-latest and test-oldest build environments from the ranges instead (ATTENTION_COURSE_ENV says
+which); there this test has nothing to check and says so.
+"""
+import os
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.markers import Marker
+
+ROOT = Path(__file__).resolve().parents[1]
+LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked(path: Path) -> dict[str, str]:
+    """{package: version} of a lock file, for this interpreter and platform (its markers evaluated)."""
+    versions = {}
+    for line in path.read_text().splitlines():
+        match = LINE.match(line)
+        if match and (match.group(3) is None or Marker(match.group(3)).evaluate()):
+            versions[canonical(match.group(1))] = match.group(2)
+    return versions
+
+
+def test_a_lock_line_is_read_with_its_marker():
+    assert LINE.match("numpy==2.4.6 ; python_full_version == '3.11.*' \\").groups() == (
+        "numpy", "2.4.6", "python_full_version == '3.11.*'")
+    assert LINE.match("uv==0.13.9 \\").groups() == ("uv", "0.13.9", None)
+
+
+@pytest.mark.skipif(os.environ.get("ATTENTION_COURSE_ENV", "locked") != "locked",
+                    reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
+def test_the_installed_packages_are_the_locked_ones():
+    lock = locked(ROOT / "locks" / "dev.txt")
+    installed = {canonical(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    wrong = {name: (installed.get(name), version) for name, version in lock.items() if installed.get(name) != version}
+    assert not wrong, f"installed (left) is not locked (right): {wrong}; run `rm -rf .venv && make venv`"
+    extra = set(installed) - set(lock) - {"torch", "attention-course", "pip"}
+    # torch's own dependencies come with it when TORCH is not the CPU wheel (CUDA libraries): not the lock's business
+    extra = {name for name in extra if not re.match(r"nvidia-|cuda-|triton$", name)}
+    assert not extra, f"installed but not in locks/dev.txt: {sorted(extra)}"
