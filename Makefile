@@ -79,8 +79,10 @@ $(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
 # The first build also fetches the site's offline assets (MathJax, require.js, the widget manager), and the tests'
 # axe-core, at pinned versions with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site").
 # `rm -rf book/_vendor` refetches.
+# A failed build leaves no site behind (it could be served, or published, with the failure on its pages); the next
+# build writes every page again, and executes again every notebook whose run failed (book/_ext/failed_runs.py).
 book: venv _build/.package-stamp
-	$(BIN)/jupyter-book build . $(JB_FLAGS)
+	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf $(SITE); echo "The build failed: $(SITE) removed."; exit 1; }
 	@echo
 	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
 
