@@ -173,15 +173,24 @@ def test_difference_of_empty_tensors():
 
 
 def test_error_over_tolerance_is_finite_where_the_reference_is_exactly_zero(pair):
-    """The key bias does not change the softmax, so its gradient is exactly 0 in torch's layer and ~1e-17 in ours:
-    |a - b| / |b| would be inf (printed as 1.80e+308 beside "all close: True"); |a - b| / (atol + rtol |b|) is
-    assert_close's own measure, and <= 1 exactly when the element is close."""
+    """The key bias does not change the softmax, so its gradient is 0 in exact arithmetic; computed, it comes out as
+    0.0 or as ~1e-17 in either layer, depending on the order in which the processor's kernels sum. Where the
+    reference holds an exact 0 and the other layer does not, |a - b| / |b| would be inf (printed as 1.80e+308 beside
+    "all close: True"); |a - b| / (atol + rtol |b|) is assert_close's own measure, and <= 1 exactly when the element
+    is close. The exact zero is built here on purpose (the reference's key-bias gradient set to 0.0, ours to 1e-17),
+    so that the case is tested on every processor."""
+    from attention_course.parity import Difference
+
     ref, ours = pair(8, 2)
     report = compare(ours, ref, masks="none", seed=0)
     bias = report["grad in_proj_bias"]
-    zero = bias.expected == 0
-    assert (zero & (bias.actual != 0)).any()  # an exact zero, missed by rounding: the case in point
-    assert 0 < bias.max_ratio < 1e-6 and bias.ok() and report.ok()
+    keys = slice(8, 16)  # the key bias: rows E..2E of in_proj_bias
+    assert bias.expected[keys].abs().max() < 1e-12 and bias.actual[keys].abs().max() < 1e-12  # 0 up to rounding
+    expected, actual = bias.expected.clone(), bias.actual.clone()
+    expected[keys], actual[keys] = 0.0, 1e-17
+    made = Difference(bias.name, actual, expected)
+    report.differences[report.differences.index(bias)] = made
+    assert 0 < made.max_ratio < 1e-6 and made.ok() and report.ok()
     text = str(report)
     assert "e+308" not in text and "inf" not in text
     assert "err/tol = max |a - b| / (atol + rtol * |b|), <= 1 is close" in text
