@@ -28,7 +28,8 @@ import weakref
 
 import torch
 
-from .decoding import CausalSelfAttention
+from .decoding import CausalSelfAttention, repeat_kv
+from .functional import scaled_dot_product_attention
 
 # Keywords a transformers 5 Llama layer passes that the course's layer reads (the cache under both of its names) or
 # may ignore: they change nothing the layer computes (use_cache: the cache argument says it; cache_position: the
@@ -188,3 +189,39 @@ def swap_into_llama(model):
         if not isinstance(layer.self_attn, LlamaCourseAttention):
             layer.self_attn = LlamaCourseAttention.from_llama(layer.self_attn, model.config)
     return model
+
+
+# -- transformers' own extension point ----------------------------------------------------------------------------
+COURSE_ATTENTION = "course"
+
+
+def course_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The course's attention core as a transformers attention function: what ``AttentionInterface`` calls with the
+    layer's queries (B, h, L, d) and keys and values (B, h_kv, S, d), already projected, turned by RoPE and
+    appended to the cache, and the model's boolean mask (B|1, 1, L, S), True = may attend. Returns the output as
+    (B, L, h, d) and the weights, as transformers expects.
+
+    It replaces only the core of the layer: sharing key/value heads (``repeat_kv``), the scores, the masked softmax
+    and the weighted sum. The projections, RoPE, the cache and the mask's construction stay transformers' own.
+    """
+    if dropout and module.training:
+        raise ValueError(f"course_attention has no dropout; the model asks for {dropout}: set attention_dropout=0.")
+    k = repeat_kv(key, query.shape[1] // key.shape[1])  # (B, h, S, d)
+    v = repeat_kv(value, query.shape[1] // value.shape[1])  # (B, h, S, d)
+    ignore = None if attention_mask is None else ~attention_mask  # the course's polarity: True = blocked
+    out, weights = scaled_dot_product_attention(query, k, v, ignore, scale=scaling)  # (B, h, L, d), (B, h, L, S)
+    return out.transpose(1, 2).contiguous(), weights  # (B, L, h, d)
+
+
+def register_course_attention() -> str:
+    """Register :func:`course_attention` with transformers under the name ``"course"`` (with transformers' boolean
+    SDPA mask) and return the name: ``model.set_attn_implementation("course")``, or ``attn_implementation="course"``
+    when building a model, then runs the course's core in every attention layer of any model written with
+    transformers' attention interface (Llama, Mistral, Qwen, ...), not only Llama."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(COURSE_ATTENTION, course_attention)
+    AttentionMaskInterface.register(COURSE_ATTENTION, sdpa_mask)
+    return COURSE_ATTENTION
+

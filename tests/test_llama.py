@@ -212,3 +212,27 @@ def test_the_models_cache_keyword_is_the_one_its_forward_reads(models):
     parameters = inspect.signature(type(ref).forward).parameters
     assert cache_keyword(ref) in parameters
     assert cache_keyword(ref) == ("cache" if "cache" in parameters else "past_key_values")
+
+
+def test_the_course_core_through_transformers_attention_interface(prompts):
+    """transformers' stable extension point: the course's core (repeat_kv, scores, masked softmax, weighted sum)
+    registered as an attention function gives the model's logits and greedy tokens, with and without the cache."""
+    from attention_course.llama import register_course_attention
+
+    name = register_course_attention()
+    ids, mask = prompts
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(0)
+        ref = LlamaForCausalLM(config()).to(dtype).eval()
+        ours = copy.deepcopy(ref)
+        ours.set_attn_implementation(name)
+        assert ours.config._attn_implementation == "course"
+        with torch.no_grad():
+            theirs, mine = (m(ids, attention_mask=mask, position_ids=positions_of(mask)).logits[mask.bool()]
+                            for m in (ref, ours))
+        # float32: the course's core scales q before the product and SDPA does not: rounding apart, up to ~1e-4 on
+        # these logits (initializer_range=1.0 makes them large)
+        torch.testing.assert_close(mine, theirs, atol={torch.float32: 1e-3, torch.float64: 1e-12}[dtype], rtol=0)
+        if dtype == torch.float64:  # the tokens (float32's rounding apart, near-ties could differ)
+            for use_cache in (True, False):
+                assert torch.equal(greedy(ours, ids, mask, use_cache), greedy(ref, ids, mask, use_cache))
