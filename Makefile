@@ -1,5 +1,6 @@
 # Two commands for a fresh clone:  `make book`  builds the site,  `make test`  runs every test.
-# Both create the virtual environment .venv/ when it is missing (or older than the files that define it).
+# Both create the virtual environment .venv/ when it is missing (or older than the files that define it), with
+# exactly the versions in the lock file locks/dev.txt (README, "Versions").
 
 PYTHON ?= python3
 # Two jobs at a time where the steps allow it: on a fresh clone, nbgrader's environment is installed while the
@@ -8,7 +9,8 @@ MAKEFLAGS += --jobs=2
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Torch is installed first and pinned here, so an open `torch` requirement never pulls a multi-GB CUDA build on a
-# CPU machine (the course's machines keep this exact CPU wheel on disk). On your own machine you may pick another:
+# CPU machine (the course's machines keep this exact CPU wheel on disk, and pip's configuration there finds it).
+# The lock leaves torch and its CUDA libraries out for that reason. On your own machine you may pick another:
 #   make book TORCH=torch            (whatever PyPI serves your platform)
 TORCH  ?= torch==2.13.0
 JB_FLAGS := -W -n --keep-going
@@ -17,10 +19,22 @@ SITE   := _build/html
 COVERAGE := --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95
 
 GRADER := .venv-grader
-# nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv).
-NBGRADER ?= nbgrader>=0.9.5,<0.10
+# nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv),
+# installed from its own lock, locks/grader.txt (made from this requirement by `make lock`).
+NBGRADER := nbgrader>=0.9.5,<0.10
 
-.PHONY: book test check venv clean help student grade grade-bench
+# The locks: every package of .venv (but torch and its CUDA libraries) and of .venv-grader at one version, with the
+# hashes of its files; uv (itself locked in locks/dev.txt) installs them. `make lock` makes them again from
+# pyproject.toml, requirements.txt and NBGRADER with the newest versions the index has: commit the new locks only
+# with a `make test` that passed on them (README, "Versions").
+LOCK        := locks/dev.txt
+GRADER_LOCK := locks/grader.txt
+UV          := $(BIN)/uv
+UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode
+# The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
+PYTHONS_TESTED := 3.10 3.11 3.12 3.13
+
+.PHONY: book test check venv clean help student grade grade-bench lock test-latest test-oldest python-check
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
@@ -30,20 +44,32 @@ help:
 	@echo "make grade SUBMISSIONS=<dir> [JOBS=n]  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
 	@echo "            (JOBS notebooks at once, default the machine's cores)"
 	@echo "make grade-bench [STUDENTS=200] [JOBS=n]  time the grading of a generated class of chapter-3 submissions"
+	@echo "make lock   make locks/dev.txt and locks/grader.txt again from the ranges, with today's newest versions"
+	@echo "make test-latest / test-oldest  the reader's ranges at both ends: a fresh environment with the newest"
+	@echo "            (lowest) versions requirements.txt allows, then the package, transformers and notebook tests"
 	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
-# The byte-code of every installed module is written once, here, on every core (compileall -j 0: 19 s on two
-# cores, where pip compiles one file after another: 37 s). It must be written here: where PYTHONDONTWRITEBYTECODE
-# is set (as on this project's machines), Python never writes it on import, and every process (each kernel,
-# test worker, sandboxed submission, distributed worker) would compile torch from source again: 1.5 s more per
-# process, two and a half minutes more per `make test`. (torch's py312_intrinsics.py is Python 3.12 syntax, never
-# imported here.)
+# A Python the project cannot use is refused here, before anything is installed, with the fix.
+python-check:
+	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; tested = "$(PYTHONS_TESTED)".split(); \
+	  sys.exit(0) if v in tested else sys.exit("Python " + v + " (" + sys.executable + ") is not one this course is tested on: " \
+	  + ", ".join(tested) + ". Run make with one of them, e.g.  make book PYTHON=python3.11  (README, \"Versions\").")'
+
+# The environment: torch first (see TORCH), then uv from the lock (its hash checked by pip), then every locked package,
+# each file checked against the lock's hashes (uv checks every hash given; torch, which has none there, is the one
+# package not hash-checked, as --require-hashes would refuse it), then the course package itself, editable. uv writes the byte-code of every installed
+# module on every core (--compile-bytecode). It must be written here: where PYTHONDONTWRITEBYTECODE is set (as on
+# this project's machines), Python never writes it on import, and every process (each kernel, test worker,
+# sandboxed submission, distributed worker) would compile torch from source again.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml requirements.txt
+$(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
+	@$(MAKE) --no-print-directory python-check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --disable-pip-version-check -q --no-compile "$(TORCH)"
-	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile -e ".[dev]"
-	$(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics' $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null
+	awk '/^uv==/ {p = 1; print; next} p && /^[^ ]/ {exit} p' $(LOCK) > $(VENV)/uv-lock.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile --no-deps --require-hashes -r $(VENV)/uv-lock.txt
+	$(UV_INSTALL) --python $(BIN)/python -r $(LOCK)
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -65,10 +91,9 @@ _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js
 	$(PYTHON) -m compileall -q attention_course >/dev/null
 	mkdir -p _build && touch $@
 
-$(GRADER)/.installed: Makefile
+$(GRADER)/.installed: $(GRADER_LOCK) | $(VENV)/.installed
 	test -x $(GRADER)/bin/python || $(PYTHON) -m venv $(GRADER)
-	$(GRADER)/bin/python -m pip install --disable-pip-version-check -q --no-compile "$(NBGRADER)"
-	$(GRADER)/bin/python -m compileall -q -j 0 $$($(GRADER)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null
+	$(UV_INSTALL) --python $(GRADER)/bin/python -r $(GRADER_LOCK)
 	touch $@
 
 # The student edition (book/instructors.md): nbgrader's generate_assignment on every chapter, and the website built
@@ -114,6 +139,21 @@ QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/te
 	tests/test_llama.py,$(wildcard tests/test_*.py))
 check: venv
 	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
+
+# The locks, made again with the newest versions the ranges allow today. One resolution for every Python tested
+# (--universal: a package may have a version per Python), torch held at $(TORCH) and left out with its CUDA libraries
+# (installed by the step above, never from the lock). Then run `make test` on them before committing them.
+LOCK_FLAGS := --universal --python-version $(firstword $(PYTHONS_TESTED)) --generate-hashes --quiet
+CUDA_OF_TORCH = $$($(UV) pip compile $(1) --universal --python-version $(firstword $(PYTHONS_TESTED)) --quiet \
+	--no-header --no-annotate -c $(VENV)/torch-pin.txt | grep -oE '^(nvidia-[a-z0-9-]+|cuda-[a-z-]+|triton)' | sort -u \
+	| sed 's/^/--no-emit-package /')
+lock: $(VENV)/.installed
+	echo "$(TORCH)" > $(VENV)/torch-pin.txt
+	$(UV) pip compile pyproject.toml --extra dev $(LOCK_FLAGS) -c $(VENV)/torch-pin.txt --no-emit-package torch \
+	  $(call CUDA_OF_TORCH,pyproject.toml --extra dev) -o $(LOCK)
+	echo "$(NBGRADER)" > $(VENV)/grader.in
+	$(UV) pip compile $(VENV)/grader.in $(LOCK_FLAGS) -o $(GRADER_LOCK)
+	sed -i 's|$(VENV)/grader.in|nbgrader (NBGRADER in the Makefile)|' $(GRADER_LOCK)
 
 clean:
 	rm -rf _build

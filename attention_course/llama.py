@@ -12,11 +12,15 @@ change) whose ``forward`` takes what the decoder layer passes and turns it into 
 * ``attention_mask``, transformers' 4-D mask (B, 1, L, T) (eager: additive, 0 / the dtype's minimum; sdpa: bool,
   True = may attend; or None) -> ``key_padding_mask`` (B, T): the row of the last query, which may read every key
   but the pads. The causal mask the layer builds itself, from positions;
-* ``past_key_values``, transformers' cache -> a per-layer view of it with the course's cache interface: the keys and
+* the cache, transformers' ``Cache`` object, passed as ``cache=`` (transformers 5.24 and later) or
+  ``past_key_values=`` (5.0 to 5.23) -> a per-layer view of it with the course's cache interface: the keys and
   values stay in transformers' cache (``generate`` reads its length), their positions are kept beside it.
 
-It returns ``(output, None)`` as transformers expects (no attention weights). Tested with transformers 5 (the
-attention interface changed between majors 4 and 5; requirements.txt pins the major).
+It returns ``(output, None)`` as transformers expects (no attention weights). An argument it does not understand
+is never dropped: a keyword outside :data:`UNDERSTOOD` that carries a value (a cache, a mask or positions under a
+name this adapter does not know, as a later transformers may pass) raises :class:`UnknownLlamaArgument`, saying which
+transformers is installed and what to do. Tested on the transformers 5 releases of the locked and the lowest and
+newest environments (README, "Versions").
 """
 from __future__ import annotations
 
@@ -25,6 +29,38 @@ import weakref
 import torch
 
 from .decoding import CausalSelfAttention
+
+# Keywords a transformers 5 Llama layer passes that the course's layer reads (the cache under both of its names) or
+# may ignore: they change nothing the layer computes (use_cache: the cache argument says it; cache_position: the
+# positions come as position_ids; output_* and num_items_in_batch concern the model's outputs and loss).
+READ = ("hidden_states", "position_embeddings", "attention_mask", "cache", "past_key_values", "position_ids")
+IGNORED = ("use_cache", "cache_position", "output_hidden_states", "output_router_logits", "num_items_in_batch")
+UNDERSTOOD = READ + IGNORED
+
+
+class UnknownLlamaArgument(TypeError):
+    """transformers passed the layer an argument the adapter does not understand: running on without it could give
+    wrong numbers silently (a cache, a mask or positions under a new name)."""
+
+
+def _refuse_unknown(kwargs: dict) -> None:
+    """Raise for every keyword that carries something this adapter would drop (None and False carry nothing)."""
+    unknown = {k: v for k, v in kwargs.items() if k not in UNDERSTOOD and v is not None and v is not False}
+    if kwargs.get("output_attentions"):
+        unknown["output_attentions"] = True
+    if not unknown:
+        return
+    import transformers
+
+    names = ", ".join(f"{k}={type(v).__name__}" for k, v in unknown.items())
+    raise UnknownLlamaArgument(
+        f"LlamaCourseAttention was given {names} by transformers {transformers.__version__}, and does not know what "
+        f"to do with it: running on without it could compute something else silently (a cache, mask or positions "
+        f"under a new name; output_attentions needs weights the layer does not return). The course's adapter "
+        f"understands {', '.join(UNDERSTOOD)}. Install the transformers release the course was tested with "
+        f"(`pip install -e .` in the course's folder installs a compatible one; the lock file locks/dev.txt names "
+        f"the exact one), or report the new argument."
+    )
 
 # transformers' cache object -> {layer index: key positions (B, S)}; entries go when the cache is freed.
 _KEY_POSITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -91,13 +127,28 @@ class LlamaCourseAttention(CausalSelfAttention):
         layer.load_state_dict(attn.state_dict())
         return layer.train(attn.training)
 
-    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None,
+    def forward(self, hidden_states: torch.Tensor, position_embeddings=None, attention_mask=None, cache=None,
                 past_key_values=None, position_ids=None, **kwargs) -> tuple[torch.Tensor, None]:
+        _refuse_unknown(kwargs)
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise TypeError("LlamaCourseAttention was given two caches, cache= and past_key_values=: pass one.")
+        cache = cache if cache is not None else past_key_values  # (5.24 and later: cache=; before: past_key_values=)
         B = hidden_states.shape[0]
-        cache = None if past_key_values is None else _TransformersCacheView(past_key_values, self.layer_idx)
+        cache = None if cache is None else _TransformersCacheView(cache, self.layer_idx)
         positions = None if position_ids is None else position_ids.expand(B, -1)  # (B, L)
         out = super().forward(hidden_states, positions, cache, _key_padding(attention_mask, B))  # (B, L, E)
         return out, None
+
+
+def cache_keyword(model) -> str:
+    """The name under which ``model``'s ``forward`` takes its cache: ``"cache"`` from transformers 5.24 on,
+    ``"past_key_values"`` before. A wrong name is not an error in either: an older model takes ``cache=`` into its
+    ``**kwargs`` and runs without it, so a loop that hands the model its cache must ask which name it reads.
+    """
+    import inspect
+
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _check_config(config) -> None:

@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from attention_course.decoding import CausalSelfAttention  # noqa: E402
-from attention_course.llama import LlamaCourseAttention, _key_padding, swap_into_llama  # noqa: E402
+from attention_course.llama import (LlamaCourseAttention, UnknownLlamaArgument, _key_padding,  # noqa: E402
+                                    cache_keyword, swap_into_llama)
 from attention_course.rope import rope_cos_sin  # noqa: E402
 
 NEW_TOKENS = 50
@@ -57,7 +58,7 @@ def greedy(model, ids, mask, use_cache):
     for _ in range(NEW_TOKENS):
         positions = positions_of(mask)[:, -inputs.shape[1]:]
         with torch.no_grad():
-            logits = model(inputs, attention_mask=mask, position_ids=positions, past_key_values=cache,
+            logits = model(inputs, attention_mask=mask, position_ids=positions, **{cache_keyword(model): cache},
                            use_cache=use_cache).logits
         new = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         ids, mask = torch.cat((ids, new), 1), torch.cat((mask, torch.ones_like(new)), 1)
@@ -140,9 +141,9 @@ def test_cache_filled_outside_the_course_layer_is_refused(models, prompts):
     ids, mask = prompts
     cache = DynamicCache(config=ref.config)
     with torch.no_grad():
-        ref(ids, attention_mask=mask, past_key_values=cache, use_cache=True)  # transformers' layers fill it
+        ref(ids, attention_mask=mask, **{cache_keyword(ref): cache}, use_cache=True)  # transformers' layers fill it
         with pytest.raises(RuntimeError, match="filled or changed outside it.*Start from a new cache"):
-            ours(ids[:, -1:], attention_mask=torch.cat((mask, mask[:, -1:]), 1), past_key_values=cache)
+            ours(ids[:, -1:], attention_mask=torch.cat((mask, mask[:, -1:]), 1), **{cache_keyword(ours): cache})
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -169,3 +170,45 @@ def test_other_models_and_masks_are_refused():
     assert torch.equal(_key_padding(additive, 2), _key_padding(allow, 2))
     base = LlamaForCausalLM(config(num_hidden_layers=1)).model  # a LlamaModel without the head works too
     assert type(swap_into_llama(base).layers[0].self_attn) is LlamaCourseAttention
+
+
+def test_the_cache_is_read_under_either_name_and_written(models, prompts):
+    """transformers 5.24 renamed the layer's argument past_key_values to cache: the adapter reads both, and the
+    cache it is handed is the one it fills (a cache that is silently dropped leaves it empty)."""
+    _, ours = models
+    ids, mask = prompts
+    layer = ours.model.layers[0].self_attn
+    x = torch.randn(3, 7, ours.config.hidden_size, dtype=layer.q_proj.weight.dtype,
+                    generator=torch.Generator().manual_seed(2))
+    positions = positions_of(mask)
+    outputs = []
+    for name in ("cache", "past_key_values"):
+        cache = DynamicCache(config=ours.config)
+        with torch.no_grad():
+            out, weights = layer(x, position_ids=positions, **{name: cache})
+        assert weights is None and cache.get_seq_length(layer.layer_idx) == 7, name
+        outputs.append(out)
+    assert torch.equal(*outputs)
+    with pytest.raises(TypeError, match="two caches"):
+        layer(x, position_ids=positions, cache=DynamicCache(config=ours.config),
+              past_key_values=DynamicCache(config=ours.config))
+
+
+@pytest.mark.parametrize("name, value", [("kv_cache", "a cache object"), ("cu_seq_lens_q", torch.tensor([0, 7])),
+                                         ("segment_mask", torch.ones(3, 7)), ("output_attentions", True)])
+def test_an_argument_the_adapter_does_not_know_is_refused_not_dropped(models, name, value):
+    _, ours = models
+    layer = ours.model.layers[0].self_attn
+    x = torch.zeros(1, 2, ours.config.hidden_size, dtype=layer.q_proj.weight.dtype)
+    with pytest.raises(UnknownLlamaArgument, match=rf"given {name}=\w+ by transformers {transformers.__version__}"):
+        layer(x, **{name: value})
+    layer(x, use_cache=False, cache_position=torch.arange(2), output_attentions=False, segment_mask=None)  # nothing
+
+
+def test_the_models_cache_keyword_is_the_one_its_forward_reads(models):
+    import inspect
+
+    ref, _ = models
+    parameters = inspect.signature(type(ref).forward).parameters
+    assert cache_keyword(ref) in parameters
+    assert cache_keyword(ref) == ("cache" if "cache" in parameters else "past_key_values")
