@@ -110,7 +110,7 @@ def _gather(exercise: str, answers: list, cases: list, real: dict, forbidden: tu
             for i, parcel in enumerate(parcels)]
 
 
-def _learner_error(err: BaseException, what: str, absent: dict[str, str]) -> ExerciseError:
+def _learner_error(err: BaseException, what: str, absent: dict[str, str], ring: bool = False) -> ExerciseError:
     """The message for an exception of the learner's code in a worker."""
     if isinstance(err, ship.Forbidden):
         return ExerciseError(f"{what}: not accepted: {err}.")
@@ -124,7 +124,27 @@ def _learner_error(err: BaseException, what: str, absent: dict[str, str]) -> Exe
         return ExerciseError(
             f"{what} raised NameError: {err}. The worker processes receive your function with the modules, "
             f"functions and values it names; define or import `{name}` in the cell of your function.")
+    if ring:
+        hint = _ring_hint(str(err))
+        if hint:
+            text = str(err).strip().rstrip(".")
+            return ExerciseError(f"{what} raised {type(err).__name__}: {text}. {hint}")
     return raised(err, what)
+
+
+def _ring_hint(text: str) -> str:
+    """What a raw PyTorch error in a ring step most likely means (empty when no classic cause is known)."""
+    if "first two dimensions of batch2" in text or "cannot be multiplied" in text:
+        return ("The scores are q @ k^T: k must be TRANSPOSED on its last two axes, q @ k.transpose(-2, -1) (or "
+                "k.mT), (B, h, L_q, d) @ (B, h, d, L_k) -> (B, h, L_q, L_k).")
+    if "must match the size of tensor" in text:
+        return ("Two tensors do not broadcast: the scores are (B, h, L_q, L_k), m and l (B, h, L_q, 1) (reduced "
+                "keeping their last axis), and the padding mask (B, L_k) hides keys as key_padding_mask[:, None, None, :]; "
+                "the blocks may differ in length (torch.tensor_split), so take L_q from q and L_k from k.")
+    if "out of bounds" in text or "out of range" in text:
+        return ("An index past the end of a block: the blocks of torch.tensor_split may differ in length by one, so "
+                "take L_q from q.shape[2] and L_k from k.shape[2], never from the other.")
+    return ""
 
 
 
@@ -458,6 +478,9 @@ def _simulated(result) -> dict:
     return simulated
 
 
+_LAYER = "nn.MultiheadAttention's output"
+
+
 def _judge_split(result, cases, real, want) -> None:
     simulated = _simulated(result)
     every = [(record, cases[index]) for index in range(len(cases) - 1) for record in simulated[index]]
@@ -471,8 +494,8 @@ def _judge_split(result, cases, real, want) -> None:
             raise _learner_error(real["outcome"][1], f"{case}: your split_in_proj", result["absent"])
         if not close(real["out"], want, ATOL):
             raise ExerciseError(
-                f"{case}: each rank's rows were right when the world was simulated, but here the heads summed by "
-                f"all_reduce and nn.MultiheadAttention's output {describe_diff(real['out'], want, 'the layer')}: "
+                f"{case}: each rank's rows were right when the world was simulated, but here "
+                f"{_gap('heads summed by all_reduce', real['out'], want, _LAYER)}: "
                 f"does your function keep a state of its own between calls, or read the rank from elsewhere than "
                 f"its arguments?")
 
@@ -793,7 +816,7 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     where = f"{what}: rank {r}, step {step} ({_role(src, r, causal)}): your ring_step"
     kind, got = record["outcome"]
     if kind == "raised":
-        raise _learner_error(got, where, absent)
+        raise _learner_error(got, where, absent, ring=True)
     skipped = " (for a block to skip, return the state unchanged)" if causal and src > r else ""
     if got[0] == "none" and skipped:
         raise ExerciseError(f"{where} returned None for a block it skips: a skipped block leaves the state as it "
@@ -835,11 +858,37 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     if causal and src > r and not all(close(a, b, ATOL) for a, b in zip(items, record["input"])):
         raise ExerciseError(f"{where}: this block comes AFTER the rank's own, so with is_causal every key is in the "
                             f"future of every query: the state must come back unchanged.")
-    wrong = [f"{name} {describe_diff(a, b, 'the merge')}" for name, a, b in zip(("m", "l", "acc"), items, want)
-             if not close(a, b, ATOL)]
-    raise ExerciseError(f"{where}: the new state differs from the online-softmax merge of this block: "
-                        f"{'; '.join(wrong)}. m_new = max(m, the block's largest score); l and acc are rescaled by "
-                        f"exp(m - m_new) and the block's exp(score - m_new) added.")
+    m_old = record["input"][0]
+    empty = _reference_ring_step(_empty_state(args[1]), *args[1:])  # the block merged into an empty state
+    if not close(m_old, want[0], ATOL) and close(items[0], m_old, ATOL):
+        raise ExerciseError(f"{where}: m is NOT UPDATED: you return the old m, but the block raised the largest "
+                            f"score; return m_new = torch.maximum(m, the block's largest score), the maximum your "
+                            f"l and acc are now relative to.")
+    if not close(m_old, empty[0], ATOL) and all(close(a, b, ATOL) for a, b in zip(items, empty)):
+        raise ExerciseError(f"{where}: the OLD STATE IS DROPPED: your state is this block's alone, as if nothing had "
+                            f"been seen before. Keep what the earlier blocks brought: m_new = max(m, the block's "
+                            f"maximum), and add exp(m - m_new) * l and exp(m - m_new) * acc to the block's sums.")
+    if close(items[0], empty[0], ATOL) and not close(items[0], want[0], ATOL):
+        raise ExerciseError(f"{where}: m is the maximum of this block alone, not the RUNNING MAXIMUM over every block "
+                            f"so far: m_new = torch.maximum(m, the block's largest score). (acc / l may still come "
+                            f"out right, but m is the state's maximum: the next step rescales by exp(m - m_new), "
+                            f"which overflows when m is not the largest.)")
+    wrong = [_gap(name, a, b) for name, a, b in zip(("m", "l", "acc"), items, want) if not close(a, b, ATOL)]
+    right = [name for name, a, b in zip(("m", "l", "acc"), items, want) if close(a, b, ATOL)]
+    raise ExerciseError(f"{where}: the new state is not the online-softmax merge of this block: "
+                        f"{'; '.join(wrong)}" + (f" ({' and '.join(right)} right)" if right else "") +
+                        f". m_new = max(m, the block's largest score); l and acc are rescaled by exp(m - m_new) and "
+                        f"the block's exp(score - m_new) added.")
+
+
+def _gap(name: str, got: torch.Tensor, want: torch.Tensor, ref: str = "") -> str:
+    """"your acc is off the merge's by up to 0.3", or "your m has NaN at 3 of 40 entries where the merge's m is
+    finite" (``ref``: what is compared with, default the merge's ``name``)."""
+    ref = ref or f"the merge's {name}"
+    text = describe_diff(got, want, "")
+    if text.startswith("have "):
+        return f"your {name} has {text[5:].removesuffix(' where  are finite')} where {ref} is finite"
+    return f"your {name} is off {ref} by up to {text.removeprefix('differ by up to ')}"
 
 
 def _judge_ring(result, cases, real, want) -> None:
@@ -855,12 +904,12 @@ def _judge_ring(result, cases, real, want) -> None:
         if got["failure"] is not None:
             kind, value = got["failure"]
             if kind == "raised":
-                raise _learner_error(value, f"{where}: your ring_step", result["absent"])
+                raise _learner_error(value, f"{where}: your ring_step", result["absent"], ring=True)
             raise ExerciseError(f"{where}: your ring_step returned {ship.describe(value)}: return the tuple (m, l, acc).")
         if not close(got["out"], blocks[rank], ATOL):
             raise ExerciseError(
-                f"{where}: every step was right when the checker called it alone, but in the ring acc / l and "
-                f"attention over the whole sequence {describe_diff(got['out'], blocks[rank], 'the attention')}: does "
+                f"{where}: every step was right when the checker called it alone, but in the ring "
+                f"{_gap('acc / l', got['out'], blocks[rank], 'the attention over the whole sequence')}: does "
                 f"your function keep a state of its own between calls, or change a tensor it was given?")
 
 
