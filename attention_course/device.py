@@ -1,6 +1,7 @@
-"""Choosing the device once and seeding, for the first cell of every chapter."""
+"""Choosing the device once and seeding, for the first cell of every chapter; and the torch a chapter needs."""
 import os
 import random
+import re
 
 import numpy as np
 import torch
@@ -45,3 +46,37 @@ def pick_device(seed: int = 0, verbose: bool = True) -> torch.device:
     if verbose:
         print(f"torch {torch.__version__}, running on {device}")
     return device
+
+
+class TorchTooOld(RuntimeError):
+    """Raised by :func:`require_torch`. In a notebook it shows as its message alone, without a traceback."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython calls this instead of printing the traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 12) from "2.12", "2.12.0+cpu" or "2.12.0.dev20260101": the release numbers, a pre-release of 2.12 counted
+    as 2.12."""
+    found = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if found is None:
+        raise ValueError(f"cannot read a version number from {version!r}: expected e.g. '2.12' or '2.12.0+cpu'.")
+    return tuple(int(n) for n in found.groups(default="0"))
+
+
+def require_torch(minimum: str, chapter: str | None = None, version: str | None = None) -> None:
+    """Stop, with one sentence and the command that fixes it, when the running torch is older than ``minimum``.
+
+    A chapter that needs a newer torch than the rest calls it in its first cell (``require_torch("2.12",
+    chapter="11")``), so that an older torch fails there, plainly, and not halfway through or in a hung worker.
+    ``version`` defaults to ``torch.__version__``; a local tag (``+cpu``) or a pre-release suffix is ignored.
+    """
+    version = torch.__version__ if version is None else version
+    if _release(version) >= _release(minimum):
+        return
+    who = f"Chapter {chapter}" if chapter is not None else "This code"
+    raise TorchTooOld(
+        f"{who} needs torch {minimum} or newer, and this Python runs torch {version}: run "
+        f'pip install -U "torch>={minimum}" (in a notebook, %pip install -U "torch>={minimum}"), then restart '
+        f"the kernel."
+    )

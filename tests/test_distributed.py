@@ -347,7 +347,7 @@ def test_worker_body_reports_results_and_errors_through_its_pipe():
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
     for args, kind in (((square, (3.0,)), "ok"), ((record_pid_then, ("/nonexistent", "x")), "error")):
         here, there = multiprocessing.Pipe(duplex=False)
-        D._worker(0, 1, store.port, 30.0, pickle.dumps((dict(os.environ), *args)), there)
+        D.processes._worker(0, 1, store.port, 30.0, pickle.dumps((dict(os.environ), *args)), there)
         assert here.recv() == ("ready",)
         message = here.recv()
         assert message[0] == kind
@@ -602,3 +602,49 @@ def test_peak_memory_and_bytes_sent_measure_this_process():
     with open(os.devnull, "wb", buffering=0) as f:
         f.write(b"x" * 1000)
     assert D.bytes_sent() - before >= 1000
+
+
+# ----------------------------------------------------------------------------------------------- the package's layout
+
+
+def test_the_subpackage_keeps_every_public_name_and_each_module_is_short():
+    from attention_course.distributed import heads, processes, ring, ship, workers
+
+    for name in D.__all__:
+        assert getattr(D, name) is not None, name
+    assert D.launch is processes.launch and D.ring_attention is ring.ring_attention
+    assert D.split_in_proj_by_heads is heads.split_in_proj_by_heads and D.ring_worker is workers.ring_worker
+    for module in (D, heads, processes, ring, ship, workers):
+        code = [line for line in Path(module.__file__).read_text().splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+        assert len(code) <= 400, f"{module.__name__}: {len(code)} lines"
+
+
+# ----------------------------------------------------------------------------------------------- chapter 11's torch
+
+
+def test_require_torch_passes_a_new_enough_torch_and_stops_an_old_one_with_the_command():
+    from attention_course.device import TorchTooOld, _release, require_torch
+
+    require_torch("2.12", chapter="11")  # this environment's torch
+    for version in ("2.12.0", "2.12.0+cpu", "2.12.0.dev20260101", "2.13.1", "3.0"):
+        require_torch("2.12", chapter="11", version=version)
+    for version in ("2.6.0+cu124", "2.11.0", "1.13"):
+        with pytest.raises(TorchTooOld) as caught:
+            require_torch("2.12", chapter="11", version=version)
+        text = str(caught.value)
+        assert text.startswith(f"Chapter 11 needs torch 2.12 or newer") and version in text
+        assert 'pip install -U "torch>=2.12"' in text
+        assert caught.value._render_traceback_() == [f"TorchTooOld: {text}"]  # no traceback in a notebook
+    assert _release("2.6") == (2, 6, 0) and _release("2.12.1+cpu") == (2, 12, 1)
+    with pytest.raises(ValueError, match="cannot read a version number"):
+        require_torch("2.12", version="nightly")
+
+
+def test_chapter_11_checks_its_torch_before_anything_distributed():
+    import json
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "11_distributed.ipynb").read_text())["cells"]
+    first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    gate = first.index('require_torch("2.12", chapter="11")')
+    assert gate < first.index("attention_course.distributed") and gate < first.index("attention_course.exercises")

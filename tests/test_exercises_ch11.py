@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attention_course.distributed import ship
 from attention_course.exercises import ExerciseError, ch11
 from mutants.ch11 import RING_CELL, SETUP, SPLIT_CELL
 
@@ -129,8 +130,8 @@ def test_a_causal_ring_is_unbalanced():
 
 
 def roundtrip(fn):
-    parcel = pickle.loads(pickle.dumps(ch11._pack(fn)))  # what crosses to the worker is data alone
-    return ch11._unpack(parcel), parcel
+    parcel = pickle.loads(pickle.dumps(ship.pack(fn)))  # what crosses to the worker is data alone
+    return ship.unpack(parcel), parcel
 
 
 NOTEBOOK_CELL = '''
@@ -187,7 +188,7 @@ def test_a_global_that_cannot_be_sent_is_named():
     rebuilt, parcel = roundtrip(uses_lock)
     with pytest.raises(NameError):
         rebuilt()
-    assert ch11._absent_names(parcel) == {"LOCK": "lock"}
+    assert ship.absent_names(parcel) == {"LOCK": "lock"}
     message = str(ch11._learner_error(NameError("name 'LOCK' is not defined"), "here", {"LOCK": "lock"}))
     assert "cannot be sent to the worker processes" in message
 
@@ -200,11 +201,11 @@ def test_a_forbidden_function_raises_in_a_worker_under_any_name(monkeypatch):
     original, code = masks.padding_mask, masks.padding_mask.__code__
     monkeypatch.setattr(masks, "padding_mask", original)
     monkeypatch.setattr(original, "__code__", code)
-    ch11._forbid(["attention_course.masks.padding_mask"], "*without* the package's `padding_mask`")
+    ship.forbid(["attention_course.masks.padding_mask"], "*without* the package's `padding_mask`")
     for fn in (masks.padding_mask, original):
-        with pytest.raises(ch11._Forbidden, match="may not be used in this exercise"):
+        with pytest.raises(ship.Forbidden, match="may not be used in this exercise"):
             fn(torch.tensor([3]), 4)
-    message = str(ch11._learner_error(ch11._Forbidden("x may not be used"), "here", {}))
+    message = str(ch11._learner_error(ship.Forbidden("x may not be used"), "here", {}))
     assert "not accepted" in message
 
 

@@ -371,6 +371,32 @@ def test_decode_steps_keep_step_and_window_valid():
     assert w.state["read_positions"] == [0, 1, 2, 3]
 
 
+def test_decode_prefill_computes_the_prompt_in_one_pass_and_later_steps_reuse_the_cache():
+    w = DecodeCacheWidget(steps=8, prompt=3, step=1)  # a query of the prefill: every key it reads is computed now
+    assert w.state["new_positions"] == [0, 1] and w.state["reused_positions"] == []
+    w.step = 5  # a decode step: its own key is new, the others come from the cache
+    s = w.state
+    assert s["new_positions"] == [5] and s["reused_positions"] == [0, 1, 2, 3, 4]
+    assert s["computed_at"] == ["prefill"] * 3 + ["step 3", "step 4", "step 5"]
+    assert DecodeCacheWidget().state["new_positions"] == [7] and DecodeCacheWidget().prompt == 1
+    with pytest.raises(traitlets.TraitError, match="prompt must be an integer from 1 to 8, got 9"):
+        w.prompt = 9
+
+
+def test_decode_steps_clamp_the_window_and_prompt_say_so_and_give_them_back():
+    w = DecodeCacheWidget(steps=8, window=5, prompt=3)
+    assert w.clamped == ""
+    w.steps = 1  # T = 1: W and P cannot exceed 1 ...
+    assert (w.window, w.prompt, w.step) == (1, 1, 0)
+    assert "window 5 is longer than the 1 token generated: it shows as 1" in w.clamped and "prompt 3" in w.clamped
+    w.steps = 8  # ... and come back when T goes back up
+    assert (w.window, w.prompt, w.clamped) == (5, 3, "")
+    w.steps = 4
+    w.window = 2  # a window set while clamped is the new one asked for
+    w.steps = 8
+    assert w.window == 2
+
+
 def test_decode_dtype_sizes_the_cache():
     sizes = {name: DecodeCacheWidget(dtype=getattr(torch, name)).state["cache_bytes"]
              for name in ("float64", "float32", "float16", "bfloat16")}

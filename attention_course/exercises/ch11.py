@@ -26,9 +26,9 @@ IGNORE masks, bool, True = this key is padding, as everywhere in the course):
    attention output.
 
 Each checker runs the learner's function in real worker processes joined by ``torch.distributed`` (gloo, two
-processes, one launch per check): the learner's function is sent to them by value (its compiled code, with the
-functions, modules and values it uses), so that a function written in a notebook cell works there too. In the
-workers it is called on many cases (several world sizes, simulated: ``dist.get_rank()`` and
+processes, one launch per check): the learner's function is sent to them by value
+(:mod:`attention_course.distributed.ship`: its compiled code, with the functions, modules and values it uses), so
+that a function written in a notebook cell works there too. In the workers it is called on many cases (several world sizes, simulated: ``dist.get_rank()`` and
 ``dist.get_world_size()`` answer the simulated ones during those calls) and once for real: the heads of a
 ``nn.MultiheadAttention`` summed by ``all_reduce``, and a ring of the two processes passing key/value blocks with
 ``isend``/``irecv``. The workers send back what it returned; the checker compares it here with its own reference and
@@ -41,18 +41,12 @@ coverage does not follow; tests/test_exercises_ch11.py and the chapter's mutatio
 """
 from __future__ import annotations
 
-import builtins
 import contextlib
-import importlib
-import inspect
 import io
-import marshal
-import pickle
-import sys
-import types
 
 import torch
 
+from ..distributed import ship
 from . import ATOL, DTYPE, ExerciseError, close, describe_diff, passed, raised, require_shape
 
 NEG_INF = float("-inf")
@@ -65,265 +59,19 @@ def _name(dtype: torch.dtype) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Sending the learner's function to the workers
-#
-# A worker is a fresh Python process: it imports what it runs by module and name, and a function defined in a
-# notebook cell (module __main__) has neither. So the function goes by value: its code object (marshal, the format
-# of the .pyc files of this very interpreter, which the workers run), its defaults and closure, and the globals its
-# code names -- modules by name, library functions by reference, the learner's other functions by value in turn,
-# other values pickled. This needs no source text: it works in a fresh kernel, JupyterLab, Colab, for a lambda, and
-# for code that was exec'd (grading).
-
-_LIBRARIES = {"torch", "attention_course", "numpy", "einops", "transformers", "functorch"}
-_PICKLE_LIMIT = 16 * 2**20  # bytes: a global larger than this (a model, a data set) is not sent
-
-
-def _library(module: str | None) -> bool:
-    top = (module or "").split(".")[0]
-    return top != "__main__" and (top in _LIBRARIES or top in sys.stdlib_module_names)
-
-
-def _reference(obj) -> tuple[str, str] | None:
-    """(module, qualified name) when a worker can import ``obj`` by them: a library's function or class."""
-    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or not _library(module) or "<" in qualname:
-        return None
-    found = sys.modules.get(module)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-    return (module, qualname) if found is obj else None
-
-
-def _names_used(code: types.CodeType) -> set[str]:
-    """The global names a code object (and the functions, lambdas and comprehensions inside it) may read."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_used(const)
-    return names
-
-
-class _Parcel:
-    """The learner's function, and what it needs, as plain picklable data (see :func:`_unpack`)."""
-
-    def __init__(self):
-        self.functions: list[dict | None] = []
-        self.spaces: list[dict] = []  # one per globals dict of the parent (a notebook's functions share one)
-        self._function_index: dict[int, int] = {}
-        self._space_index: dict[int, int] = {}
-
-    def value(self, obj) -> tuple:
-        if isinstance(obj, types.ModuleType):
-            return ("module", obj.__name__)
-        if isinstance(obj, types.FunctionType) and _reference(obj) is None:
-            return ("function", self.function(obj))
-        ref = _reference(obj)
-        if ref is not None:
-            return ("ref", *ref)
-        try:
-            data = pickle.dumps(obj)
-        except Exception:  # noqa: BLE001 - not sendable; the worker leaves the name undefined and says why
-            return ("absent", type(obj).__name__)
-        return ("pickle", data) if len(data) <= _PICKLE_LIMIT else ("absent", f"{type(obj).__name__} too large")
-
-    def function(self, fn: types.FunctionType) -> int:
-        if id(fn) in self._function_index:
-            return self._function_index[id(fn)]
-        index = len(self.functions)
-        self._function_index[id(fn)] = index
-        self.functions.append(None)
-        space = self._space_index.setdefault(id(fn.__globals__), len(self.spaces))
-        if space == len(self.spaces):
-            self.spaces.append({})
-        table = self.spaces[space]
-        for name in sorted(_names_used(fn.__code__)):
-            if name in table or name not in fn.__globals__ or name.startswith("__"):
-                continue
-            table[name] = ("absent", "")  # while its value is packed (a function that names itself)
-            table[name] = self.value(fn.__globals__[name])
-        closure = []
-        for cell in fn.__closure__ or ():
-            try:
-                closure.append(self.value(cell.cell_contents))
-            except ValueError:  # an empty cell
-                closure.append(("empty",))
-        self.functions[index] = {
-            "code": marshal.dumps(fn.__code__), "name": fn.__name__, "qualname": fn.__qualname__, "space": space,
-            "defaults": [self.value(d) for d in fn.__defaults__ or ()],
-            "kwdefaults": {k: self.value(d) for k, d in (fn.__kwdefaults__ or {}).items()},
-            "closure": closure,
-        }
-        return index
-
-
-def _pack(fn) -> dict:
-    """The learner's function as data a worker can rebuild (:func:`_unpack`)."""
-    fn = inspect.unwrap(fn)  # a wrapper made with functools.wraps: the function itself
-    parcel = _Parcel()
-    return {"python": tuple(sys.version_info[:2]), "root": parcel.value(fn), "functions": parcel.functions,
-            "spaces": parcel.spaces}
-
-
-class _Forbidden(Exception):
-    """Raised in a worker by a function the exercise forbids."""
-
-
-def _forbid(dotted: list[str], rule: str) -> None:
-    """In a worker: make each forbidden function raise, under every name (module attribute, and its code, so that
-    an alias imported before still reaches the stub)."""
-    for name in dotted:
-        module_name, attr = name.rsplit(".", 1)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        original = getattr(module, attr, None)
-        if original is None:
-            continue
-
-        def stub(*args, _name=name, **kwargs):
-            raise _Forbidden(f"{_name} may not be used in this exercise: it says \u201c{rule}\u201d")
-        if isinstance(original, types.FunctionType) and not original.__code__.co_freevars:
-            key = f"__forbidden_{attr}__"
-            original.__globals__[key] = stub
-            scope: dict = {}
-            exec(f"def {attr}(*args, **kwargs):\n    return {key}(*args, **kwargs)\n", scope)
-            original.__code__ = scope[attr].__code__
-        setattr(module, attr, stub)
-
-
-# What the learner's code sees as dist.get_rank() and dist.get_world_size() while the checker simulates a rank of
-# another world size (None: the real process group's).
-_PRETEND: dict[str, int | None] = {"rank": None, "world_size": None}
-
-
-def _pretending(real):  # pragma: no cover (worker)
-    def answer(*args, **kwargs):
-        key = "rank" if real.__name__ == "get_rank" else "world_size"
-        return _PRETEND[key] if _PRETEND[key] is not None else real(*args, **kwargs)
-    answer.__name__ = real.__name__
-    return answer
-
-
-def _install_pretence() -> None:  # pragma: no cover (worker)
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    for name in ("get_rank", "get_world_size"):
-        answer = _pretending(getattr(c10d, name))
-        setattr(dist, name, answer)
-        setattr(c10d, name, answer)
-
-
-def _unpack(parcel: dict):
-    """In a worker: the learner's function rebuilt from :func:`_pack`'s data."""
-    if parcel["python"] != tuple(sys.version_info[:2]):
-        raise RuntimeError(f"the workers run Python {sys.version_info[:2]}, the notebook {parcel['python']}")
-    spaces = [{"__builtins__": builtins, "__name__": "__main__"} for _ in parcel["spaces"]]
-    functions = []
-    for entry in parcel["functions"]:
-        code = marshal.loads(entry["code"])
-        closure = tuple(types.CellType() for _ in code.co_freevars) or None
-        fn = types.FunctionType(code, spaces[entry["space"]], entry["name"], None, closure)
-        fn.__qualname__ = entry["qualname"]
-        functions.append(fn)
-
-    def value(packed):
-        kind = packed[0]
-        if kind == "module":
-            return importlib.import_module(packed[1])
-        if kind == "function":
-            return functions[packed[1]]
-        if kind == "ref":
-            found = importlib.import_module(packed[1])
-            for part in packed[2].split("."):
-                found = getattr(found, part)
-            return found
-        if kind == "pickle":
-            return pickle.loads(packed[1])
-        raise LookupError(packed[1])
-
-    for space, table in zip(spaces, parcel["spaces"]):
-        for name, packed in table.items():
-            try:
-                space[name] = value(packed)
-            except Exception:  # noqa: BLE001 - left undefined: a NameError if the code reaches it, explained then
-                pass
-    for fn, entry in zip(functions, parcel["functions"]):
-        fn.__defaults__ = tuple(value(d) for d in entry["defaults"]) or None
-        fn.__kwdefaults__ = {k: value(d) for k, d in entry["kwdefaults"].items()} or None
-        for cell, packed in zip(fn.__closure__ or (), entry["closure"]):
-            if packed[0] != "empty":
-                cell.cell_contents = value(packed)
-    return value(parcel["root"])
-
-
-def _absent_names(parcel: dict) -> dict[str, str]:
-    """The globals the learner's code names that could not be sent (name -> what they are)."""
-    return {name: packed[1] for table in parcel["spaces"] for name, packed in table.items() if packed[0] == "absent"
-            and packed[1]}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# What comes back from a call in a worker: plain data, judged here
-
-
-class _Foreign(Exception):
-    """An exception of the learner's code that could not be sent back as itself: its type's name and text."""
-
-
-def _sendable_error(err: BaseException) -> BaseException:  # pragma: no cover (worker)
-    try:
-        back = pickle.loads(pickle.dumps(err))
-        if type(back) is type(err) and str(back) == str(err):
-            return back
-    except Exception:  # noqa: BLE001
-        pass
-    return type(type(err).__name__, (_Foreign,), {})(str(err))
-
-
-def _plain(value):  # pragma: no cover (worker)
-    """The learner's return value as plain data: tensors as plain detached CPU copies, tuples and lists item by item;
-    anything else as a description ("other", type name)."""
-    if isinstance(value, torch.Tensor):
-        if type(value) not in (torch.Tensor, torch.nn.Parameter):
-            return ("subclass", type(value).__qualname__)
-        return ("tensor", value.detach().cpu().clone())
-    if isinstance(value, (tuple, list)):
-        return ("sequence", type(value).__name__, [_plain(item) for item in value])
-    if value is None:
-        return ("none",)
-    return ("other", type(value).__name__)
-
-
-def _call(fn, *args):  # pragma: no cover (worker)
-    """("ok", plain result) or ("raised", exception) of one call of the learner's function, in a worker."""
-    try:
-        return ("ok", _plain(fn(*args)))
-    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; it is named, not hidden
-        return ("raised", _sendable_error(err))
-
-
-def _cloned(args):
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-
-
-def _changed(before, after, names) -> list[str]:
-    """The names of the tensor arguments a call changed in place."""
-    return [name for name, a, b in zip(names, before, after)
-            if isinstance(a, torch.Tensor) and not (a.shape == b.shape and torch.equal(a, b))]
+# The workers: the learner's function, sent by value (attention_course.distributed.ship), run on every case
 
 
 def _worker(rank: int, world_size: int, job: dict):  # pragma: no cover (worker)
     """Runs in each worker process (launched by :func:`_gather`): every answer of the job on this rank's share of
     the simulated cases, then on the real case, in which the ranks talk."""
-    _install_pretence()
-    _forbid(job["forbidden"], job["rule"])
+    ship.install_pretence()
+    ship.forbid(job["forbidden"], job["rule"])
     run = {"split": _split_worker, "ring": _ring_worker}[job["exercise"]]
     results = []
     for parcel in job["answers"]:
         try:
-            fn = _unpack(parcel)
+            fn = ship.unpack(parcel)
         except Exception as err:  # noqa: BLE001
             fn = _unloadable(err)
         printed = io.StringIO()  # a worker's own output goes to no notebook: it comes back with the results
@@ -344,7 +92,7 @@ def _gather(exercise: str, answers: list, cases: list, real: dict, forbidden: tu
     back (a list, rank by rank). Raises ExerciseError when the workers do not finish."""
     from attention_course.distributed import WorkerError, launch
 
-    parcels = [_pack(fn) for fn in answers]
+    parcels = [ship.pack(fn) for fn in answers]
     job = {"exercise": exercise, "answers": parcels, "cases": cases, "real": real, "forbidden": forbidden[0],
            "rule": forbidden[1]}
     try:
@@ -357,14 +105,14 @@ def _gather(exercise: str, answers: list, cases: list, real: dict, forbidden: tu
     except WorkerError as err:
         raise ExerciseError(f"the worker processes that run your function failed: {err}") from None
     for parcel in parcels:
-        parcel["absent"] = _absent_names(parcel)
+        parcel["absent"] = ship.absent_names(parcel)
     return [{"ranks": [per_rank[r][i] for r in range(WORLD)], "absent": parcel["absent"]}
             for i, parcel in enumerate(parcels)]
 
 
-def _learner_error(err: BaseException, what: str, absent: dict[str, str]) -> ExerciseError:
+def _learner_error(err: BaseException, what: str, absent: dict[str, str], ring: bool = False) -> ExerciseError:
     """The message for an exception of the learner's code in a worker."""
-    if isinstance(err, _Forbidden):
+    if isinstance(err, ship.Forbidden):
         return ExerciseError(f"{what}: not accepted: {err}.")
     if isinstance(err, NameError):
         name = str(err).split("'")[1] if "'" in str(err) else ""
@@ -376,25 +124,29 @@ def _learner_error(err: BaseException, what: str, absent: dict[str, str]) -> Exe
         return ExerciseError(
             f"{what} raised NameError: {err}. The worker processes receive your function with the modules, "
             f"functions and values it names; define or import `{name}` in the cell of your function.")
+    if ring:
+        hint = _ring_hint(str(err))
+        if hint:
+            text = str(err).strip().rstrip(".")
+            return ExerciseError(f"{what} raised {type(err).__name__}: {text}. {hint}")
     return raised(err, what)
 
 
-def _valid_tensor(packed) -> bool:
-    return packed[0] == "tensor"
+def _ring_hint(text: str) -> str:
+    """What a raw PyTorch error in a ring step most likely means (empty when no classic cause is known)."""
+    if "first two dimensions of batch2" in text or "cannot be multiplied" in text:
+        return ("The scores are q @ k^T: k must be TRANSPOSED on its last two axes, q @ k.transpose(-2, -1) (or "
+                "k.mT), (B, h, L_q, d) @ (B, h, d, L_k) -> (B, h, L_q, L_k).")
+    if "must match the size of tensor" in text:
+        return ("Two tensors do not broadcast: the scores are (B, h, L_q, L_k), m and l (B, h, L_q, 1) (reduced "
+                "keeping their last axis), and the padding mask (B, L_k) hides keys as key_padding_mask[:, None, None, :]; "
+                "the blocks may differ in length (torch.tensor_split), so take L_q from q and L_k from k.")
+    if "out of bounds" in text or "out of range" in text:
+        return ("An index past the end of a block: the blocks of torch.tensor_split may differ in length by one, so "
+                "take L_q from q.shape[2] and L_k from k.shape[2], never from the other.")
+    return ""
 
 
-def _describe(packed) -> str:
-    """What a plain-data value from a worker is, in words."""
-    kind = packed[0]
-    if kind == "tensor":
-        return f"a tensor of shape {tuple(packed[1].shape)}"
-    if kind == "sequence":
-        return f"a {packed[1]} of {len(packed[2])}"
-    if kind == "none":
-        return "None"
-    if kind == "subclass":
-        return f"a {packed[1]} (a subclass of torch.Tensor: return the plain tensor)"
-    return f"a {packed[1]}"
 
 
 def _ranges(indices: list[int | None]) -> str:  # pragma: no cover (worker)
@@ -492,9 +244,6 @@ def _heads_output(x, weight, bias, out_weight, n):
     return heads @ out_weight.T  # (B, L, E): out_weight is the columns of out_proj.weight that these heads meet
 
 
-def _pretend(rank, world_size):
-    _PRETEND["rank"], _PRETEND["world_size"] = rank, world_size
-
 
 def _split_worker(fn, rank: int, world_size: int, cases, real):  # pragma: no cover (worker)
     import torch.distributed as dist
@@ -506,13 +255,13 @@ def _split_worker(fn, rank: int, world_size: int, cases, real):  # pragma: no co
         records = []
         for r in (range(P) if h % P == 0 else [1]):
             args = [weight.clone(), bias.clone(), h, r, P]
-            _pretend(r, P)
+            ship.pretend(r, P)
             try:
-                outcome = _call(fn, *args)
+                outcome = ship.call(fn, *args)
             finally:
-                _pretend(None, None)
+                ship.pretend(None, None)
             records.append({"rank": r, "outcome": outcome,
-                            "changed": _changed([weight, bias], args, ["in_proj_weight", "in_proj_bias"])})
+                            "changed": ship.changed([weight, bias], args, ["in_proj_weight", "in_proj_bias"])})
         simulated[index] = records
     # The real thing: this process's heads of one layer, summed over the processes by all_reduce.
     h, x = real["num_heads"], real["x"]
@@ -520,13 +269,13 @@ def _split_worker(fn, rank: int, world_size: int, cases, real):  # pragma: no co
     outcome, share = ("raised", RuntimeError("not run")), torch.zeros_like(x)
     try:
         got = fn(real["in_proj_weight"].clone(), real["in_proj_bias"].clone(), h, rank, world_size)
-        outcome = ("ok", _plain(got))
+        outcome = ("ok", ship.plain(got))
         cols = real["out_weight"][:, rank * n * (E // h):(rank + 1) * n * (E // h)]
         if tuple(got[0].shape) == (3 * E // world_size, E) and tuple(got[1].shape) == (3 * E // world_size,):
             share = _heads_output(x, got[0], got[1], cols, n)
     except Exception as err:  # noqa: BLE001 - the rank still takes part in the all_reduce, with zeros
         if outcome[0] != "ok":
-            outcome = ("raised", _sendable_error(err))
+            outcome = ("raised", ship.sendable_error(err))
     share = share.detach().to(DTYPE).contiguous() if share.shape == x.shape else torch.zeros_like(x)
     dist.all_reduce(share)  # sum over the ranks: every head's contribution
     return {"simulated": simulated, "real": {"outcome": outcome, "out": share + real["out_bias"]}}
@@ -652,7 +401,7 @@ def _judge_split_record(record, what, weight, bias, h, P, absent, records=()) ->
         raise ExerciseError(f"{case}: your split_in_proj returned one tensor, {tuple(got[1].shape)}: return the "
                             f"tuple (weight, bias), the rank's rows AND its entries of the bias.")
     if got[0] != "sequence":
-        raise ExerciseError(f"{case}: your split_in_proj must return the tuple (weight, bias), got {_describe(got)}.")
+        raise ExerciseError(f"{case}: your split_in_proj must return the tuple (weight, bias), got {ship.describe(got)}.")
     items = got[2]
     if len(items) in (3, 6):
         raise ExerciseError(f"{case}: your split_in_proj returned {len(items)} items: return the rank's rows PACKED "
@@ -661,8 +410,8 @@ def _judge_split_record(record, what, weight, bias, h, P, absent, records=()) ->
     if len(items) != 2:
         raise ExerciseError(f"{case}: your split_in_proj must return the tuple (weight, bias), got a "
                             f"{got[1]} of {len(items)}.")
-    if not _valid_tensor(items[0]):
-        raise ExerciseError(f"{case}: the weight your split_in_proj returned is {_describe(items[0])}, not a tensor.")
+    if not ship.valid_tensor(items[0]):
+        raise ExerciseError(f"{case}: the weight your split_in_proj returned is {ship.describe(items[0])}, not a tensor.")
     if record["changed"]:
         raise ExerciseError(f"{case}: your split_in_proj changed {record['changed'][0]} IN PLACE (an assignment "
                             f"into a slice, or a method ending in _): every rank reads the same full weights. Return "
@@ -688,8 +437,8 @@ def _judge_split_record(record, what, weight, bias, h, P, absent, records=()) ->
     if items[1][0] == "none":
         raise ExerciseError(f"{case}: your weight is right but the bias is None: the bias is FORGOTTEN. Each rank "
                             f"adds the entries of in_proj_bias that belong to its rows: cut it like the rows.")
-    if not _valid_tensor(items[1]):
-        raise ExerciseError(f"{case}: the bias your split_in_proj returned is {_describe(items[1])}, not a tensor.")
+    if not ship.valid_tensor(items[1]):
+        raise ExerciseError(f"{case}: the bias your split_in_proj returned is {ship.describe(items[1])}, not a tensor.")
     b = items[1][1]
     _bias_shape(b, E, P, case)
     if b.dtype != bias.dtype:
@@ -711,7 +460,7 @@ def _judge_indivisible(record, absent) -> None:
     kind, got = record["outcome"]
     if kind == "ok":
         raise ExerciseError(
-            f"{case}: your split_in_proj returned {_describe(got)}, though {P} ranks cannot hold whole heads of "
+            f"{case}: your split_in_proj returned {ship.describe(got)}, though {P} ranks cannot hold whole heads of "
             f"{h} ({h / P:g} each): NO DIVISIBILITY CHECK. Raise ValueError when num_heads % world_size != 0, "
             f"saying that world_size must divide num_heads.")
     if type(got) is not ValueError:
@@ -729,6 +478,9 @@ def _simulated(result) -> dict:
     return simulated
 
 
+_LAYER = "nn.MultiheadAttention's output"
+
+
 def _judge_split(result, cases, real, want) -> None:
     simulated = _simulated(result)
     every = [(record, cases[index]) for index in range(len(cases) - 1) for record in simulated[index]]
@@ -742,8 +494,8 @@ def _judge_split(result, cases, real, want) -> None:
             raise _learner_error(real["outcome"][1], f"{case}: your split_in_proj", result["absent"])
         if not close(real["out"], want, ATOL):
             raise ExerciseError(
-                f"{case}: each rank's rows were right when the world was simulated, but here the heads summed by "
-                f"all_reduce and nn.MultiheadAttention's output {describe_diff(real['out'], want, 'the layer')}: "
+                f"{case}: each rank's rows were right when the world was simulated, but here "
+                f"{_gap('heads summed by all_reduce', real['out'], want, _LAYER)}: "
                 f"does your function keep a state of its own between calls, or read the rank from elsewhere than "
                 f"its arguments?")
 
@@ -882,17 +634,17 @@ def _simulate_ring(fn, case):  # pragma: no cover (worker)
         for step in range(P):
             src = (r - step) % P
             inputs = [qs[r], ks[src], vs[src], pads[src]]
-            args = _cloned(inputs)
+            args = ship.cloned(inputs)
             given = tuple(t.detach().clone() for t in state)
-            _pretend(r, P)
+            ship.pretend(r, P)
             try:
                 raw, outcome = fn(state, *args, step, r, P, causal), None
             except Exception as err:  # noqa: BLE001
-                raw, outcome = None, ("raised", _sendable_error(err))
+                raw, outcome = None, ("raised", ship.sendable_error(err))
             finally:
-                _pretend(None, None)
-            records.append({"step": step, "input": given, "outcome": outcome or ("ok", _plain(raw)),
-                            "changed": _changed(inputs, args, ["q", "k", "v", "key_padding_mask"])})
+                ship.pretend(None, None)
+            records.append({"step": step, "input": given, "outcome": outcome or ("ok", ship.plain(raw)),
+                            "changed": ship.changed(inputs, args, ["q", "k", "v", "key_padding_mask"])})
             state = _as_state(raw)
             if state is None:
                 break
@@ -926,9 +678,9 @@ def _real_ring(fn, real, rank: int, P: int):  # pragma: no cover (worker)
                 raw = fn(state, mine.clone(), kv[0], kv[1], pads.bool(), step, rank, P, causal)
                 state = _as_state(raw)
                 if state is None:
-                    failure = ("ok", _plain(raw))
+                    failure = ("ok", ship.plain(raw))
             except Exception as err:  # noqa: BLE001
-                failure = ("raised", _sendable_error(err))
+                failure = ("raised", ship.sendable_error(err))
         for request in requests:
             request.wait()
         if step < P - 1:
@@ -938,7 +690,7 @@ def _real_ring(fn, real, rank: int, P: int):  # pragma: no cover (worker)
         try:
             out = (state[2] / state[1]).detach().to(DTYPE).clone()
         except Exception as err:  # noqa: BLE001
-            failure = ("raised", _sendable_error(err))
+            failure = ("raised", ship.sendable_error(err))
     return {"failure": failure, "out": out}
 
 
@@ -1041,9 +793,9 @@ def _record_args(record, case, r):
 def _items(record, length: int = 3):
     """The tensors a call returned as a tuple of ``length``, or None."""
     kind, got = record["outcome"]
-    if kind != "ok" or got[0] != "sequence" or len(got[2]) != length or not _valid_tensor(got[2][0]):
+    if kind != "ok" or got[0] != "sequence" or len(got[2]) != length or not ship.valid_tensor(got[2][0]):
         return None
-    return [item[1] if _valid_tensor(item) else None for item in got[2]]
+    return [item[1] if ship.valid_tensor(item) else None for item in got[2]]
 
 
 def _fits(switches, items, args) -> bool:
@@ -1064,7 +816,7 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     where = f"{what}: rank {r}, step {step} ({_role(src, r, causal)}): your ring_step"
     kind, got = record["outcome"]
     if kind == "raised":
-        raise _learner_error(got, where, absent)
+        raise _learner_error(got, where, absent, ring=True)
     skipped = " (for a block to skip, return the state unchanged)" if causal and src > r else ""
     if got[0] == "none" and skipped:
         raise ExerciseError(f"{where} returned None for a block it skips: a skipped block leaves the state as it "
@@ -1077,10 +829,10 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
                             f"(m, l, acc), which the next step merges into; the output acc / l comes after the "
                             f"last step.")
     if got[0] != "sequence" or len(got[2]) != 3:
-        raise ExerciseError(f"{where} must return the new state, the tuple (m, l, acc), got {_describe(got)}.")
-    bad = next((item for item in got[2] if not _valid_tensor(item)), None)
+        raise ExerciseError(f"{where} must return the new state, the tuple (m, l, acc), got {ship.describe(got)}.")
+    bad = next((item for item in got[2] if not ship.valid_tensor(item)), None)
     if bad is not None:
-        raise ExerciseError(f"{where} must return three tensors (m, l, acc); one of them is {_describe(bad)}"
+        raise ExerciseError(f"{where} must return three tensors (m, l, acc); one of them is {ship.describe(bad)}"
                             f"{skipped}.")
     if record["changed"]:
         name = record["changed"][0]
@@ -1106,11 +858,37 @@ def _judge_ring_record(record, case, r, absent, records) -> None:
     if causal and src > r and not all(close(a, b, ATOL) for a, b in zip(items, record["input"])):
         raise ExerciseError(f"{where}: this block comes AFTER the rank's own, so with is_causal every key is in the "
                             f"future of every query: the state must come back unchanged.")
-    wrong = [f"{name} {describe_diff(a, b, 'the merge')}" for name, a, b in zip(("m", "l", "acc"), items, want)
-             if not close(a, b, ATOL)]
-    raise ExerciseError(f"{where}: the new state differs from the online-softmax merge of this block: "
-                        f"{'; '.join(wrong)}. m_new = max(m, the block's largest score); l and acc are rescaled by "
-                        f"exp(m - m_new) and the block's exp(score - m_new) added.")
+    m_old = record["input"][0]
+    empty = _reference_ring_step(_empty_state(args[1]), *args[1:])  # the block merged into an empty state
+    if not close(m_old, want[0], ATOL) and close(items[0], m_old, ATOL):
+        raise ExerciseError(f"{where}: m is NOT UPDATED: you return the old m, but the block raised the largest "
+                            f"score; return m_new = torch.maximum(m, the block's largest score), the maximum your "
+                            f"l and acc are now relative to.")
+    if not close(m_old, empty[0], ATOL) and all(close(a, b, ATOL) for a, b in zip(items, empty)):
+        raise ExerciseError(f"{where}: the OLD STATE IS DROPPED: your state is this block's alone, as if nothing had "
+                            f"been seen before. Keep what the earlier blocks brought: m_new = max(m, the block's "
+                            f"maximum), and add exp(m - m_new) * l and exp(m - m_new) * acc to the block's sums.")
+    if close(items[0], empty[0], ATOL) and not close(items[0], want[0], ATOL):
+        raise ExerciseError(f"{where}: m is the maximum of this block alone, not the RUNNING MAXIMUM over every block "
+                            f"so far: m_new = torch.maximum(m, the block's largest score). (acc / l may still come "
+                            f"out right, but m is the state's maximum: the next step rescales by exp(m - m_new), "
+                            f"which overflows when m is not the largest.)")
+    wrong = [_gap(name, a, b) for name, a, b in zip(("m", "l", "acc"), items, want) if not close(a, b, ATOL)]
+    right = [name for name, a, b in zip(("m", "l", "acc"), items, want) if close(a, b, ATOL)]
+    raise ExerciseError(f"{where}: the new state is not the online-softmax merge of this block: "
+                        f"{'; '.join(wrong)}" + (f" ({' and '.join(right)} right)" if right else "") +
+                        f". m_new = max(m, the block's largest score); l and acc are rescaled by exp(m - m_new) and "
+                        f"the block's exp(score - m_new) added.")
+
+
+def _gap(name: str, got: torch.Tensor, want: torch.Tensor, ref: str = "") -> str:
+    """"your acc is off the merge's by up to 0.3", or "your m has NaN at 3 of 40 entries where the merge's m is
+    finite" (``ref``: what is compared with, default the merge's ``name``)."""
+    ref = ref or f"the merge's {name}"
+    text = describe_diff(got, want, "")
+    if text.startswith("have "):
+        return f"your {name} has {text[5:].removesuffix(' where  are finite')} where {ref} is finite"
+    return f"your {name} is off {ref} by up to {text.removeprefix('differ by up to ')}"
 
 
 def _judge_ring(result, cases, real, want) -> None:
@@ -1126,12 +904,12 @@ def _judge_ring(result, cases, real, want) -> None:
         if got["failure"] is not None:
             kind, value = got["failure"]
             if kind == "raised":
-                raise _learner_error(value, f"{where}: your ring_step", result["absent"])
-            raise ExerciseError(f"{where}: your ring_step returned {_describe(value)}: return the tuple (m, l, acc).")
+                raise _learner_error(value, f"{where}: your ring_step", result["absent"], ring=True)
+            raise ExerciseError(f"{where}: your ring_step returned {ship.describe(value)}: return the tuple (m, l, acc).")
         if not close(got["out"], blocks[rank], ATOL):
             raise ExerciseError(
-                f"{where}: every step was right when the checker called it alone, but in the ring acc / l and "
-                f"attention over the whole sequence {describe_diff(got['out'], blocks[rank], 'the attention')}: does "
+                f"{where}: every step was right when the checker called it alone, but in the ring "
+                f"{_gap('acc / l', got['out'], blocks[rank], 'the attention over the whole sequence')}: does "
                 f"your function keep a state of its own between calls, or change a tensor it was given?")
 
 

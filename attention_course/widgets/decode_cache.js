@@ -9,12 +9,17 @@ const divisorsOf = (n) => range(n).map((i) => i + 1).filter((k) => n % k === 0);
 // The KV head count kept when h changes: the largest divisor of h not above it (decode_cache.py suggests the same).
 const fitKvHeads = (h, hkv) => Math.max(...divisorsOf(h).filter((k) => k <= hkv));
 
-function computeState({ step: t, steps: T, num_heads: h, num_kv_heads: hkv, window: W, head_dim: d, dtype }) {
+function computeState({ step: t, steps: T, num_heads: h, num_kv_heads: hkv, window: W, head_dim: d, dtype, prompt: P }) {
   const keys = range(t + 1);  // (S,): the cache's positions once the new token's key is in, S = t + 1
   const ignore = keys.map((j) => j > t || (W !== null && t - j >= W));  // (S,): the new query's row
   const rolling = W === null ? keys : keys.slice(-W);  // what a rolling cache keeps: its last W entries
   const perPosition = 2 * hkv * d * ITEMSIZE[dtype];  // K and V of one position, one layer, batch of one
+  const fresh = t < P ? keys : [t];  // computed at this step: the prefill's one pass, or this token alone
   return {
+    prompt: P,
+    new_positions: fresh,
+    reused_positions: keys.filter((j) => !fresh.includes(j)),  // read from the cache, not recomputed
+    computed_at: keys.map((j) => (j < P ? "prefill" : `step ${j}`)),
     key_positions: keys,
     kv_head_of_query: range(h).map((j) => Math.floor(j / (h / hkv))),  // repeat_interleave: j // n_rep
     ignore_mask: range(h).map(() => ignore.slice()),  // (h, S): every query head the same row
@@ -71,10 +76,20 @@ function sharingWords(p) {
     listing(range(hkv).map((g) => `${headsWord(queriesOf(g, nRep))} read${nRep === 1 ? "s" : ""} KV head ${g}`)) + ".";
 }
 
+function computeWords(p, st) {
+  const P = p.prompt, t = p.step;
+  if (t < P) return `Prefill: the ${plural(P, "prompt token")} (${positionsWord(range(P))}) go through in one pass, ` +
+    `which computes the keys and values of all of them at once; query ${t} reads ${positionsWord(st.key_positions)}.`;
+  return `Decode step: only position ${t}'s key and value are computed now; ${positionsWord(st.reused_positions)} ` +
+    `${st.reused_positions.length === 1 ? "is" : "are"} reused from the cache, not recomputed ` +
+    `(${P === 1 ? "position 0 at step 0" : `positions ${spans(range(P))} at the prefill`}, each later one at its own step).`;
+}
+
 function describe(p, st) {
   const t = p.step;
   return `Step t = ${t} (of 0 to ${p.steps - 1}): the new token at position ${t} has added its key and value, ` +
     `so the cache holds ${plural(t + 1, "position")} per KV head (${positionsWord(st.key_positions)}). ` +
+    `${computeWords(p, st)} ` +
     `${sharingWords(p)} ${windowWords(p, st)} Cache per layer: ${bytes(st.cache_bytes)}` +
     (p.window === null ? "." : `; rolling cache: ${bytes(st.rolling_bytes)}.`);
 }
@@ -117,10 +132,14 @@ function draw(p, st) {
   const { step: t, num_heads: h, num_kv_heads: hkv } = p, nRep = h / hkv, S = t + 1;
   const outside = (j) => st.ignore_mask[0][j];
   const positions = st.key_positions.map(String);
+  const made = (j) => (st.new_positions.includes(j) ? (p.step < p.prompt ? "computed now, in the prefill's pass"
+    : "computed now") : `reused from the cache (computed ${st.computed_at[j] === "prefill" ? "in the prefill"
+    : `at ${st.computed_at[j]}`}), not recomputed`);
   const cell = (g, j, who) => (outside(j)
     ? { cls: "ac-out", fill: OUTSIDE, title: `${who}, position ${j}: outside the window, not read` +
                                               "; a rolling cache has dropped it" }
-    : { cls: "ac-kv", fill: kvFill(g), text: String(j), title: `${who}, position ${j}: read` });
+    : { cls: st.new_positions.includes(j) ? "ac-kv ac-new" : "ac-kv", fill: kvFill(g),
+        text: st.new_positions.includes(j) ? `${j}*` : String(j), title: `${who}, position ${j}: read; ${made(j)}` });
   const readWords = (st.read_positions.length === S ? (S === 1 ? "position 0, the whole cache" : `all ${S} positions`)
     : positionsWord(st.read_positions)) +
     (st.read_positions.length < S ? `, not ${positionsWord(st.key_positions.filter(outside))} (hatched: outside ` +
@@ -147,14 +166,16 @@ function draw(p, st) {
                `${readWords}.` })), `KV head ${g}: ${headsWord(heads)}`);
     }),
     `</div></div>`);
-  out.push(`<div class="ac-legend ac-summary">`, summary(p, st), `</div>`);
+  out.push(`<div class="ac-legend ac-summary"><div><b>Computed at this step:</b> ${computeWords(p, st)}</div>`,
+           summary(p, st), `</div>`);
   out.push(`<div class="ac-legend">`,
     ...range(hkv).map((g) => `<span><i class="ac-sw" style="background: ${css(kvFill(g))}"></i>` +
                              `KV head ${g}'s keys, read by ${headsWord(queriesOf(g, nRep))}</span>`),
     p.window === null ? ""
       : `<span><i class="ac-sw ac-out"></i>grey and hatched: outside the window, not read (a rolling cache has ` +
         `dropped it)</span>`,
-    `<div>The number in a cell is the key's position. Polarity of the masks: <b>True = may NOT attend</b>.</div>`,
+    `<div>The number in a cell is the key's position; a star (*) marks a key computed at this step, the others are ` +
+    `reused from the cache. Polarity of the masks: <b>True = may NOT attend</b>.</div>`,
     `</div>`);
   return out.join("");
 }
@@ -162,14 +183,18 @@ function draw(p, st) {
 function render({ model, el }) {
   el.classList.add("ac-widget");
   el.dataset.acWidget = "decode-cache";
-  const names = ["step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype"];
+  const names = ["step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype", "prompt"];
   const get = () => Object.fromEntries(names.map((k) => [k, model.get(k) ?? null]));
   let lastWindow = null;  // the window the checkbox brings back
   let moved = null;  // a KV head count the h slider had to change, said while h and h_kv stay as it left them
   const setStep = (t) => commit(model, { step: Math.min(Math.max(t, 0), get().steps - 1) });
+  // The window and prompt last asked for: a shorter generation clamps them (and says so), a longer one brings them back.
+  let asked = { window: model.get("window") ?? null, prompt: model.get("prompt") ?? 1 };
   const setSteps = (T) => {
     const p = get();
-    commit(model, { step: Math.min(p.step, T - 1), window: p.window === null ? null : Math.min(p.window, T), steps: T });
+    if (p.window !== null && p.window !== Math.min(asked.window ?? Infinity, p.steps)) asked.window = p.window;  // set elsewhere
+    commit(model, { step: Math.min(p.step, T - 1), window: p.window === null ? null : Math.min(asked.window ?? p.window, T),
+                    prompt: Math.min(Math.max(asked.prompt, 1), T), steps: T });
   };
   const setHeads = (h) => {
     const before = get().num_kv_heads, hkv = fitKvHeads(h, before);
@@ -179,7 +204,8 @@ function render({ model, el }) {
   const setWindowOn = (on) => {
     const p = get();
     if (!on) lastWindow = p.window;
-    commit(model, { window: on ? Math.min(lastWindow ?? Math.ceil(p.steps / 2), p.steps) : null });
+    asked.window = on ? lastWindow ?? Math.ceil(p.steps / 2) : null;
+    commit(model, { window: on ? Math.min(asked.window, p.steps) : null });
   };
   const stepButton = (by, text, arrow) => {
     const parts = by < 0 ? [make("span", { "aria-hidden": "true" }, arrow), ` ${text}`]
@@ -196,7 +222,8 @@ function render({ model, el }) {
     steps: slider("steps T", "steps", setSteps),
     num_heads: slider("query heads h", "num_heads", setHeads),
     window_on: checkbox("sliding window", "window_on", setWindowOn),
-    window: slider("window W", "window", (W) => commit(model, { window: W })),
+    window: slider("window W", "window", (W) => { asked.window = W; commit(model, { window: W }); }),
+    prompt: slider("prompt P", "prompt", (P) => { asked.prompt = P; commit(model, { prompt: P }); }),
   };
   const kvHeads = choices("KV heads h_kv (divides h)", "num_kv_heads", (k) => {
     moved = null;
@@ -208,7 +235,7 @@ function render({ model, el }) {
   const status = liveRegion();
   el.replaceChildren(
     make("div", { class: "ac-controls" }, make("span", { class: "ac-choices ac-stepper" }, previous, controls.step, next),
-         controls.steps),
+         controls.steps, controls.prompt),
     make("div", { class: "ac-controls" }, controls.num_heads, kvHeads, controls.window_on, controls.window, notice),
     picture, numbers, status);
 
@@ -222,9 +249,15 @@ function render({ model, el }) {
     p.num_heads = Math.min(Math.max(p.num_heads, 1), MAX_HEADS);
     p.num_kv_heads = fitKvHeads(p.num_heads, p.num_kv_heads);
     if (!(p.dtype in ITEMSIZE)) p.dtype = "float32";
+    p.prompt = Math.min(Math.max(p.prompt ?? 1, 1), p.steps);
+    const clamped = [["window", p.window], ["prompt", p.prompt]]
+      .filter(([name, shown]) => asked[name] !== null && shown !== null && asked[name] > shown)
+      .map(([name, shown]) => `${name} ${asked[name]} is longer than the ${plural(p.steps, "token")} generated: it ` +
+                              `shows as ${shown} until steps is ${asked[name]} or more again`);
     if (moved && (moved.h !== p.num_heads || moved.hkv !== p.num_kv_heads)) moved = null;
-    notice.textContent = moved ? `h_kv = ${moved.from} does not divide h = ${moved.h}: h_kv is now ${moved.hkv}, ` +
-                                 "the largest KV head count below it that does." : "";
+    notice.textContent = [moved ? `h_kv = ${moved.from} does not divide h = ${moved.h}: h_kv is now ${moved.hkv}, ` +
+                                  "the largest KV head count below it that does." : "", ...clamped].filter(Boolean)
+      .join("; ");
     controls.step.update(p.step, 0, p.steps - 1);
     previous.setAttribute("aria-disabled", String(p.step === 0));
     next.setAttribute("aria-disabled", String(p.step === p.steps - 1));
@@ -233,6 +266,7 @@ function render({ model, el }) {
     controls.window_on.update(p.window !== null);
     controls.window.style.display = p.window === null ? "none" : "";
     controls.window.update(p.window ?? 1, 1, p.steps);
+    controls.prompt.update(p.prompt, 1, p.steps);
     kvHeads.update(divisorsOf(p.num_heads), p.num_kv_heads);  // only a new h brings new buttons
     const st = computeState(p);
     picture.innerHTML = draw(p, st);

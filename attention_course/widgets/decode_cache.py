@@ -5,7 +5,9 @@ and its query reads the cached keys (its own among them). With grouped-query att
 share ``num_kv_heads`` key/value heads: query head j reads KV head j // n_rep, n_rep = num_heads // num_kv_heads
 (``repeat_interleave`` order), so the cache holds num_kv_heads rows of keys, not num_heads. With a sliding ``window``
 W the query reads only the last W positions (t - W < position <= t); a rolling cache keeps just those, so its size
-stops growing at W entries.
+stops growing at W entries. The first ``prompt`` tokens are the prompt: the **prefill** computes their keys and values
+in one pass; every later step computes the key and value of its own token only and **reuses** the cached ones,
+never recomputing them.
 
 Polarity, as everywhere in the course: an ignore mask, True = may NOT attend. The picture is drawn by
 ``decode_cache.js`` from the traits; :attr:`DecodeCacheWidget.state` computes the same numbers with torch.
@@ -36,17 +38,18 @@ class DecodeCacheWidget(CourseWidget):
     """Step through generation and see which cached keys the new token's query reads, head by head.
 
     Settings (the first five are controls in the picture): ``step`` t, from 0 to steps - 1 (default: the last);
-    ``steps`` 1-16, the tokens generated; ``num_heads`` 1-8 query heads; ``num_kv_heads``, which must divide
+    ``steps`` 1-16, the tokens generated; ``prompt`` 1 to steps, the tokens of the prompt, prefilled in one pass; ``num_heads`` 1-8 query heads; ``num_kv_heads``, which must divide
     num_heads (1: multi-query, num_heads: plain multi-head attention); ``window`` None (no window: the whole cache)
     or 1 to steps. ``head_dim`` (1-1024) and ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``
     or a torch dtype) only size the cache in the summary: bytes per layer for a batch of one.
 
-    Changing ``steps`` alone keeps ``step`` and ``window`` valid (clamped). A setting that breaks the rest raises
+    Changing ``steps`` alone keeps ``step``, ``window`` and ``prompt`` valid: clamped, and said in
+    :attr:`clamped`; a window or prompt that was clamped comes back when ``steps`` grows again. A setting that breaks the rest raises
     with the valid choices; to change several at once, and to redraw on every Jupyter (ipywidgets 7 and 8):
     ``w.update(num_heads=6, num_kv_heads=3)``.
     """
 
-    SETTINGS = ("step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype")
+    SETTINGS = ("step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype", "prompt")
 
     _esm = esm("decode_cache.js")
     _css = CSS
@@ -58,15 +61,17 @@ class DecodeCacheWidget(CourseWidget):
     window = traitlets.Int(None, allow_none=True).tag(sync=True)
     head_dim = traitlets.Int(64).tag(sync=True)
     dtype = traitlets.Unicode("float32").tag(sync=True)
+    prompt = traitlets.Int(1).tag(sync=True)
 
     def __init__(self, num_heads=4, num_kv_heads=2, window=None, steps=8, step=None, head_dim=64, dtype="float32",
-                 **kwargs):
+                 prompt=1, **kwargs):
+        self._asked = {"window": window, "prompt": prompt}  # what was set, before any clamping by ``steps``
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
         if step is None:  # the last step: the fullest cache
             step = steps - 1 if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else 0
         super().__init__(num_heads=num_heads, num_kv_heads=num_kv_heads, window=window, steps=steps, step=step,
-                         head_dim=head_dim, dtype=dtype, **kwargs)
+                         head_dim=head_dim, dtype=dtype, prompt=prompt, **kwargs)
 
     @traitlets.validate("steps")
     def _valid_steps(self, proposal):
@@ -87,6 +92,11 @@ class DecodeCacheWidget(CourseWidget):
         if isinstance(proposal.value, int) and self.steps < proposal.value <= MAX_STEPS:
             hint += f" For a longer generation: {call({'steps': proposal.value, 'window': proposal.value})}."
         return check_range(proposal.value, "window", 1, self.steps, hint)
+
+    @traitlets.validate("prompt")
+    def _valid_prompt(self, proposal):
+        return check_range(proposal.value, "prompt", 1, self.steps,
+                           "It is the number of prompt tokens, prefilled in one pass (1: no prompt but the first token).")
 
     @traitlets.validate("num_heads", "num_kv_heads")
     def _valid_heads(self, proposal):
@@ -119,12 +129,34 @@ class DecodeCacheWidget(CourseWidget):
             )
         return proposal.value
 
+    @traitlets.observe("window", "prompt")
+    def _remember(self, change):
+        if not getattr(self, "_clamping", False):
+            self._asked[change["name"]] = change["new"]
+
     @traitlets.observe("steps")
     def _keep_step_and_window_valid(self, change):
-        with self.hold_sync():
-            self.step = min(self.step, self.steps - 1)
-            if self.window is not None:
-                self.window = min(self.window, self.steps)
+        self._clamping = True
+        try:
+            with self.hold_sync():
+                self.step = min(self.step, self.steps - 1)
+                asked = self._asked.get("window", self.window)
+                self.window = None if asked is None else min(asked, self.steps)
+                self.prompt = min(self._asked.get("prompt", self.prompt), self.steps)
+        finally:
+            self._clamping = False
+
+    @property
+    def clamped(self) -> str:
+        """What ``steps`` has clamped, in words ("" when nothing): a window or prompt longer than the generation."""
+        said = []
+        for name, shown in (("window", self.window), ("prompt", self.prompt)):
+            asked = self._asked.get(name)
+            if asked is not None and shown is not None and asked > shown:
+                tokens = "1 token" if self.steps == 1 else f"{self.steps} tokens"
+                said.append(f"{name} {asked} is longer than the {tokens} generated: it shows as {shown} until "
+                            f"steps is {asked} or more again")
+        return "; ".join(said)
 
     @property
     def n_rep(self) -> int:
@@ -149,7 +181,13 @@ class DecodeCacheWidget(CourseWidget):
             held.append(len(cache))
             if s == t:
                 rolling, rolling_bytes = cache.positions.tolist(), cache.nbytes
+        P = self.prompt
+        new = list(range(t + 1)) if t < P else [t]  # computed at this step: the prefill's pass, or this token alone
         return {
+            "prompt": P,
+            "new_positions": new,  # keys and values computed at this step
+            "reused_positions": [j for j in range(t + 1) if j not in new],  # read from the cache, not recomputed
+            "computed_at": ["prefill" if j < P else f"step {j}" for j in range(t + 1)],
             "key_positions": keys.tolist(),
             "kv_head_of_query": kv_of_query.tolist(),
             "ignore_mask": ignore.expand(h, -1).tolist(),  # (h, S): every query head the same row

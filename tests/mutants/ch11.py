@@ -336,6 +336,49 @@ def weights_not_values(state, q, k, v, key_padding_mask, step, rank, world_size,
     return m, l, acc[..., :1] * torch.ones(*acc.shape[:-1], k.shape[2], dtype=acc.dtype)
 
 
+def drops_the_old_state(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """Each block merged into an empty state: what came before is lost."""
+    if is_causal and (rank - step) % world_size > rank:
+        return state
+    return ch11._ring_step(ch11._empty_state(q), q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+
+
+def keeps_the_old_m(state, *args):
+    m_new, l, acc = ch11._reference_ring_step(state, *args)
+    return state[0], l, acc
+
+
+def block_maximum(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """m_new from the block alone, l and acc made consistently with it."""
+    m, l, acc = state
+    src = (rank - step) % world_size
+    if is_causal and src > rank:
+        return state
+    scores = q @ k.mT / q.shape[-1] ** 0.5
+    if is_causal and src == rank:
+        scores = scores.masked_fill(torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1), NEG)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], NEG)
+    m_new = scores.amax(-1, keepdim=True)
+    shift = m_new.nan_to_num(neginf=0.0)
+    c = torch.exp(m - shift)
+    p = torch.exp(scores - shift)
+    return m_new, c * l + p.sum(-1, keepdim=True), c * acc + p @ v
+
+
+def k_not_transposed(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """q @ k instead of q @ k^T: an error wherever L_k != d."""
+    q @ k  # noqa: B018 - the mistake: raises for blocks whose length is not d
+    return ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+
+
+def mask_not_broadcast(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """The padding mask (B, L_k) put on the scores (B, h, L_q, L_k) as it is."""
+    if key_padding_mask is not None:
+        (q @ k.mT).masked_fill(key_padding_mask, NEG)
+    return ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+
+
 RING = catalogue(
     ch11.check_ring_step, "ring",
     correct={
@@ -373,6 +416,12 @@ RING = catalogue(
                (r"came back as float32",)),
         Mutant("no return statement", no_return, (r"return statement",)),
         Mutant("the stub", stub, (r"stub",)),
+        Mutant("the old state dropped", drops_the_old_state, (r"OLD STATE IS DROPPED",)),
+        Mutant("m not updated", keeps_the_old_m, (r"m is NOT UPDATED",)),
+        Mutant("m of the block alone", block_maximum, (r"RUNNING MAXIMUM",)),
+        Mutant("k not transposed", k_not_transposed, (r"raised RuntimeError", r"k must be TRANSPOSED")),
+        Mutant("mask (B, L_k) on the scores", mask_not_broadcast, (r"raised RuntimeError", r"do not broadcast",
+                                                                    r"key_padding_mask\[:, None, None, :\]")),
     ],
 )
 
