@@ -194,7 +194,7 @@ def _reference(params, query, key, value, masks, h, *, average=True, in_bias=Tru
     q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
     scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
     if scale is not None:
-        scores = scores / math.sqrt(d if scale == "d" else D)
+        scores = scores / math.sqrt({"d": d, "D": D, "h": h}[scale])
     blocked, bias = masks if masks is not None else (None, None)
     if bias is not None:
         scores = scores * bias.exp() if multiply else scores + bias
@@ -212,7 +212,7 @@ def _reference(params, query, key, value, masks, h, *, average=True, in_bias=Tru
         heads = heads.permute(0, 2, 3, 1).reshape(B, L, D)  # (B, L, d, h): features of the heads interleaved
     out = F.linear(heads, params["out_proj.weight"], params["out_proj.bias"] if out_bias else None) if out_proj \
         else heads
-    return out, (weights.mean(1) if average else weights)
+    return out, (weights.sum(1) if average == "sum" else weights.mean(1) if average else weights)
 
 
 def _torch_layer(D: int, h: int, gen: torch.Generator) -> nn.MultiheadAttention:
@@ -458,6 +458,8 @@ def check_case(ours, mha, params, case, h: int) -> None:
                               "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
         (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
                           f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
+        (dict(scale="h"), f"the scores were divided by sqrt(h) = sqrt({h}), the number of HEADS; the scale is "
+                          f"sqrt(d), d = D / h = {d}, the size of the vectors whose dot product is taken."),
         (dict(scale=None), f"the scores were not scaled: divide q @ k.transpose(-2, -1) by sqrt(d) = sqrt({d}), "
                            f"d = D / h the head size, before the softmax."),
         (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
@@ -476,6 +478,10 @@ def check_case(ours, mha, params, case, h: int) -> None:
         (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
         (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
     ]
+    if average:
+        variants.append((dict(average="sum"), "the weights were SUMMED over the heads: with "
+                                              "average_attn_weights=True torch returns their mean, "
+                                              "weights.mean(dim=1), so that each row still sums to 1."))
     if bools:
         variants += [
             (dict(masks=masks(invert=True)),
@@ -521,12 +527,17 @@ def check_case(ours, mha, params, case, h: int) -> None:
                          "query rows."))
     for options, message in variants:
         options.setdefault("masks", masks())
-        v_out, v_w = _reference(params, query, key, value, options.pop("masks"), h, average=average, **options)
+        options.setdefault("average", average)
+        v_out, v_w = _reference(params, query, key, value, options.pop("masks"), h, **options)
         if _matches(out, v_out) and _matches(weights, v_w):
             raise ExerciseError(f"{setting}: {message} {diff}")
     if diff_out > ATOL and diff_w <= ATOL:
         raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
                             f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
+    if diff_out <= ATOL and diff_w > ATOL:
+        raise ExerciseError(f"{setting}, the output is right but the weights returned are not {diff}: return the "
+                            f"softmax weights themselves, (B, h, L, S) per head, or their mean over the heads "
+                            f"(dim=1) when average_attn_weights=True, before any dropout.")
     if diff_out <= 1e-4 * max(1.0, float(want_out.abs().max())) and diff_w <= 1e-4:
         raise ExerciseError(f"{setting}, your layer agrees with nn.MultiheadAttention only to float32 precision "
                             f"{diff}, though both run in float64: a step of yours computes in float32 (a tensor "
