@@ -147,7 +147,8 @@ def same_error(a: Exception, b: Exception) -> bool:
 
 def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -> str:
     """How ``got`` differs from ``want``: "differ by up to 0.3", or "have NaN at 3 of 40 entries where torch's are
-    finite".
+    finite" ("... where the merge is finite" for a ``ref`` that does not end in s). The words before it are the
+    plural subject of "differ" and "have": "your weights ...", "out and the recomputation ...".
 
     A difference "up to inf" would say nothing; NaN where the reference has numbers is the useful fact.
     """
@@ -157,7 +158,8 @@ def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -
         found = (("NaN", got.isnan()), ("inf", got == float("inf")), ("-inf", got == float("-inf")))
         kinds = [kind for kind, where in found if bool((where & bad).any())]
         kinds = " and ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))  # "NaN, inf and -inf"
-        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} are finite"
+        verb = "are" if ref.endswith("s") else "is"  # torch's [entries] are, the merge is
+        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} {verb} finite"
     return f"differ by up to {max_diff(got, want):.2g}"
 
 

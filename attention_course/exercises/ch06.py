@@ -393,7 +393,7 @@ def _check_dropout(cls, mha, query, kpm, D, h) -> None:
         raise ExerciseError(_dropout_message(setting, max_diff(first, second)))
     want, _ = mha(query, query, query, key_padding_mask=kpm)
     if max_diff(first, want) > ATOL:
-        raise ExerciseError(f"{setting}, your output {describe_diff(first, want)} from torch's: in eval mode "
+        raise ExerciseError(f"{setting}, your output and torch's {describe_diff(first, want)}: in eval mode "
                             f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
 
 

@@ -170,7 +170,7 @@ def _check_linear(linear: nn.Linear, before: list[torch.Tensor], W, b, i: int, h
                     f"{name}.{part} is UNCHANGED by your function: its copy did not happen. Copy the third "
                     f"of {what} into it with `{name}.{part}.copy_(...)` inside `with torch.no_grad():`.")
             raise ExerciseError(
-                f"{name}.{part} is not rows {i}*D:{i + 1}*D of {what} (it "
+                f"{name}.{part} is not rows {i}*D:{i + 1}*D of {what} (its entries and the expected ones "
                 f"{describe_diff(got, blocks[i], 'the expected entries')}).")
 
 
@@ -513,8 +513,8 @@ def check_max_pool(fn) -> None:
     message = _finite(got, hidden, keep, want)
     if message:
         raise ExerciseError(message)
-    raise ExerciseError(f"your result {describe_diff(got, want, 'the expected maxima')}; expected, per sentence "
-                        f"and feature, the largest value over the tokens with keep == 1.")
+    raise ExerciseError(f"your maxima and the expected ones {describe_diff(got, want, 'the expected values')}; "
+                        f"expected, per sentence and feature, the largest value over the tokens with keep == 1.")
 
 
 def _failure(run):

@@ -258,8 +258,9 @@ def check_repeat_kv(fn) -> None:
         if None in mapping:
             j = mapping.index(None)
             raise ExerciseError(
-                f"{case}: head {j} of your result is not a copy of any key/value head of x (it "
-                f"{describe_diff(got[:, j], want[:, j], 'the expected')}): every output head must be one of the "
+                f"{case}: head {j} of your result is not a copy of any key/value head of x (its entries and the "
+                f"expected head's {describe_diff(got[:, j], want[:, j], 'the expected head')}): every output head "
+                f"must be one of the "
                 f"input's heads, unchanged, for every sentence of the batch."
             )
         if mapping == [j % h_kv for j in range(h)]:
@@ -458,8 +459,8 @@ def check_apply_rope(fn) -> None:
     require_shape(got, tuple(x.shape), "x in float32: your result", "(B, h, L, d)")
     _same_dtype(got, x32, "x in float32: your result")
     if max_diff(got, _reference_rope(x, positions)) > 1e-4:
-        raise ExerciseError(f"x in float32: your result {describe_diff(got, _reference_rope(x, positions))} "
-                            f"from the rotation computed in float64.")
+        raise ExerciseError(f"x in float32: your result and the rotation computed in float64 "
+                            f"{describe_diff(got, _reference_rope(x, positions), 'the rotation')}.")
     passed("split-halves RoPE with base 10000 at the positions given (a prefill, a chunk after 40 cached tokens, one "
            "token at 97), exact in float64 and float32 kept float32.")
 
