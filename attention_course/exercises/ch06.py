@@ -37,8 +37,9 @@ def _combine(kpm, attn_mask, B, h, L, S, *, op="or", head_major=False, polarity=
     mask = torch.zeros(B, h, L, S, dtype=torch.bool)
     parts = []
     if kpm is not None:
-        parts.append(kpm.view(B, 1, 1, S))
+        parts.append(~kpm.view(B, 1, 1, S) if polarity == "kpm allow" else kpm.view(B, 1, 1, S))
     if attn_mask is not None:
+        attn_mask = ~attn_mask if polarity == "attn allow" else attn_mask
         if attn_mask.ndim == 2:
             parts.append(attn_mask.view(1, 1, L, S))
         else:
@@ -79,6 +80,21 @@ def _combine_hint(err: ExerciseError, kpm, attn_mask, B, h, L, S) -> str:
                 f"({B}, {h}, {L}, {S}) before combining (batch-major: row b*h + i is sentence b, head i).")
     return (" key_padding_mask (B, S) becomes (B, 1, 1, S), a 2-D attn_mask (L, S) becomes (1, 1, L, S), a 3-D one "
             "(B*h, L, S) becomes (B, h, L, S); then combine with | and .expand(B, h, L, S).")
+
+
+def _which_inverted(fn, cases, B, h, L, S, polarities) -> str:
+    """With one mask given, inverting it and inverting every mask look the same: the case with both masks tells
+    them apart. ``polarities``: the (options, message) of the three inversions, all masks first."""
+    name, kpm, attn_mask = cases[2]  # key_padding_mask and a 2-D attn_mask
+    try:
+        got = fn(kpm, attn_mask, B, h, L, S)
+    except Exception:  # noqa: BLE001 - that case is checked, and its error reported, in its turn
+        got = None
+    for options, message in polarities:
+        if isinstance(got, torch.Tensor) and torch.equal(got.cpu(), _combine(kpm, attn_mask, B, h, L, S, **options)):
+            return message + ("" if options["polarity"] == "allow" else f" (The case with {name} tells this from "
+                                                                      f"inverting both.)")
+    return polarities[0][1]
 
 
 def check_combine_masks(fn) -> None:
@@ -124,6 +140,12 @@ def check_combine_masks(fn) -> None:
             (dict(polarity="allow"), "your mask is inverted: it is True where attending is ALLOWED. PyTorch's "
                                      "nn.MultiheadAttention convention is True = blocked (ignore); only "
                                      "F.scaled_dot_product_attention reads True as allowed."),
+            (dict(polarity="kpm allow"), "the key_padding_mask alone is read the other way round: its True marks "
+                                         "a PAD, a key to block (the attn_mask you read right). Use it as it is, "
+                                         "not ~key_padding_mask."),
+            (dict(polarity="attn allow"), "the attn_mask alone is read the other way round: its True marks a pair "
+                                          "to BLOCK, as the key_padding_mask's does (which you read right). Use it "
+                                          "as it is, not ~attn_mask."),
             (dict(op="and"), "you combined the masks with & (and): a pair must be blocked if EITHER mask blocks "
                              "it, so combine with | (or)."),
             (dict(head_major=True), "you unflattened the 3-D attn_mask head-major, as (h, B, L, S). PyTorch's "
@@ -132,12 +154,18 @@ def check_combine_masks(fn) -> None:
         ]
         for options, message in variants:
             if torch.equal(got, _combine(kpm, attn_mask, B, h, L, S, **options)):
+                if options.get("polarity") == "allow" and (kpm is None or attn_mask is None):
+                    message = _which_inverted(fn, cases, B, h, L, S, variants[:3])
                 raise ExerciseError(f"{where}: {message}")
         if kpm is not None and torch.equal(got, _combine(None, attn_mask, B, h, L, S)):
             raise ExerciseError(f"{where}: the key_padding_mask was ignored.")
         if attn_mask is not None and torch.equal(got, _combine(kpm, None, B, h, L, S)):
             raise ExerciseError(f"{where}: the attn_mask was ignored.")
-        raise ExerciseError(f"{where}.")
+        raise ExerciseError(
+            f"{where}. A pair is blocked where either mask blocks it: key_padding_mask (B, S) as (B, 1, 1, S), a 2-D "
+            f"attn_mask (L, S) as (1, 1, L, S), a 3-D one (B*h, L, S) as (B, h, L, S) (row b*h + i is sentence b, "
+            f"head i), combined with | and expanded to (B, h, L, S)."
+        )
     passed("padding, 2-D and 3-D masks expand and combine as torch does.")
 
 
@@ -154,7 +182,7 @@ def _naive_softmax(scores, dim=-1):
 def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="keys", drop=()):
     """(blocked, bias): the (B, h, L, S) bool entries to fill and the (B, h, L, S) float bias to add, from torch's
     two mask arguments (bool: True = blocked; float: added), or None for a mask not given. Options = mistakes:
-    ``invert`` bool masks, ``floats`` "bool" (float masks used as bool, .bool()) or "neginf" (only their -inf
+    ``invert`` bool masks (True: both, "attn": the attn_mask alone), ``floats`` "bool" (float masks used as bool, .bool()) or "neginf" (only their -inf
     entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
     blocked, bias = torch.zeros(B, h, L, S, dtype=torch.bool), torch.zeros(B, h, L, S, dtype=DTYPE)
     for which, m in (("kpm", kpm), ("attn", attn_mask)):
@@ -165,7 +193,7 @@ def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="
         elif m.dim() == 3:
             m = m.view(B, h, L, S)
         if m.dtype == torch.bool:
-            blocked = blocked | (~m if invert else m)
+            blocked = blocked | (~m if invert is True or invert == which else m)
         elif floats == "add":
             bias = bias + m
         else:
@@ -512,6 +540,11 @@ def check_case(ours, mha, params, case, h: int) -> None:
                          "your output is the one without any mask: the mask never reaches the scores (filled where "
                          "a score is 0 rather than where the mask is True? a branch that skips it? a result not "
                          "assigned back?)."))
+    if kpm is not None and attn_mask is not None and attn_mask.dtype == torch.bool:
+        variants.append((dict(masks=masks(invert="attn")),
+                         "the attn_mask alone is read the other way round (the key_padding_mask you read right): in "
+                         "nn.MultiheadAttention a bool attn_mask's True blocks the pair too. Fill with -inf where it "
+                         "is True, not ~attn_mask."))
     if kpm is not None and attn_mask is not None:
         variants.append((dict(masks=masks(drop=("attn",))),
                          "your output is the one with the key_padding_mask alone: the attn_mask never reaches the "

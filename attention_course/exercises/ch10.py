@@ -531,6 +531,8 @@ def _decode(q, k, v, cache_k, cache_v, *, start="cache", cat_dim=2, mask="positi
              "hide cache": future | (key_at[None, :] < T), "L x L": ones(L, L).triu(1),
              "zero": key_at[None, :] > torch.arange(L)[:, None], "keep": ~future,
              "past": key_at[None, :] < query_at[:, None], "transposed": key_at[:, None] > query_at[None, :]}
+    if mask == "flat":  # positions compared element by element: (S,) > (L,), broadcast or an error
+        masks["flat"] = key_at > query_at
     out = _attend(rq, keys, values, masks[mask], scale=scale, softmax_dim=softmax_dim, **attend)
     return out, kept_k, kept_v
 
@@ -576,9 +578,6 @@ _DECODE_MISTAKES = [
     (dict(mask="L x L"),
      "the mask is the new tokens' own (L, L) causal mask, while the scores are (L, S) with S = T + L keys: build "
      "the mask over all S keys, key position > query position (triu(diagonal=T + 1) of an (L, S) mask)."),
-    (dict(mask="none"),
-     "there is NO CAUSAL MASK among the new tokens: new token i reads the new tokens after it. With one new token "
-     "nothing is hidden, but a prefill or a chunk of L > 1 tokens needs key position > query position hidden."),
     (dict(own_key=False),
      "the new tokens attend to the OLD CACHE ONLY, without their own keys and values: append k and v to the cache "
      "first, then attend to all T + L entries (a token reads itself)."),
@@ -612,9 +611,19 @@ _DECODE_MISTAKES = [
      "the mask is TRANSPOSED, (S, L): rows are the keys, so each query sees itself and the keys after it, and a "
      "step with L != S new tokens cannot even broadcast it. Build it (L, S), queries down: "
      "key_positions[None, :] > positions[:, None]."),
+    (dict(mask="flat"),
+     "the mask compares the positions ELEMENT BY ELEMENT, key_positions > positions, without the axes that make "
+     "it (L, S): with L = S it is one row of False (no mask at all), with one query it happens to work, with "
+     "other L it cannot broadcast. key_positions[None, :] > positions[:, None] -> (L, S)."),
+    (dict(mask="none"),
+     "there is NO CAUSAL MASK among the new tokens: new token i reads the new tokens after it. With one new token "
+     "nothing is hidden, but a prefill or a chunk of L > 1 tokens needs key position > query position hidden."),
     (dict(mask="past"),
      "the comparison is TURNED ROUND: the mask hides the keys BEFORE each query (key position < query position) "
      "and shows itself and the keys after it. Hide key position > query position."),
+    (dict(fill=float("inf")),
+     "the hidden scores are filled with +inf, not -inf: exp(+inf) takes all the weight and inf / inf is NaN. "
+     "Fill with float('-inf'), which exp turns into 0."),
     (dict(fill=0.0),
      "the hidden scores are set to 0, not -inf: a score of 0 still gets the weight exp(0) / sum, as much as an "
      "ordinary key. Fill with float('-inf') (a finite fill must be far below every score, as -1e9 is)."),
@@ -638,6 +647,8 @@ _DECODE_MISTAKES = [
     (dict(scale="none"), "the scores are not scaled: divide q @ k^T by sqrt(d), the square root of the head size."),
     (dict(softmax_dim=-2), "the softmax runs over the QUERIES (dim=-2): each query's weights are a distribution "
                            "over the keys, softmax(dim=-1)."),
+    (dict(softmax_dim=1), "the softmax runs over the HEADS (dim=1 of the (B, h, L, S) scores): each query's weights "
+                          "are a distribution over the keys, softmax(dim=-1)."),
 ]
 
 # The caches a step returns when its output is right: what is wrong with them.
@@ -691,22 +702,23 @@ def _triple(got, case: str):
     return [t.detach().cpu() for t in got]
 
 
-def _matching(got, args, mistakes) -> list:
-    """The mistakes (switches, message) whose step returns what the learner's does (all three tensors)."""
+def _matching(got, args, mistakes, parts=3) -> list:
+    """The mistakes (switches, message) whose step returns what the learner's does (the first ``parts`` tensors:
+    3 for all, 1 for out alone)."""
     found = []
     for switches, message in mistakes:
         try:
             candidate = _decode(*args, **switches)
         except Exception:  # noqa: BLE001 - a mistake that raises on this case is not this result
             continue
-        if all(close(a, b, 1e-8) for a, b in zip(got, candidate)):
+        if all(close(a, b, 1e-8) for a, b in zip(got[:parts], candidate[:parts])):
             found.append((switches, message))
     return found
 
 
-def _agrees(fn, switches, args) -> bool:
-    """Whether the learner's step does on ``args`` what the step with the mistake ``switches`` does: the same three
-    tensors, or the same error."""
+def _agrees(fn, switches, args, parts=3) -> bool:
+    """Whether the learner's step does on ``args`` what the step with the mistake ``switches`` does: the same
+    tensors (the first ``parts``), or the same error."""
     result, err = _run(fn, *[t.clone() for t in args])
     try:
         candidate, other = _decode(*args, **switches), None
@@ -715,35 +727,25 @@ def _agrees(fn, switches, args) -> bool:
     if err is not None or other is not None:
         return err is not None and other is not None and same_error(err, other)
     return isinstance(result, (tuple, list)) and len(result) == 3 and all(
-        isinstance(a, torch.Tensor) and close(a.detach().cpu(), b, 1e-8) for a, b in zip(result, candidate))
+        isinstance(a, torch.Tensor) and close(a.detach().cpu(), b, 1e-8)
+        for a, b in zip(result[:parts], candidate[:parts]))
 
 
-def _name_decode(fn, got, args, mistakes, later) -> str | None:
-    """The message of the mistake whose step returns what the learner's does. When several do on this case (a
-    prefill cannot tell a transposed mask from a turned comparison), the learner's step is run on the ``later``
-    cases (name, args) until one is left; if none separates them, both are named."""
-    found = _matching(got, args, mistakes)
+def _name_decode(fn, got, args, mistakes, later, parts=3) -> str | None:
+    """The message of the mistake whose step returns what the learner's does (all three tensors, or out alone for
+    ``parts`` = 1). When several do on this case (a prefill cannot tell a transposed mask from a turned
+    comparison), the learner's step is run on the ``later`` cases (name, args) until one is left; if none
+    separates them, both are named."""
+    found = _matching(got, args, mistakes, parts)
     for name, other in later:
         if len(found) < 2:
             break
-        kept = [m for m in found if _agrees(fn, m[0], other)]
+        kept = [m for m in found if _agrees(fn, m[0], other, parts)]
         found = kept or found
     if len(found) > 1:
         return (f"two mistakes give this result and no case of the checker tells them apart: either "
                 f"{found[0][1][0].lower() + found[0][1][1:]} Or {found[1][1]}")
     return found[0][1] if found else None
-
-
-def _name_output(out, args) -> str | None:
-    """The message of the first mistake whose output is the learner's (whatever its caches)."""
-    for switches, message in _DECODE_MISTAKES:
-        try:
-            candidate = _decode(*args, **switches)[0]
-        except Exception:  # noqa: BLE001
-            continue
-        if close(out, candidate, 1e-8):
-            return message
-    return None
 
 
 def _check_step(fn, args, want, case: str, later=()) -> list[torch.Tensor]:
@@ -770,7 +772,7 @@ def _check_step(fn, args, want, case: str, later=()) -> list[torch.Tensor]:
         return got
     message = _name_decode(fn, got, args, _DECODE_MISTAKES, later)
     if message is None and not close(out, want[0], ATOL):
-        message = _name_output(out, args)
+        message = _name_decode(fn, got, args, _DECODE_MISTAKES, later, parts=1)
     if message is not None:
         raise ExerciseError(f"{what}: {message}")
     for name, tensor in (("cache_k", cache_k), ("cache_v", cache_v)):

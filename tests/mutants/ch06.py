@@ -80,6 +80,13 @@ COMBINE_MUTANTS = [
     Mutant("3-D attn_mask left flat", lambda *a: combine(*a, flat_3d=True), (r"3-D attn_mask is flat",)),
     Mutant("2-D attn_mask turned around", lambda *a: combine(*a, turn_2d=True), (r"turned around",)),
     Mutant("None not handled", lambda *a: combine(*a, none_safe=False), (r"may be None",)),
+    Mutant("key_padding_mask alone inverted", lambda k, a, *s: combine(None if k is None else ~k, a, *s),
+           (r"key_padding_mask alone is read the other way round",)),
+    Mutant("attn_mask alone inverted", lambda k, a, *s: combine(k, None if a is None else ~a, *s),
+           (r"attn_mask alone is read the other way round",)),
+    Mutant("3-D attn_mask as (B, h, S, L), transposed", lambda k, a, B, h, L, S: combine(
+        k, a if a is None or a.dim() == 2 else a.reshape(B * h, S, L).transpose(-2, -1), B, h, L, S),
+           (r"A pair is blocked where either mask blocks it", r"row b\*h \+ i")),
 ]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -165,7 +172,7 @@ class MHA(nn.Module):
             elif m.dim() == 3:
                 m = m.view(B, h, L, S)
             if m.dtype == torch.bool:
-                m = ~m if o["invert"] else m
+                m = ~m if o["invert"] is True or o["invert"] == which else m
                 if o["mask_after"]:
                     after.append(m)
                 elif o["bool_as"] == "bias":  # -inf added
@@ -284,6 +291,7 @@ LAYER_MUTANTS = [
     mutant("inverted polarity", (r"polarity is inverted",), invert=True),
     mutant("inverted polarity, -1e9 fill", (r"polarity is inverted",), family="inverted polarity", invert=True,
            fill=-1e9),
+    mutant("attn_mask alone inverted", (r"attn_mask alone is read the other way round",), invert="attn"),
     mutant("mask after the softmax", (r"after the softmax",), mask_after=True),
     mutant("fill -1e9", (r"no key", r"finite fill"), fill=-1e9),
     mutant("fill -1e4", (r"no key", r"finite fill"), family="fill -1e9", fill=-1e4),

@@ -113,6 +113,7 @@ CATALOGUES = [
                    k_transposed="no"),
             mutant("weights left in float32", (r"check 3 ", r"Two dtypes met"), softmax="float32 kept"),
             mutant("inverted polarity", (r"polarity is inverted",), invert=True),
+            mutant("attn_mask alone inverted", (r"attn_mask alone is read the other way round",), invert="attn"),
             mutant("mask after the softmax", (r"after the softmax",), mask_after=True),
             mutant("fill -1e9", (r"no key", r"finite fill"), fill=-1e9),
             mutant("fill -1e4", (r"no key", r"finite fill"), family="fill -1e9", fill=-1e4),

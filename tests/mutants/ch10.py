@@ -420,6 +420,14 @@ def everything_rotated_again(q, k, v, cache_k, cache_v):
     return ch10._attend(q, keys, values, torch.arange(keys.shape[2])[None, :] > positions[:, None]), keys, values
 
 
+def flat_mask(q, k, v, cache_k, cache_v):
+    """key_positions > positions without [None, :] and [:, None]."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    future = torch.arange(keys.shape[2]) > positions
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf"))
+    return scores.softmax(-1) @ values, keys, values
+
+
 def t_from_the_heads(q, k, v, cache_k, cache_v):
     T, L = cache_k.shape[1], q.shape[2]  # the heads axis, not the sequence axis
     positions = torch.arange(T, T + L)
@@ -475,6 +483,9 @@ DECODE_STEP = Catalogue(
         Mutant("mask built (S, L)", transposed_mask, (r"TRANSPOSED, \(S, L\)",)),
         Mutant("comparison turned round (key < query hidden)", past_hidden, (r"TURNED ROUND",)),
         decode_mutant("hidden scores filled with 0", (r"set to 0, not -inf",), fill=0.0),
+        decode_mutant("hidden scores filled with +inf", (r"filled with \+inf",), fill=float("inf")),
+        Mutant("positions compared element by element", flat_mask, (r"ELEMENT BY ELEMENT",)),
+        decode_mutant("softmax over the heads", (r"softmax runs over the HEADS",), softmax_dim=1),
         decode_mutant("mask after the softmax", (r"AFTER THE SOFTMAX",), where="after"),
         Mutant("whole cache rotated again", everything_rotated_again, (r"ROTATED TWICE", r"whole cache")),
         decode_mutant("new keys rotated twice", (r"new keys are ROTATED TWICE",), twice="k"),
