@@ -85,27 +85,29 @@ def _forbidden(names: dict[str, tuple[str, ...]]) -> dict:
     return found
 
 
-def _run_watched(fn, args, forbidden: dict, what: str, instead: str):
-    """:func:`_run`, and an ExerciseError if the learner's function calls one of ``forbidden`` (directly, through an
+def _run_watched(fn, args, forbidden: dict, used: list):
+    """:func:`_run`, noting in ``used`` which of ``forbidden`` the learner's function calls (directly, through an
     alias, or inside a helper of its own: every Python call made while it runs is watched)."""
-    used = []
-
     def watch(frame, event, arg):
-        if event == "call" and frame.f_code in forbidden and not used:
+        if event == "call" and frame.f_code in forbidden and forbidden[frame.f_code] not in used:
             used.append(forbidden[frame.f_code])
 
     previous = sys.getprofile()
     sys.setprofile(watch)
     try:
-        result = _run(fn, *args)
+        return _run(fn, *args)
     finally:
         sys.setprofile(previous)
+
+
+def _refuse(used: list, what: str, instead: str) -> None:
+    """The exercise's rule, once the answer is otherwise right: a wrong answer is told its mistake first (which a
+    ready-made function called with the wrong options also makes)."""
     if used:
         raise ExerciseError(
             f"{what} calls {used[0]}: the exercise asks you to write it yourself, WITHOUT the ready-made function "
             f"(it is what the checker compares with). {instead}"
         )
-    return result
 
 
 def _error(err: Exception, what: str, hint: str) -> ExerciseError:
@@ -237,11 +239,10 @@ def check_repeat_kv(fn) -> None:
     what = "your function"
     forbidden = _forbidden({"attention_course.decoding": ("repeat_kv",),
                             "transformers.models.llama.modeling_llama": ("repeat_kv",)})
+    used = []
     for case, x, n_rep in _repeat_kv_cases():
         given = x.clone()
-        got, err = _run_watched(fn, (given, n_rep), forbidden, what,
-                                "Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis "
-                                "after the heads, expanded and reshaped.")
+        got, err = _run_watched(fn, (given, n_rep), forbidden, used)
         if err is not None:
             if "expanded size" in str(err):  # expand on the heads axis itself
                 raise _error(err, f"{case}: {what}", _EXPAND_HINT)
@@ -274,6 +275,8 @@ def check_repeat_kv(fn) -> None:
             f"{case}: your query heads 0..{h - 1} read key/value heads {mapping}, expected {expected}: query head "
             f"j reads key/value head j // n_rep."
         )
+    _refuse(used, what, "Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis after the "
+                        "heads, expanded and reshaped.")
     passed("query head j reads key/value head j // n_rep, for grouped-query attention (h_kv = 2 and 3), "
            "multi-query attention (h_kv = 1) and n_rep = 1.")
 
@@ -424,11 +427,10 @@ def check_apply_rope(fn) -> None:
     cases = _rope_cases()
     forbidden = _forbidden({"attention_course.rope": ("apply_rope", "rope_cos_sin", "rotate_half"),
                             "transformers.models.llama.modeling_llama": ("apply_rotary_pos_emb", "rotate_half")})
+    used = []
     for case, x, positions in cases:
         given, given_positions = x.clone(), positions.clone()
-        got, err = _run_watched(fn, (given, given_positions), forbidden, what,
-                                "Build the angles positions[:, None] * theta yourself and write rotate_half as "
-                                "torch.cat([-x2, x1], -1).")
+        got, err = _run_watched(fn, (given, given_positions), forbidden, used)
         if err is not None:
             hint = ("positions (L,) times the frequencies (d/2,) broadcast against each other: take their OUTER "
                     "product, positions[:, None] * theta -> (L, d/2).")
@@ -461,6 +463,8 @@ def check_apply_rope(fn) -> None:
     if max_diff(got, _reference_rope(x, positions)) > 1e-4:
         raise ExerciseError(f"x in float32: your result and the rotation computed in float64 "
                             f"{describe_diff(got, _reference_rope(x, positions), 'the rotation')}.")
+    _refuse(used, what, "Build the angles positions[:, None] * theta yourself and write rotate_half as "
+                        "torch.cat([-x2, x1], -1).")
     passed("split-halves RoPE with base 10000 at the positions given (a prefill, a chunk after 40 cached tokens, one "
            "token at 97), exact in float64 and float32 kept float32.")
 
@@ -945,10 +949,10 @@ def check_window_mask(fn) -> None:
     True where k > q or q - k >= window, from the positions given (keys possibly out of order)."""
     what = "your function"
     forbidden = _forbidden({"attention_course.decoding": ("decode_mask",)})
+    used = []
     for case, q_positions, k_positions, window in _window_cases():
         args = q_positions.clone(), k_positions.clone(), window
-        got, err = _run_watched(fn, args, forbidden, what,
-                                "Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].")
+        got, err = _run_watched(fn, args, forbidden, used)
         if err is not None:
             raise ExerciseError(f"{case}: {raised(err, what)}") from err
         mask = _tensor(got, f"{case}: {what}", "the (L, S) ignore mask")
@@ -986,5 +990,6 @@ def check_window_mask(fn) -> None:
             f"{int(q_positions[i])}) and key {j} (position {int(k_positions[j])}): expected "
             f"{bool(want[i, j])}. Hide a key when k > q or q - k >= window."
         )
+    _refuse(used, what, "Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].")
     passed("True exactly where the key is in the future or window or more positions back: a prefill, decode steps, "
            "a rolling cache out of order, window 1 and a window wider than the sequence.")

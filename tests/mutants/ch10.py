@@ -280,6 +280,8 @@ APPLY_ROPE = Catalogue(
         Mutant("base 1000", base_1000, (r"differ by up to",)),
         Mutant("the package's apply_rope", lambda x, p: rope.apply_rope(x, p),
                (r"calls attention_course\.rope\.apply_rope", r"WITHOUT the ready-made"), family="package"),
+        Mutant("the package's apply_rope, interleaved", lambda x, p: rope.apply_rope(x, p, interleaved=True),
+               (r"turns INTERLEAVED pairs",), family="interleaved"),
         Mutant("the package's rotate_half", package_rotate_half, (r"calls attention_course\.rope\.rotate_half",),
                family="package"),
         Mutant("angles not repeated for both halves", angles_not_repeated, (r"one per FREQUENCY",
