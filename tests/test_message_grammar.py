@@ -66,7 +66,8 @@ def test_the_slip_finder_finds_slips():
     for slip in ("(it differ by up to 0.1)", "acc differ by up to 2", "your scores has shape", "the result are",
                  "X differ by up to 0.1"):
         assert any(p.search(slip) for p in SLIPS), slip
-    for fine in ("m and acc differ", "m and l are", "out and the recomputation differ", "your scores have shape", "the keys that have", "out is right"):
+    for fine in ("m and acc differ", "m and l are", "out and the recomputation differ", "your scores have shape",
+                 "the keys that have", "out is right"):
         assert not any(p.search(fine) for p in SLIPS), fine
 
 

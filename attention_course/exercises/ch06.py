@@ -182,8 +182,8 @@ def _naive_softmax(scores, dim=-1):
 def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="keys", drop=()):
     """(blocked, bias): the (B, h, L, S) bool entries to fill and the (B, h, L, S) float bias to add, from torch's
     two mask arguments (bool: True = blocked; float: added), or None for a mask not given. Options = mistakes:
-    ``invert`` bool masks (True: both, "attn": the attn_mask alone), ``floats`` "bool" (float masks used as bool, .bool()) or "neginf" (only their -inf
-    entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
+    ``invert`` bool masks (True: both, "attn": the attn_mask alone), ``floats`` "bool" (float masks used as bool,
+    .bool()) or "neginf" (only their -inf entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
     blocked, bias = torch.zeros(B, h, L, S, dtype=torch.bool), torch.zeros(B, h, L, S, dtype=DTYPE)
     for which, m in (("kpm", kpm), ("attn", attn_mask)):
         if m is None or which in drop:

@@ -190,7 +190,8 @@ def check_merge_partials(fn) -> None:
                 raise ExerciseError(f"{case}: acc / l agrees with softmax(scores) @ values only to "
                                     f"{max_diff(out, want):.1g}, float32 precision: a step ran in float32 (a "
                                     ".float(), or a tensor made without dtype=). Keep the states' float64.")
-            raise ExerciseError(f"{case}: acc / l and softmax(scores) @ values {describe_diff(out, want, 'softmax(scores) @ values')}.")
+            raise ExerciseError(f"{case}: acc / l and softmax(scores) @ values "
+                                f"{describe_diff(out, want, 'softmax(scores) @ values')}.")
         if max_diff(l, want_l) > ATOL or max_diff(acc, want_acc) > ATOL:
             raise ExerciseError(
                 f"{case}: acc / l is right, but l and acc are not the sums under the common maximum m: "
