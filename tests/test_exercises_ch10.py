@@ -211,13 +211,22 @@ def test_the_spec_names_every_exercise():
 
 
 def test_the_package_agrees_with_the_checkers():
-    """The chapter's own functions are right answers to its exercises: one convention throughout."""
+    """The chapter's own functions compute what the checkers' references do, on the checkers' cases: one convention
+    throughout. Handed to the checkers as answers, they are refused: the exercises ask for them written by hand."""
     from attention_course.decoding import decode_mask, repeat_kv
     from attention_course.rope import apply_rope
 
+    for _, x, n_rep in ch10._repeat_kv_cases():
+        assert torch.equal(repeat_kv(x, n_rep), ch10._reference_repeat_kv(x, n_rep))
+    for _, x, positions in ch10._rope_cases():
+        torch.testing.assert_close(apply_rope(x, positions), ch10._reference_rope(x, positions), atol=1e-12, rtol=0)
+    for _, q_positions, k_positions, window in ch10._window_cases():
+        assert torch.equal(decode_mask(q_positions, k_positions, window=window),
+                           ch10._reference_window_mask(q_positions, k_positions, window))
     for check, answer in ((ch10.check_repeat_kv, repeat_kv), (ch10.check_apply_rope, apply_rope),
                           (ch10.check_window_mask, lambda q, k, w: decode_mask(q, k, window=w))):
-        check(answer)
+        with pytest.raises(ExerciseError, match="WITHOUT the ready-made function"):
+            check(answer)
 
 
 def test_the_rules_resolve_to_functions_that_exist():

@@ -77,7 +77,49 @@ def classic_hint(err: Exception) -> str:
     if "'Parameter' object is not callable" in text:
         return (" An nn.Parameter is a tensor, not a layer: multiply by it (x @ W.T), or make the projection an "
                 "nn.Linear, which is called.")
-    return device_hint(err)
+    return device_hint(err) or torch_error_hint(err)
+
+
+# The errors PyTorch raises for the usual slips, each with the mistake that most often causes it.
+_TORCH_ERRORS = [
+    (r"out of bounds for dimension|index \S+ out of range for tensor",
+     " An index past the end of an axis: an index taken from another axis (L for S, heads for positions), or a "
+     "range that runs one too far. Print the shapes of the tensors you index."),
+    (r"Dimension out of range",
+     " A dim= that the tensor does not have: count its axes, (B, h, L, d) has dims 0 to 3 (or -4 to -1)."),
+    (r"shape '\[[\d, -]*\]' is invalid for input of size",
+     " A view or reshape to a shape whose product is not the tensor's size: a size taken from the wrong tensor or "
+     "axis (L for S, D for d = D / h). Print x.shape before the view."),
+    (r"mat1 and mat2 shapes cannot be multiplied|batch2 tensor|size mismatch, got input",
+     " A matrix product whose inner sizes differ, (..., n, k) @ (..., k, m): a transpose missing or misplaced "
+     "(q @ k.transpose(-2, -1)), or a weight the wrong way round (nn.Linear stores (out, in): x @ W.T)."),
+    (r"Sizes of tensors must match except in dimension",
+     " torch.cat joins tensors along one axis and needs every other axis equal: cat along the axis that grows."),
+    (r"must match the size of tensor b",
+     " Two tensors that broadcasting cannot line up: axes are matched from the RIGHT, so a mask or a vector needs "
+     "its missing axes as size 1 ([:, None], view(B, 1, 1, S)), lined up with the axes of the tensor it "
+     "meets."),
+    (r"expected scalar type|same dtype|dtype mismatch|expected m1 and m2 to have the same dtype",
+     " Two dtypes met in one operation: a tensor created without dtype= (float32 by default), or a .float() or "
+     ".double(). Create new tensors like the inputs: dtype=x.dtype, device=x.device."),
+    (r"Boolean value of Tensor with more than one value is ambiguous",
+     " Python's if, and, or, max and min need ONE truth value: on tensors use torch.maximum, torch.minimum, "
+     "torch.where, & and |."),
+    (r"torch\.return_types\.(max|min)",
+     " max(dim) and min(dim) return a pair (values, indices): take .values, or use amax(dim) / amin(dim)."),
+    (r"only one element tensors can be converted to Python scalars",
+     " A math function (math.exp, math.sqrt, float()) was given a whole tensor: use torch.exp, torch.sqrt, or "
+     "math.sqrt of a Python number (a size, not a tensor)."),
+]
+
+
+def torch_error_hint(err: Exception) -> str:
+    """The likely mistake behind one of PyTorch's usual errors (an index out of bounds, a view to the wrong size, a
+    matrix product or a broadcast of mismatched sizes, two dtypes, max(dim)'s pair), or ""."""
+    for pattern, hint in _TORCH_ERRORS:
+        if re.search(pattern, str(err)):
+            return hint
+    return ""
 
 
 def raised(err: Exception, what: str) -> ExerciseError:
@@ -105,7 +147,8 @@ def same_error(a: Exception, b: Exception) -> bool:
 
 def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -> str:
     """How ``got`` differs from ``want``: "differ by up to 0.3", or "have NaN at 3 of 40 entries where torch's are
-    finite".
+    finite" ("... where the merge is finite" for a ``ref`` that does not end in s). The words before it are the
+    plural subject of "differ" and "have": "your weights ...", "out and the recomputation ...".
 
     A difference "up to inf" would say nothing; NaN where the reference has numbers is the useful fact.
     """
@@ -115,7 +158,8 @@ def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -
         found = (("NaN", got.isnan()), ("inf", got == float("inf")), ("-inf", got == float("-inf")))
         kinds = [kind for kind, where in found if bool((where & bad).any())]
         kinds = " and ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))  # "NaN, inf and -inf"
-        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} are finite"
+        verb = "are" if ref.endswith("s") else "is"  # torch's [entries] are, the merge is
+        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} {verb} finite"
     return f"differ by up to {max_diff(got, want):.2g}"
 
 

@@ -37,8 +37,9 @@ def _combine(kpm, attn_mask, B, h, L, S, *, op="or", head_major=False, polarity=
     mask = torch.zeros(B, h, L, S, dtype=torch.bool)
     parts = []
     if kpm is not None:
-        parts.append(kpm.view(B, 1, 1, S))
+        parts.append(~kpm.view(B, 1, 1, S) if polarity == "kpm allow" else kpm.view(B, 1, 1, S))
     if attn_mask is not None:
+        attn_mask = ~attn_mask if polarity == "attn allow" else attn_mask
         if attn_mask.ndim == 2:
             parts.append(attn_mask.view(1, 1, L, S))
         else:
@@ -79,6 +80,21 @@ def _combine_hint(err: ExerciseError, kpm, attn_mask, B, h, L, S) -> str:
                 f"({B}, {h}, {L}, {S}) before combining (batch-major: row b*h + i is sentence b, head i).")
     return (" key_padding_mask (B, S) becomes (B, 1, 1, S), a 2-D attn_mask (L, S) becomes (1, 1, L, S), a 3-D one "
             "(B*h, L, S) becomes (B, h, L, S); then combine with | and .expand(B, h, L, S).")
+
+
+def _which_inverted(fn, cases, B, h, L, S, polarities) -> str:
+    """With one mask given, inverting it and inverting every mask look the same: the case with both masks tells
+    them apart. ``polarities``: the (options, message) of the three inversions, all masks first."""
+    name, kpm, attn_mask = cases[2]  # key_padding_mask and a 2-D attn_mask
+    try:
+        got = fn(kpm, attn_mask, B, h, L, S)
+    except Exception:  # noqa: BLE001 - that case is checked, and its error reported, in its turn
+        got = None
+    for options, message in polarities:
+        if isinstance(got, torch.Tensor) and torch.equal(got.cpu(), _combine(kpm, attn_mask, B, h, L, S, **options)):
+            return message + ("" if options["polarity"] == "allow" else f" (The case with {name} tells this from "
+                                                                      f"inverting both.)")
+    return polarities[0][1]
 
 
 def check_combine_masks(fn) -> None:
@@ -124,6 +140,12 @@ def check_combine_masks(fn) -> None:
             (dict(polarity="allow"), "your mask is inverted: it is True where attending is ALLOWED. PyTorch's "
                                      "nn.MultiheadAttention convention is True = blocked (ignore); only "
                                      "F.scaled_dot_product_attention reads True as allowed."),
+            (dict(polarity="kpm allow"), "the key_padding_mask alone is read the other way round: its True marks "
+                                         "a PAD, a key to block (the attn_mask you read right). Use it as it is, "
+                                         "not ~key_padding_mask."),
+            (dict(polarity="attn allow"), "the attn_mask alone is read the other way round: its True marks a pair "
+                                          "to BLOCK, as the key_padding_mask's does (which you read right). Use it "
+                                          "as it is, not ~attn_mask."),
             (dict(op="and"), "you combined the masks with & (and): a pair must be blocked if EITHER mask blocks "
                              "it, so combine with | (or)."),
             (dict(head_major=True), "you unflattened the 3-D attn_mask head-major, as (h, B, L, S). PyTorch's "
@@ -132,12 +154,18 @@ def check_combine_masks(fn) -> None:
         ]
         for options, message in variants:
             if torch.equal(got, _combine(kpm, attn_mask, B, h, L, S, **options)):
+                if options.get("polarity") == "allow" and (kpm is None or attn_mask is None):
+                    message = _which_inverted(fn, cases, B, h, L, S, variants[:3])
                 raise ExerciseError(f"{where}: {message}")
         if kpm is not None and torch.equal(got, _combine(None, attn_mask, B, h, L, S)):
             raise ExerciseError(f"{where}: the key_padding_mask was ignored.")
         if attn_mask is not None and torch.equal(got, _combine(kpm, None, B, h, L, S)):
             raise ExerciseError(f"{where}: the attn_mask was ignored.")
-        raise ExerciseError(f"{where}.")
+        raise ExerciseError(
+            f"{where}. A pair is blocked where either mask blocks it: key_padding_mask (B, S) as (B, 1, 1, S), a 2-D "
+            f"attn_mask (L, S) as (1, 1, L, S), a 3-D one (B*h, L, S) as (B, h, L, S) (row b*h + i is sentence b, "
+            f"head i), combined with | and expanded to (B, h, L, S)."
+        )
     passed("padding, 2-D and 3-D masks expand and combine as torch does.")
 
 
@@ -154,8 +182,8 @@ def _naive_softmax(scores, dim=-1):
 def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="keys", drop=()):
     """(blocked, bias): the (B, h, L, S) bool entries to fill and the (B, h, L, S) float bias to add, from torch's
     two mask arguments (bool: True = blocked; float: added), or None for a mask not given. Options = mistakes:
-    ``invert`` bool masks, ``floats`` "bool" (float masks used as bool, .bool()) or "neginf" (only their -inf
-    entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
+    ``invert`` bool masks (True: both, "attn": the attn_mask alone), ``floats`` "bool" (float masks used as bool,
+    .bool()) or "neginf" (only their -inf entries), ``kpm_axis`` "queries", ``drop`` one or both masks."""
     blocked, bias = torch.zeros(B, h, L, S, dtype=torch.bool), torch.zeros(B, h, L, S, dtype=DTYPE)
     for which, m in (("kpm", kpm), ("attn", attn_mask)):
         if m is None or which in drop:
@@ -165,7 +193,7 @@ def _masks(kpm, attn_mask, B, h, L, S, *, invert=False, floats="add", kpm_axis="
         elif m.dim() == 3:
             m = m.view(B, h, L, S)
         if m.dtype == torch.bool:
-            blocked = blocked | (~m if invert else m)
+            blocked = blocked | (~m if invert is True or invert == which else m)
         elif floats == "add":
             bias = bias + m
         else:
@@ -194,7 +222,7 @@ def _reference(params, query, key, value, masks, h, *, average=True, in_bias=Tru
     q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
     scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
     if scale is not None:
-        scores = scores / math.sqrt(d if scale == "d" else D)
+        scores = scores / math.sqrt({"d": d, "D": D, "h": h}[scale])
     blocked, bias = masks if masks is not None else (None, None)
     if bias is not None:
         scores = scores * bias.exp() if multiply else scores + bias
@@ -212,7 +240,7 @@ def _reference(params, query, key, value, masks, h, *, average=True, in_bias=Tru
         heads = heads.permute(0, 2, 3, 1).reshape(B, L, D)  # (B, L, d, h): features of the heads interleaved
     out = F.linear(heads, params["out_proj.weight"], params["out_proj.bias"] if out_bias else None) if out_proj \
         else heads
-    return out, (weights.mean(1) if average else weights)
+    return out, (weights.sum(1) if average == "sum" else weights.mean(1) if average else weights)
 
 
 def _torch_layer(D: int, h: int, gen: torch.Generator) -> nn.MultiheadAttention:
@@ -393,7 +421,7 @@ def _check_dropout(cls, mha, query, kpm, D, h) -> None:
         raise ExerciseError(_dropout_message(setting, max_diff(first, second)))
     want, _ = mha(query, query, query, key_padding_mask=kpm)
     if max_diff(first, want) > ATOL:
-        raise ExerciseError(f"{setting}, your output {describe_diff(first, want)} from torch's: in eval mode "
+        raise ExerciseError(f"{setting}, your output and torch's {describe_diff(first, want)}: in eval mode "
                             f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
 
 
@@ -458,6 +486,8 @@ def check_case(ours, mha, params, case, h: int) -> None:
                               "weights over the keys must sum to 1, so use softmax(scores, dim=-1)."),
         (dict(scale="D"), f"the scores were divided by sqrt(D) = sqrt({D}); with heads the scale is sqrt(d), "
                           f"d = D / h = {d}, the size of the vectors whose dot product is taken."),
+        (dict(scale="h"), f"the scores were divided by sqrt(h) = sqrt({h}), the number of HEADS; the scale is "
+                          f"sqrt(d), d = D / h = {d}, the size of the vectors whose dot product is taken."),
         (dict(scale=None), f"the scores were not scaled: divide q @ k.transpose(-2, -1) by sqrt(d) = sqrt({d}), "
                            f"d = D / h the head size, before the softmax."),
         (dict(transpose=False), "the heads were split without the transpose: reshape to (B, L, h, d), then "
@@ -476,6 +506,10 @@ def check_case(ours, mha, params, case, h: int) -> None:
         (dict(out_bias=False), "out_proj.bias is not used: apply the whole out_proj (an nn.Linear)."),
         (dict(out_proj=False), "the output projection out_proj is missing: apply it after merging the heads."),
     ]
+    if average:
+        variants.append((dict(average="sum"), "the weights were SUMMED over the heads: with "
+                                              "average_attn_weights=True torch returns their mean, "
+                                              "weights.mean(dim=1), so that each row still sums to 1."))
     if bools:
         variants += [
             (dict(masks=masks(invert=True)),
@@ -506,6 +540,11 @@ def check_case(ours, mha, params, case, h: int) -> None:
                          "your output is the one without any mask: the mask never reaches the scores (filled where "
                          "a score is 0 rather than where the mask is True? a branch that skips it? a result not "
                          "assigned back?)."))
+    if kpm is not None and attn_mask is not None and attn_mask.dtype == torch.bool:
+        variants.append((dict(masks=masks(invert="attn")),
+                         "the attn_mask alone is read the other way round (the key_padding_mask you read right): in "
+                         "nn.MultiheadAttention a bool attn_mask's True blocks the pair too. Fill with -inf where it "
+                         "is True, not ~attn_mask."))
     if kpm is not None and attn_mask is not None:
         variants.append((dict(masks=masks(drop=("attn",))),
                          "your output is the one with the key_padding_mask alone: the attn_mask never reaches the "
@@ -521,12 +560,17 @@ def check_case(ours, mha, params, case, h: int) -> None:
                          "query rows."))
     for options, message in variants:
         options.setdefault("masks", masks())
-        v_out, v_w = _reference(params, query, key, value, options.pop("masks"), h, average=average, **options)
+        options.setdefault("average", average)
+        v_out, v_w = _reference(params, query, key, value, options.pop("masks"), h, **options)
         if _matches(out, v_out) and _matches(weights, v_w):
             raise ExerciseError(f"{setting}: {message} {diff}")
     if diff_out > ATOL and diff_w <= ATOL:
         raise ExerciseError(f"{setting}, the weights are right but the output is not {diff}: multiply the "
                             f"per-head weights by the values v (B, h, S, d), merge the heads, apply out_proj.")
+    if diff_out <= ATOL and diff_w > ATOL:
+        raise ExerciseError(f"{setting}, the output is right but the weights returned are not {diff}: return the "
+                            f"softmax weights themselves, (B, h, L, S) per head, or their mean over the heads "
+                            f"(dim=1) when average_attn_weights=True, before any dropout.")
     if diff_out <= 1e-4 * max(1.0, float(want_out.abs().max())) and diff_w <= 1e-4:
         raise ExerciseError(f"{setting}, your layer agrees with nn.MultiheadAttention only to float32 precision "
                             f"{diff}, though both run in float64: a step of yours computes in float32 (a tensor "

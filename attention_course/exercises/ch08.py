@@ -143,7 +143,15 @@ def check_merge_partials(fn) -> None:
         first = partial_state(scores[:, :6], values[:6])
         second = partial_state(scores[:, 6:], values[6:])
         want_m, want_l, want_acc = partial_state(scores, values)
-        got = call(fn, *(t.clone() for t in first + second), what="your merge_partials")
+        try:
+            got = call(fn, *(t.clone() for t in first + second), what="your merge_partials")
+        except ExerciseError as err:
+            if "must match the size of tensor b" not in str(err.__cause__):
+                raise
+            raise ExerciseError(
+                f"{err} Here m, l and the factors exp(m1 - m), exp(m2 - m) are (..., 1) and acc (..., dv): keep "
+                f"the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every column of acc."
+            ) from err
         m, l, acc = _state(got, (want_m, want_l, want_acc))  # noqa: E741
         if m.isnan().any() or l.isnan().any() or acc.isnan().any():
             raise ExerciseError(
@@ -182,7 +190,8 @@ def check_merge_partials(fn) -> None:
                 raise ExerciseError(f"{case}: acc / l agrees with softmax(scores) @ values only to "
                                     f"{max_diff(out, want):.1g}, float32 precision: a step ran in float32 (a "
                                     ".float(), or a tensor made without dtype=). Keep the states' float64.")
-            raise ExerciseError(f"{case}: acc / l and softmax(scores) @ values {describe_diff(out, want, 'softmax')}.")
+            raise ExerciseError(f"{case}: acc / l and softmax(scores) @ values "
+                                f"{describe_diff(out, want, 'softmax(scores) @ values')}.")
         if max_diff(l, want_l) > ATOL or max_diff(acc, want_acc) > ATOL:
             raise ExerciseError(
                 f"{case}: acc / l is right, but l and acc are not the sums under the common maximum m: "

@@ -170,7 +170,7 @@ def _check_linear(linear: nn.Linear, before: list[torch.Tensor], W, b, i: int, h
                     f"{name}.{part} is UNCHANGED by your function: its copy did not happen. Copy the third "
                     f"of {what} into it with `{name}.{part}.copy_(...)` inside `with torch.no_grad():`.")
             raise ExerciseError(
-                f"{name}.{part} is not rows {i}*D:{i + 1}*D of {what} (it "
+                f"{name}.{part} is not rows {i}*D:{i + 1}*D of {what} (its entries and the expected ones "
                 f"{describe_diff(got, blocks[i], 'the expected entries')}).")
 
 
@@ -340,7 +340,13 @@ def check_previous_token_scores(fn) -> None:
     B, h, L, _ = weights.shape
     want = _previous_token_scores(weights, keep)
     args = weights.clone(), keep.clone()
-    got = _result(_call(fn, *args, what="your function"), f"weights {tuple(weights.shape)}")
+    diagonal = weights.diagonal(offset=-1, dim1=-2, dim2=-1)  # (B, h, L - 1)
+    hints = (
+        (lambda err: same_error(err, _failure(lambda: diagonal * keep[:, 1:])),
+         f"keep is (B, S) and the diagonal (B, h, L - 1) = {tuple(diagonal.shape)}: the mask lines up from the "
+         f"right, its batch axis against the heads. Give it the heads axis: keep[:, None, 1:]."),
+    )
+    got = _result(_call(fn, *args, what="your function", hints=hints), f"weights {tuple(weights.shape)}")
     _in_place(weights, args[0], "weights")
     _in_place(keep, args[1], "keep")
     if got.dim() == 0:
@@ -359,7 +365,10 @@ def check_previous_token_scores(fn) -> None:
             f"your scores have shape {tuple(got.shape)}: an axis is left to average. Average over the batch "
             f"(dim 0) and the queries as well, keeping only the heads: (h,) = ({h},)."
         )
-    require_shape(got, (h,), "your scores", "(h,)", "Average over the batch and the queries: keep the heads axis.")
+    require_shape(got, (h,), "your result (the scores)", "(h,)",
+                  "Average over the batch and the queries: keep the heads axis. (diagonal() takes the diagonal of "
+                  "the FIRST two axes, batch and heads, unless told otherwise: diagonal(offset=-1, dim1=-2, "
+                  "dim2=-1).)")
     _dtype(got, want, "your scores")
     if close(got, want, 1e-8):
         passed(f"one score per head; the previous-token head here is head {int(want.argmax())} "
@@ -472,6 +481,9 @@ def check_max_pool(fn) -> None:
         (lambda err: "masked_fill" in str(err) and "bool" in str(err),
          "keep is the tokenizer's 0/1 INTEGER mask, not a bool one: the pads are keep == 0 (a bool tensor); "
          "~ on integers flips bits, it does not swap 0 and 1."),
+        (lambda err: isinstance(err, IndexError),
+         "Sentence b has n = keep[b].sum() real tokens, at positions 0 .. n - 1: position n is a pad (past "
+         "the end for a full sentence). Slice hidden[b, :n], or mask the pads, rather than indexing position n."),
         (wrong_axis, f"The mask must line up with the tokens axis of (B, L, D): keep[..., None] is (B, L, 1); "
                      f"keep[:, None] is (B, 1, L) and sets L = {L} against D = {D}."),
     )
@@ -501,8 +513,17 @@ def check_max_pool(fn) -> None:
     message = _finite(got, hidden, keep, want)
     if message:
         raise ExerciseError(message)
-    raise ExerciseError(f"your result {describe_diff(got, want, 'the expected maxima')}; expected, per sentence "
-                        f"and feature, the largest value over the tokens with keep == 1.")
+    raise ExerciseError(f"your maxima and the expected ones {describe_diff(got, want, 'the expected values')}; "
+                        f"expected, per sentence and feature, the largest value over the tokens with keep == 1.")
+
+
+def _failure(run):
+    """The exception ``run()`` raises (the reference with one mistake), to compare with the learner's."""
+    try:
+        run()
+    except Exception as err:  # noqa: BLE001
+        return err
+    return None
 
 
 def _broadcast(hidden, keep):

@@ -44,8 +44,10 @@ by rerunning a private reference with that mistake applied and comparing.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
+import torch.nn.functional as F
 
 from . import ATOL, DTYPE, ExerciseError, close, describe_diff, max_diff, passed, raised, require_shape, same_error
 
@@ -65,6 +67,47 @@ def _run(fn, *args):
         raise
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; it is named, not hidden
         return None, err
+
+
+def _forbidden(names: dict[str, tuple[str, ...]]) -> dict:
+    """Code object -> "module.function" of the functions an exercise asks the learner not to call: the package's
+    (imported here) and ``transformers``' (only if the learner's session imported it)."""
+    from attention_course import decoding, rope
+
+    found = {}
+    for module, functions in names.items():
+        where = {"attention_course.decoding": decoding, "attention_course.rope": rope}.get(module) \
+            or sys.modules.get(module)
+        for function in functions:
+            code = getattr(getattr(where, function, None), "__code__", None)
+            if code is not None:
+                found[code] = f"{module}.{function}"
+    return found
+
+
+def _run_watched(fn, args, forbidden: dict, used: list):
+    """:func:`_run`, noting in ``used`` which of ``forbidden`` the learner's function calls (directly, through an
+    alias, or inside a helper of its own: every Python call made while it runs is watched)."""
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code in forbidden and forbidden[frame.f_code] not in used:
+            used.append(forbidden[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        return _run(fn, *args)
+    finally:
+        sys.setprofile(previous)
+
+
+def _refuse(used: list, what: str, instead: str) -> None:
+    """The exercise's rule, once the answer is otherwise right: a wrong answer is told its mistake first (which a
+    ready-made function called with the wrong options also makes)."""
+    if used:
+        raise ExerciseError(
+            f"{what} calls {used[0]}: the exercise asks you to write it yourself, WITHOUT the ready-made function "
+            f"(it is what the checker compares with). {instead}"
+        )
 
 
 def _error(err: Exception, what: str, hint: str) -> ExerciseError:
@@ -194,9 +237,12 @@ def check_repeat_kv(fn) -> None:
     """Check ``fn(x, n_rep)``: (B, h_kv, S, d) -> (B, h_kv * n_rep, S, d), query head j reading key/value head
     j // n_rep; for grouped-query (h_kv > 1) and multi-query (h_kv = 1) attention and n_rep = 1."""
     what = "your function"
+    forbidden = _forbidden({"attention_course.decoding": ("repeat_kv",),
+                            "transformers.models.llama.modeling_llama": ("repeat_kv",)})
+    used = []
     for case, x, n_rep in _repeat_kv_cases():
         given = x.clone()
-        got, err = _run(fn, given, n_rep)
+        got, err = _run_watched(fn, (given, n_rep), forbidden, used)
         if err is not None:
             if "expanded size" in str(err):  # expand on the heads axis itself
                 raise _error(err, f"{case}: {what}", _EXPAND_HINT)
@@ -213,8 +259,9 @@ def check_repeat_kv(fn) -> None:
         if None in mapping:
             j = mapping.index(None)
             raise ExerciseError(
-                f"{case}: head {j} of your result is not a copy of any key/value head of x (it "
-                f"{describe_diff(got[:, j], want[:, j], 'the expected')}): every output head must be one of the "
+                f"{case}: head {j} of your result is not a copy of any key/value head of x (its entries and the "
+                f"expected head's {describe_diff(got[:, j], want[:, j], 'the expected head')}): every output head "
+                f"must be one of the "
                 f"input's heads, unchanged, for every sentence of the batch."
             )
         if mapping == [j % h_kv for j in range(h)]:
@@ -228,6 +275,8 @@ def check_repeat_kv(fn) -> None:
             f"{case}: your query heads 0..{h - 1} read key/value heads {mapping}, expected {expected}: query head "
             f"j reads key/value head j // n_rep."
         )
+    _refuse(used, what, "Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis after the "
+                        "heads, expanded and reshaped.")
     passed("query head j reads key/value head j // n_rep, for grouped-query attention (h_kv = 2 and 3), "
            "multi-query attention (h_kv = 1) and n_rep = 1.")
 
@@ -332,6 +381,24 @@ def _outer_product_failure(x, positions):
     return positions * theta
 
 
+def _angle_failures(x, positions):
+    """The errors of angles of the wrong shape meeting x (B, h, L, d), each with its message (for _same_failure)."""
+    d = x.shape[-1]
+    theta = BASE ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)  # (d/2,)
+    half = positions.to(x.dtype)[:, None] * theta  # (L, d/2)
+    flipped = positions.to(x.dtype)[None, :] * theta[:, None]  # (d/2, L)
+    return [
+        (lambda: x * half.cos(), "Your cos and sin have d/2 columns, one per FREQUENCY, while x has d features: "
+                                 "repeat the angles for both halves, cat([angles, angles], -1) -> (L, d)."),
+        (lambda: x * torch.cat([flipped, flipped], -1).cos(),
+         "Your angles are (d/2, L), frequencies down and positions across: the angles are "
+         "positions[:, None] * theta -> (L, d/2), one row per token."),
+        (lambda: x * torch.cat([flipped, flipped], 0).cos(),
+         "Your angles are (d, L), frequencies down and positions across: the angles are "
+         "positions[:, None] * theta -> (L, d/2), one row per token, then cat([angles, angles], -1)."),
+    ]
+
+
 def _rope_values(got, x, positions, case) -> None:
     """``got`` against the reference: nothing if equal, else the mistake named."""
     want = _reference_rope(x, positions)
@@ -358,14 +425,20 @@ def check_apply_rope(fn) -> None:
     """Check ``fn(x, positions)``: x (B, h, L, d) rotated at positions (L,), split halves, base 10000."""
     what = "your function"
     cases = _rope_cases()
+    forbidden = _forbidden({"attention_course.rope": ("apply_rope", "rope_cos_sin", "rotate_half"),
+                            "transformers.models.llama.modeling_llama": ("apply_rotary_pos_emb", "rotate_half")})
+    used = []
     for case, x, positions in cases:
         given, given_positions = x.clone(), positions.clone()
-        got, err = _run(fn, given, given_positions)
+        got, err = _run_watched(fn, (given, given_positions), forbidden, used)
         if err is not None:
             hint = ("positions (L,) times the frequencies (d/2,) broadcast against each other: take their OUTER "
                     "product, positions[:, None] * theta -> (L, d/2).")
             if _same_failure(err, [(lambda: _outer_product_failure(x, positions), "")]) is not None:
                 raise _error(err, f"{case}: {what}", hint)
+            message = _same_failure(err, _angle_failures(x, positions))
+            if message is not None:
+                raise _error(err, f"{case}: {what}", message)
             raise ExerciseError(f"{case}: {raised(err, what)}") from err
         got = _tensor(got, f"{case}: {what}", "x rotated, (B, h, L, d)")
         _unchanged(x, given, "x", what)
@@ -388,8 +461,10 @@ def check_apply_rope(fn) -> None:
     require_shape(got, tuple(x.shape), "x in float32: your result", "(B, h, L, d)")
     _same_dtype(got, x32, "x in float32: your result")
     if max_diff(got, _reference_rope(x, positions)) > 1e-4:
-        raise ExerciseError(f"x in float32: your result {describe_diff(got, _reference_rope(x, positions))} "
-                            f"from the rotation computed in float64.")
+        raise ExerciseError(f"x in float32: your result and the rotation computed in float64 "
+                            f"{describe_diff(got, _reference_rope(x, positions), 'the rotation')}.")
+    _refuse(used, what, "Build the angles positions[:, None] * theta yourself and write rotate_half as "
+                        "torch.cat([-x2, x1], -1).")
     passed("split-halves RoPE with base 10000 at the positions given (a prefill, a chunk after 40 cached tokens, one "
            "token at 97), exact in float64 and float32 kept float32.")
 
@@ -398,35 +473,53 @@ def check_apply_rope(fn) -> None:
 # Exercise 3: one decode step with a KV cache
 
 
-def _attend(q, keys, values, mask, *, scale="sqrt(d)", softmax_dim=-1):
-    """softmax(q keys^T / sqrt(d), masked) values: (B, h, L, d), (B, h, S, d) x 2, (L, S) ignore mask or None."""
+def _attend(q, keys, values, mask, *, scale="sqrt(d)", softmax_dim=-1, fill=NEG_INF, where="before",
+            sdpa=False, key_axes=(-2, -1)):
+    """softmax(q keys^T / sqrt(d), masked) values: (B, h, L, d), (B, h, S, d) x 2, (L, S) ignore mask or None.
+
+    Mistakes as options: ``fill`` a finite fill; ``where`` "after" (weights zeroed after the softmax); ``sdpa``:
+    the mask handed to SDPA, which reads True as MAY attend (a query with no True gets zeros); ``key_axes`` the
+    axes the keys are transposed on."""
     d = q.shape[-1]
-    scores = q @ keys.transpose(-2, -1) / {"sqrt(d)": math.sqrt(d), "d": d, "none": 1.0}[scale]  # (B, h, L, S)
-    if mask is not None:
-        scores = scores.masked_fill(mask, NEG_INF)
-    return scores.softmax(softmax_dim) @ values
+    scores = q @ keys.transpose(*key_axes) / {"sqrt(d)": math.sqrt(d), "d": d, "none": 1.0}[scale]  # (B, h, L, S)
+    if sdpa and mask is not None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    if mask is not None and where == "before":
+        scores = scores.masked_fill(mask, fill)
+    weights = scores.softmax(softmax_dim)
+    if mask is not None and where == "after":
+        weights = weights.masked_fill(mask, 0.0)
+    return weights @ values
 
 
 def _decode(q, k, v, cache_k, cache_v, *, start="cache", cat_dim=2, mask="positions", own_key=True, store="end",
-            rope_on="qk", rerotate=False, scale="sqrt(d)", softmax_dim=-1):
+            rope_on="qk", rerotate=False, twice="", scale="sqrt(d)", softmax_dim=-1, **attend):
     """One decode step: the reference, and each classic mistake as an option.
 
-    start "zero" / "plus one": the new tokens rotated at 0 .. L-1 / T+1 .. T+L; cat_dim: the axis the cache grows
-    along; mask "none", "top-left" (triu(1) of (L, S), SDPA's is_causal), "hide cache" (the cache masked),
-    "L x L" (the new tokens' own (L, L) mask) or "zero" (built from positions 0 .. L-1); own_key False: the new
-    tokens attend to the old cache only ("values only": the new values appended, not the keys); store "front",
-    "unchanged", "new only" or "raw" (unrotated keys kept); rope_on: which of q, k, v are rotated; rerotate: the
-    whole cache (old keys too) rotated at 0 .. S-1.
+    start "zero" / "plus one" / "heads": the new tokens rotated at 0 .. L-1 / T+1 .. T+L / h .. h+L-1 (T read from
+    cache_k.shape[1]); cat_dim: the axis the cache grows along; mask "none", "top-left" (triu(1) of (L, S), SDPA's
+    is_causal), "hide cache" (the cache masked), "L x L" (the new tokens' own (L, L) mask), "zero" (built from
+    positions 0 .. L-1), "keep" (the keys each query may see: polarity swapped), "past" (k < q hidden: the
+    comparison turned round) or "transposed" ((S, L)); own_key False: the new tokens attend to the old cache only
+    ("values only": the new values appended, not the keys); store "front", "unchanged", "new only" or "raw"
+    (unrotated keys kept); rope_on: which of q, k, v are rotated; rerotate True: the whole cache (old keys and the
+    new unrotated ones) rotated at 0 .. S-1, "all": the cache with the new keys already rotated, rotated again at
+    0 .. S-1; twice "k" or "qk": the new keys (and queries) rotated twice at their positions; ``attend``: the
+    options of :func:`_attend` (fill, where, sdpa, key_axes).
     """
     T, L = cache_k.shape[2], q.shape[2]
-    first = {"cache": T, "zero": 0, "plus one": T + 1}[start]
+    first = {"cache": T, "zero": 0, "plus one": T + 1, "heads": cache_k.shape[1]}[start]
     positions = torch.arange(first, first + L)
     turn = lambda t, name: _rope(t, positions) if name in rope_on else t  # noqa: E731
     rq, rk, rv = turn(q, "q"), turn(k, "k"), turn(v, "v")
+    if "k" in twice:
+        rk = _rope(rk, positions)
+    if "q" in twice:
+        rq = _rope(rq, positions)
     keys = torch.cat([cache_k, rk], cat_dim)  # (B, h, T + L, d)
     values = torch.cat([cache_v, rv], cat_dim)
     if rerotate:
-        keys = _rope(torch.cat([cache_k, k], cat_dim), torch.arange(T + L))
+        keys = _rope(keys if rerotate == "all" else torch.cat([cache_k, k], cat_dim), torch.arange(T + L))
     kept_k, kept_v = {"end": (keys, values), "front": (torch.cat([rk, cache_k], 2), torch.cat([rv, cache_v], 2)),
                       "unchanged": (cache_k, cache_v), "new only": (rk, rv),
                       "raw": (torch.cat([cache_k, k], 2), values)}[store]
@@ -440,8 +533,11 @@ def _decode(q, k, v, cache_k, cache_v, *, start="cache", cat_dim=2, mask="positi
     ones = lambda n, m: torch.ones(n, m, dtype=torch.bool)  # noqa: E731
     masks = {"positions": future, "none": None, "top-left": ones(L, S).triu(1),
              "hide cache": future | (key_at[None, :] < T), "L x L": ones(L, L).triu(1),
-             "zero": key_at[None, :] > torch.arange(L)[:, None]}
-    out = _attend(rq, keys, values, masks[mask], scale=scale, softmax_dim=softmax_dim)
+             "zero": key_at[None, :] > torch.arange(L)[:, None], "keep": ~future,
+             "past": key_at[None, :] < query_at[:, None], "transposed": key_at[:, None] > query_at[None, :]}
+    if mask == "flat":  # positions compared element by element: (S,) > (L,), broadcast or an error
+        masks["flat"] = key_at > query_at
+    out = _attend(rq, keys, values, masks[mask], scale=scale, softmax_dim=softmax_dim, **attend)
     return out, kept_k, kept_v
 
 
@@ -486,9 +582,6 @@ _DECODE_MISTAKES = [
     (dict(mask="L x L"),
      "the mask is the new tokens' own (L, L) causal mask, while the scores are (L, S) with S = T + L keys: build "
      "the mask over all S keys, key position > query position (triu(diagonal=T + 1) of an (L, S) mask)."),
-    (dict(mask="none"),
-     "there is NO CAUSAL MASK among the new tokens: new token i reads the new tokens after it. With one new token "
-     "nothing is hidden, but a prefill or a chunk of L > 1 tokens needs key position > query position hidden."),
     (dict(own_key=False),
      "the new tokens attend to the OLD CACHE ONLY, without their own keys and values: append k and v to the cache "
      "first, then attend to all T + L entries (a token reads itself)."),
@@ -507,10 +600,59 @@ _DECODE_MISTAKES = [
     (dict(rerotate=True),
      "the cached keys are ROTATED AGAIN: the cache holds keys already rotated, each at its own position, so only "
      "the new keys are rotated, at T .. T+L-1, before they are appended."),
+    (dict(start="heads"),
+     "the new tokens are rotated at positions h .. h+L-1, h the number of HEADS: T was read from the wrong axis of "
+     "the cache, cache_k.shape[1]. The cache is (B, h, T, d): T = cache_k.shape[2], the sequence axis."),
+    (dict(mask="keep"),
+     "the mask's POLARITY IS SWAPPED: -inf fills the keys each query may see (key position <= query position), so "
+     "it reads only the keys AFTER it, and a query with none (the last one) gets NaN. masked_fill hides where the "
+     "mask is True: fill where key position > query position."),
+    (dict(mask="positions", sdpa=True),
+     "the IGNORE mask went to F.scaled_dot_product_attention, whose bool attn_mask means the opposite, True = MAY "
+     "attend: each query read only the keys AFTER it (and a query with none got zeros). Hand SDPA the keep mask, "
+     "~mask (key position <= query position), or use masked_fill(mask, -inf) with the ignore mask."),
+    (dict(mask="transposed"),
+     "the mask is TRANSPOSED, (S, L): rows are the keys, so each query sees itself and the keys after it, and a "
+     "step with L != S new tokens cannot even broadcast it. Build it (L, S), queries down: "
+     "key_positions[None, :] > positions[:, None]."),
+    (dict(mask="flat"),
+     "the mask compares the positions ELEMENT BY ELEMENT, key_positions > positions, without the axes that make "
+     "it (L, S): with L = S it is one row of False (no mask at all), with one query it happens to work, with "
+     "other L it cannot broadcast. key_positions[None, :] > positions[:, None] -> (L, S)."),
+    (dict(mask="none"),
+     "there is NO CAUSAL MASK among the new tokens: new token i reads the new tokens after it. With one new token "
+     "nothing is hidden, but a prefill or a chunk of L > 1 tokens needs key position > query position hidden."),
+    (dict(mask="past"),
+     "the comparison is TURNED ROUND: the mask hides the keys BEFORE each query (key position < query position) "
+     "and shows itself and the keys after it. Hide key position > query position."),
+    (dict(fill=float("inf")),
+     "the hidden scores are filled with +inf, not -inf: exp(+inf) takes all the weight and inf / inf is NaN. "
+     "Fill with float('-inf'), which exp turns into 0."),
+    (dict(fill=0.0),
+     "the hidden scores are set to 0, not -inf: a score of 0 still gets the weight exp(0) / sum, as much as an "
+     "ordinary key. Fill with float('-inf') (a finite fill must be far below every score, as -1e9 is)."),
+    (dict(where="after"),
+     "the mask is applied AFTER THE SOFTMAX (weights set to 0): each row's weights no longer sum to 1. Fill the "
+     "SCORES with -inf before the softmax, which then shares each row among the visible keys."),
+    (dict(rerotate="all"),
+     "the keys are ROTATED TWICE: the whole cache, with the new keys already rotated, is rotated again at "
+     "0 .. S-1. The cache holds keys rotated once, at their own positions: rotate only the new keys, once, before "
+     "appending them."),
+    (dict(twice="k"),
+     "the new keys are ROTATED TWICE at their positions (rotating twice by p * theta turns by 2p * theta): rotate "
+     "k once, with apply_rope(k, positions), and store that."),
+    (dict(twice="qk"),
+     "the new queries and keys are ROTATED TWICE at their positions (rotating twice by p * theta turns by "
+     "2p * theta, while the cached keys were turned once): rotate q and k once each."),
+    (dict(key_axes=(1, 2)),
+     "the keys are transposed on the wrong axes: keys.transpose(1, 2) swaps the heads and the positions. The "
+     "scores are q @ keys.transpose(-2, -1), (B, h, L, d) @ (B, h, d, S) -> (B, h, L, S)."),
     (dict(scale="d"), "the scores are divided by d: the scale is 1/sqrt(d), the square root of the head size."),
     (dict(scale="none"), "the scores are not scaled: divide q @ k^T by sqrt(d), the square root of the head size."),
     (dict(softmax_dim=-2), "the softmax runs over the QUERIES (dim=-2): each query's weights are a distribution "
                            "over the keys, softmax(dim=-1)."),
+    (dict(softmax_dim=1), "the softmax runs over the HEADS (dim=1 of the (B, h, L, S) scores): each query's weights "
+                          "are a distribution over the keys, softmax(dim=-1)."),
 ]
 
 # The caches a step returns when its output is right: what is wrong with them.
@@ -564,32 +706,55 @@ def _triple(got, case: str):
     return [t.detach().cpu() for t in got]
 
 
-def _name_decode(got, args, mistakes) -> str | None:
-    """The message of the first mistake whose step returns what the learner's does (all three tensors)."""
+def _matching(got, args, mistakes, parts=3) -> list:
+    """The mistakes (switches, message) whose step returns what the learner's does (the first ``parts`` tensors:
+    3 for all, 1 for out alone)."""
+    found = []
     for switches, message in mistakes:
         try:
             candidate = _decode(*args, **switches)
         except Exception:  # noqa: BLE001 - a mistake that raises on this case is not this result
             continue
-        if all(close(a, b, 1e-8) for a, b in zip(got, candidate)):
-            return message
-    return None
+        if all(close(a, b, 1e-8) for a, b in zip(got[:parts], candidate[:parts])):
+            found.append((switches, message))
+    return found
 
 
-def _name_output(out, args) -> str | None:
-    """The message of the first mistake whose output is the learner's (whatever its caches)."""
-    for switches, message in _DECODE_MISTAKES:
-        try:
-            candidate = _decode(*args, **switches)[0]
-        except Exception:  # noqa: BLE001
-            continue
-        if close(out, candidate, 1e-8):
-            return message
-    return None
+def _agrees(fn, switches, args, parts=3) -> bool:
+    """Whether the learner's step does on ``args`` what the step with the mistake ``switches`` does: the same
+    tensors (the first ``parts``), or the same error."""
+    result, err = _run(fn, *[t.clone() for t in args])
+    try:
+        candidate, other = _decode(*args, **switches), None
+    except Exception as failure:  # noqa: BLE001
+        candidate, other = None, failure
+    if err is not None or other is not None:
+        return err is not None and other is not None and same_error(err, other)
+    return isinstance(result, (tuple, list)) and len(result) == 3 and all(
+        isinstance(a, torch.Tensor) and close(a.detach().cpu(), b, 1e-8)
+        for a, b in zip(result[:parts], candidate[:parts]))
 
 
-def _check_step(fn, args, want, case: str) -> list[torch.Tensor]:
-    """Run one step, compare with ``want`` (out, cache_k, cache_v); name the mistake; return the learner's triple."""
+def _name_decode(fn, got, args, mistakes, later, parts=3) -> str | None:
+    """The message of the mistake whose step returns what the learner's does (all three tensors, or out alone for
+    ``parts`` = 1). When several do on this case (a prefill cannot tell a transposed mask from a turned
+    comparison), the learner's step is run on the ``later`` cases (name, args) until one is left; if none
+    separates them, both are named."""
+    found = _matching(got, args, mistakes, parts)
+    for name, other in later:
+        if len(found) < 2:
+            break
+        kept = [m for m in found if _agrees(fn, m[0], other, parts)]
+        found = kept or found
+    if len(found) > 1:
+        return (f"two mistakes give this result and no case of the checker tells them apart: either "
+                f"{found[0][1][0].lower() + found[0][1][1:]} Or {found[1][1]}")
+    return found[0][1] if found else None
+
+
+def _check_step(fn, args, want, case: str, later=()) -> list[torch.Tensor]:
+    """Run one step, compare with ``want`` (out, cache_k, cache_v); name the mistake (running the ``later`` cases,
+    (name, args), to choose between mistakes this one cannot tell apart); return the learner's triple."""
     given = [t.clone() for t in args]
     result, err = _run(fn, *given)
     what = f"{case}: your decode_step"
@@ -609,9 +774,9 @@ def _check_step(fn, args, want, case: str) -> list[torch.Tensor]:
     require_shape(out, (B, h, L, d), f"{what}'s out", "(B, h, L, d), one row per new query")
     if all(close(a, b, ATOL) for a, b in zip(got, want)):
         return got
-    message = _name_decode(got, args, _DECODE_MISTAKES)
+    message = _name_decode(fn, got, args, _DECODE_MISTAKES, later)
     if message is None and not close(out, want[0], ATOL):
-        message = _name_output(out, args)
+        message = _name_decode(fn, got, args, _DECODE_MISTAKES, later, parts=1)
     if message is not None:
         raise ExerciseError(f"{what}: {message}")
     for name, tensor in (("cache_k", cache_k), ("cache_v", cache_v)):
@@ -628,7 +793,7 @@ def _check_step(fn, args, want, case: str) -> list[torch.Tensor]:
                      "made in float32); keep the inputs' float64.") if diff < 1e-4 else ""
         raise ExerciseError(f"{what}: out and the full recomputation over all T + L tokens "
                             f"{describe_diff(out, want[0], 'the recomputation')}.{precision}")
-    message = _name_decode([want[0], cache_k, cache_v], args, _CACHE_MISTAKES)
+    message = _name_decode(fn, [want[0], cache_k, cache_v], args, _CACHE_MISTAKES, ())
     if message is not None:
         raise ExerciseError(f"{what}: out is right, but {message}")
     wrong = "cache_k" if not close(cache_k, want[1], ATOL) else "cache_v"
@@ -642,11 +807,12 @@ def check_decode_step(fn) -> None:
     caches it returns carry a generation on."""
     (q, k, v), cases = _decode_cases()
     full = _full(q, k, v)  # (B, h, N, d)
-    for case, T, L in cases:
-        args = _step_inputs(q, k, v, T, L)
+    inputs = [(case, _step_inputs(q, k, v, T, L)) for case, T, L in cases]
+    for n, (case, T, L) in enumerate(cases):
+        args = inputs[n][1]
         want = (full[:, :, T:T + L], _rope(k[:, :, :T + L], torch.arange(T + L)), v[:, :, :T + L])
         assert close(want[0], _reference_decode_step(*args)[0], 1e-12), "the reference is the recomputation"
-        _check_step(fn, args, want, case)
+        _check_step(fn, args, want, case, later=inputs[n + 1:])
     # A generation: a prefill of 3 tokens, then one token at a time, each step given the caches the last returned.
     N, prefill = q.shape[2], 3
     want = full[:, :, :prefill], _rope(k[:, :, :prefill], torch.arange(prefill)), v[:, :, :prefill]
@@ -676,9 +842,12 @@ def _window(q_positions, k_positions, window, *, low=">=", causal="strict", band
     """The (L, S) ignore mask: the reference, and the classic slips as options.
 
     low ">" (window + 1 keys seen), ">=-1" (window - 1 seen) or "none" (window ignored); causal "none" (future keys
-    visible) or "self" (the query's own key hidden too); band "symmetric": |q - k| >= window, no causal part.
+    visible) or "self" (the query's own key hidden too); band "symmetric": |q - k| >= window, no causal part;
+    "forward": k - q in place of q - k, the window looking ahead.
     """
     diff = q_positions[:, None] - k_positions[None, :]  # (L, S): how far back each key lies
+    if band == "forward":  # k - q for q - k: the window looks ahead
+        diff = -diff
     if band == "symmetric":
         return diff.abs() >= window
     future = {"strict": diff < 0, "self": diff <= 0, "none": torch.zeros_like(diff, dtype=torch.bool)}[causal]
@@ -719,6 +888,10 @@ _WINDOW_MISTAKES = [
     (dict(low="none"),
      "the WINDOW IS IGNORED: this is the plain causal mask, and keys any distance back stay visible. Hide also "
      "the keys window or more positions back: q - k >= window."),
+    (dict(band="forward"),
+     "the window LOOKS FORWARD: each query sees itself and the window - 1 positions AFTER it, and hides the past "
+     "(k - q in place of q - k). back = q_positions[:, None] - k_positions[None, :] is how far back a key lies: "
+     "hide back < 0 and back >= window."),
     (dict(causal="self"),
      "each query's OWN KEY is hidden (k >= q): a token attends to itself. Hide only the keys after it, k > q."),
 ]
@@ -729,6 +902,10 @@ def _window_shape(mask, L, S, case) -> None:
     if shape == (S, L) and S != L:
         raise ExerciseError(f"{case}: your mask has shape (S, L) = {shape}, TRANSPOSED: rows are the queries, "
                             f"columns the keys, mask[i, j] for query i and key j -> {(L, S)}.")
+    if mask.dim() == 1 and len(mask) in (L, S):
+        raise ExerciseError(f"{case}: your mask is 1-D, {shape}: the positions were compared ELEMENT BY ELEMENT "
+                            f"(q_positions - k_positions). Every query meets every key: give them axes, "
+                            f"q_positions[:, None] - k_positions[None, :] -> (L, S) = {(L, S)}.")
     if mask.dim() > 2 and mask.numel() == L * S:
         raise ExerciseError(f"{case}: your mask has shape {shape}: return the (L, S) = {(L, S)} mask itself; "
                             f"broadcasting adds the batch and head axes when it meets the scores.")
@@ -749,13 +926,33 @@ def _window_dtype(mask, want, case) -> None:
     raise ExerciseError(f"{start} Keep the comparisons' bool result (no .int(), .float() or .long()).")
 
 
+def _transposed_or_forward(fn, window) -> str:
+    """The name of a mask equal to the expected one transposed on a square case: a transposed mask and a window
+    that looks forward are the same there; three queries over ten keys tell them apart."""
+    q_positions, k_positions = torch.arange(7, 10), torch.arange(10)
+    got, err = _run(fn, q_positions.clone(), k_positions.clone(), window)
+    got = got.detach().cpu() if err is None and isinstance(got, torch.Tensor) else None
+    separate = "queries 7, 8, 9 over keys 0 .. 9"
+    if got is not None and tuple(got.shape) == (10, 3):
+        return (f"your mask is TRANSPOSED: rows are the queries, columns the keys, mask[i, j] for query i and key j "
+                f"(with {separate} it comes out (S, L) = (10, 3)).")
+    if got is not None and torch.equal(got, _window(q_positions, k_positions, window, band="forward")):
+        return next(message for variant, message in _WINDOW_MISTAKES if variant.get("band") == "forward")
+    return (f"your mask is the expected one turned round: either TRANSPOSED (rows must be the queries, columns the "
+            f"keys) or a window that LOOKS FORWARD (k - q in place of q - k); on a square mask the two are the same, "
+            f"and {separate} tells them apart. Hide back < 0 and back >= window, with "
+            f"back = q_positions[:, None] - k_positions[None, :].")
+
+
 def check_window_mask(fn) -> None:
     """Check ``fn(q_positions, k_positions, window)``: the (L, S) bool ignore mask of causal sliding-window attention,
     True where k > q or q - k >= window, from the positions given (keys possibly out of order)."""
     what = "your function"
+    forbidden = _forbidden({"attention_course.decoding": ("decode_mask",)})
+    used = []
     for case, q_positions, k_positions, window in _window_cases():
         args = q_positions.clone(), k_positions.clone(), window
-        got, err = _run(fn, *args)
+        got, err = _run_watched(fn, args, forbidden, used)
         if err is not None:
             raise ExerciseError(f"{case}: {raised(err, what)}") from err
         mask = _tensor(got, f"{case}: {what}", "the (L, S) ignore mask")
@@ -771,12 +968,11 @@ def check_window_mask(fn) -> None:
             raise ExerciseError(f"{case}: your mask is True where a key MAY be attended: an allow (keep) mask, the "
                                 f"convention SWAPPED. The course's masks are ignore masks: True = hidden, where "
                                 f"k > q or q - k >= window.")
+        if L == S and torch.equal(mask, want.T):  # square: transposed, or looking forward? A non-square case says
+            raise ExerciseError(f"{case}: {_transposed_or_forward(fn, window)}")
         for variant, message in _WINDOW_MISTAKES:
             if torch.equal(mask, _window(q_positions, k_positions, window, **variant)):
                 raise ExerciseError(f"{case}: {message}")
-        if L == S and torch.equal(mask, want.T):
-            raise ExerciseError(f"{case}: your mask is TRANSPOSED: rows are the queries, columns the keys; "
-                                f"mask[i, j] is query i and key j.")
         by_index = [(torch.arange(L), torch.arange(S), "0 .. L-1 for the queries and 0 .. S-1 for the keys"),
                     (torch.arange(S - L, S), torch.arange(S), "S-L .. S-1 for the queries and 0 .. S-1 for the keys")]
         for q_index, k_index, which in by_index:
@@ -794,5 +990,6 @@ def check_window_mask(fn) -> None:
             f"{int(q_positions[i])}) and key {j} (position {int(k_positions[j])}): expected "
             f"{bool(want[i, j])}. Hide a key when k > q or q - k >= window."
         )
+    _refuse(used, what, "Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].")
     passed("True exactly where the key is in the future or window or more positions back: a prefill, decode steps, "
            "a rolling cache out of order, window 1 and a window wider than the sequence.")

@@ -80,6 +80,13 @@ COMBINE_MUTANTS = [
     Mutant("3-D attn_mask left flat", lambda *a: combine(*a, flat_3d=True), (r"3-D attn_mask is flat",)),
     Mutant("2-D attn_mask turned around", lambda *a: combine(*a, turn_2d=True), (r"turned around",)),
     Mutant("None not handled", lambda *a: combine(*a, none_safe=False), (r"may be None",)),
+    Mutant("key_padding_mask alone inverted", lambda k, a, *s: combine(None if k is None else ~k, a, *s),
+           (r"key_padding_mask alone is read the other way round",)),
+    Mutant("attn_mask alone inverted", lambda k, a, *s: combine(k, None if a is None else ~a, *s),
+           (r"attn_mask alone is read the other way round",)),
+    Mutant("3-D attn_mask as (B, h, S, L), transposed", lambda k, a, B, h, L, S: combine(
+        k, a if a is None or a.dim() == 2 else a.reshape(B * h, S, L).transpose(-2, -1), B, h, L, S),
+           (r"A pair is blocked where either mask blocks it", r"row b\*h \+ i")),
 ]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -90,6 +97,7 @@ OK = dict(
     split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, floats="add", drop="train",
     softmax="torch", need_weights="obey", average="obey", seq_first=False, keys_with_L=False, detach=False,
     ignore=(), bool_as="fill", dropout=None, size_check=True, prints=False, warns=False, shapes="check",
+    k_transposed="yes",
 )
 
 
@@ -104,6 +112,7 @@ SOFTMAX = {
     "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),
     "nan_to_num": lambda s, dim: torch.softmax(s, dim).nan_to_num(0.0),
     "float32": lambda s, dim: torch.softmax(s.float(), dim).to(s.dtype),
+    "float32 kept": torch.softmax,  # replaced in forward
 }
 
 
@@ -148,11 +157,11 @@ class MHA(nn.Module):
             return t.view(B, n, h, d).transpose(1, 2)
 
         q, k, v = split(q, L), split(k, S), split(v, S)
-        scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
+        scores = q @ (k if o["k_transposed"] == "no" else k.transpose(-2, -1))  # (B, h, L, S)
         if o["warns"]:
             scores = scores / torch.sqrt(torch.tensor(torch.tensor(d), dtype=scores.dtype))
         elif o["scale"] is not None:
-            scores = scores / math.sqrt(d if o["scale"] == "d" else D)
+            scores = scores / math.sqrt({"d": d, "D": D, "h": h}[o["scale"]])
         after = []
         for which, m in (("kpm", key_padding_mask), ("attn", attn_mask)):
             if m is None or which in o["ignore"]:
@@ -163,7 +172,7 @@ class MHA(nn.Module):
             elif m.dim() == 3:
                 m = m.view(B, h, L, S)
             if m.dtype == torch.bool:
-                m = ~m if o["invert"] else m
+                m = ~m if o["invert"] is True or o["invert"] == which else m
                 if o["mask_after"]:
                     after.append(m)
                 elif o["bool_as"] == "bias":  # -inf added
@@ -183,6 +192,8 @@ class MHA(nn.Module):
             else:  # "masked_fill": a float mask handed to masked_fill
                 scores = scores.masked_fill(m, o["fill"])
         weights = SOFTMAX[o["softmax"]](scores, o["softmax_dim"])  # (B, h, L, S)
+        if o["softmax"] == "float32 kept":  # the weights left in float32 meet the float64 values
+            weights = torch.softmax(scores.float(), o["softmax_dim"])
         for m in after:
             weights = weights.masked_fill(m, 0.0)
         weights = F.dropout(weights, self.p, training=o["drop"] == "always" or self.training)
@@ -205,7 +216,10 @@ class MHA(nn.Module):
             return out, None
         if o["average"] == "flat":
             return out, weights.reshape(B * h, L, S)
-        average = {"obey": average_attn_weights, "always": True, "never": False}[o["average"]]
+        if o["average"] == "sum" and average_attn_weights:
+            return out, weights.sum(1)
+        average = {"obey": average_attn_weights, "always": True, "never": False, "sum": average_attn_weights}[
+            o["average"]]
         return out, weights.mean(1) if average else weights
 
 
@@ -270,9 +284,14 @@ LAYER_MUTANTS = [
     mutant("softmax over the heads", (r"softmax ran over the heads",), softmax_dim=1),
     mutant("scaled by sqrt(D)", (r"divided by sqrt\(D\)", r"sqrt\(d\)"), scale="D"),
     mutant("not scaled", (r"not scaled", r"sqrt\(d\)"), scale=None),
+    mutant("scaled by sqrt(h)", (r"sqrt\(h\)", r"number of HEADS"), scale="h"),
+    mutant("weights summed over the heads", (r"SUMMED over the heads",), average="sum"),
+    mutant("q @ k, no transpose", (r"inner sizes differ", r"q @ k\.transpose\(-2, -1\)"), k_transposed="no"),
+    mutant("weights left in float32", (r"Two dtypes met", r"dtype=x\.dtype"), softmax="float32 kept"),
     mutant("inverted polarity", (r"polarity is inverted",), invert=True),
     mutant("inverted polarity, -1e9 fill", (r"polarity is inverted",), family="inverted polarity", invert=True,
            fill=-1e9),
+    mutant("attn_mask alone inverted", (r"attn_mask alone is read the other way round",), invert="attn"),
     mutant("mask after the softmax", (r"after the softmax",), mask_after=True),
     mutant("fill -1e9", (r"no key", r"finite fill"), fill=-1e9),
     mutant("fill -1e4", (r"no key", r"finite fill"), family="fill -1e9", fill=-1e4),

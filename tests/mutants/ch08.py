@@ -1,4 +1,6 @@
 """Chapter 8's checker under mutation: merging two online-softmax states (m, l, acc)."""
+import math
+
 import torch
 
 from attention_course.exercises import ch08
@@ -22,6 +24,20 @@ def merge(m1, l1, acc1, m2, l2, acc2, *, take_max=torch.maximum, stand_in=True, 
     l = use(c1, scale_l[0]) * l1 + use(c2, scale_l[1]) * l2  # noqa: E741
     acc = use(c1, scale_acc[0]) * acc1 + use(c2, scale_acc[1]) * acc2
     return m, l, acc
+
+
+def max_pair(m1, l1, acc1, m2, l2, acc2):
+    """torch.cat(...).max(-1, keepdim=True) is a (values, indices) pair, used as if it were the values."""
+    m = torch.cat([m1, m2], -1).max(-1, keepdim=True)
+    return merge(m1, l1, acc1, m2, l2, acc2, take_max=lambda a, b: m)
+
+
+def squeezed_factor(m1, l1, acc1, m2, l2, acc2):
+    """The factors made (...,) with squeeze(-1): they meet acc (..., dv) from the right."""
+    m = torch.maximum(m1, m2)
+    shift = m.masked_fill(m == NEG_INF, 0.0)
+    c1, c2 = torch.exp(m1 - shift).squeeze(-1), torch.exp(m2 - shift).squeeze(-1)  # (...,)
+    return m, (c1 * l1.squeeze(-1) + c2 * l2.squeeze(-1))[..., None], c1 * acc1 + c2 * acc2
 
 
 def where_style(m1, l1, acc1, m2, l2, acc2):
@@ -133,6 +149,13 @@ CATALOGUES = [
             Mutant("keepdim lost: m of shape (...,)", no_keepdim, (r"shape", r"keepdim")),
             Mutant("float32 result", float32_result, r"float32", family="dtype"),
             Mutant("float32 factors", float32_factors, r"float32", family="dtype"),
+            Mutant("Python's max on tensors", lambda *s: merge(*s, take_max=max), (r"ONE truth value",
+                                                                                   r"torch\.maximum")),
+            Mutant("max(dim)'s pair used as m", max_pair, (r"pair \(values, indices\)", r"\.values")),
+            Mutant("math.exp on a tensor", lambda *s: merge(*s, factor=lambda a, b: math.exp(a - b)),
+                   (r"math\.exp", r"torch\.exp")),
+            Mutant("factor broadcast without the last axis", squeezed_factor,
+                   (r"broadcasting cannot line up", r"keep\s+the last axis of size 1")),
             Mutant("no return statement", no_return, r"return statement"),
             Mutant("the stub", stub, r"stub"),
         ],

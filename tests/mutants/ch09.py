@@ -231,6 +231,10 @@ PREVIOUS_TOKEN = Catalogue(
         Mutant("computed in float32", lambda w, k: diagonal_scores(w, k, dtype=torch.float32),
                (r"float32", r"dtype")),
         Mutant("weights changed in place", in_place_scores, (r"in place",)),
+        Mutant("diagonal() of the first two axes", lambda w, k: w.diagonal(offset=-1).mean((0, 1)),
+               (r"FIRST two axes", r"dim1=-2, dim2=-1")),
+        Mutant("keep without the heads axis", lambda w, k: (w.diagonal(offset=-1, dim1=-2, dim2=-1) * k[:, 1:]).sum(
+            (0, 2)) / k[:, 1:].sum(), (r"keep\[:, None, 1:\]", r"batch axis against the heads")),
         Mutant("scores halved", lambda w, k: diagonal_scores(w, k) / 2, (r"expected \[",)),
     ],
 )
@@ -305,6 +309,9 @@ MAX_POOL = Catalogue(
                (r"positions \(indices",)),
         Mutant("computed in float32", lambda x, k: max_pool(x.float(), k), (r"float32", r"dtype")),
         Mutant("hidden changed in place", in_place_pool, (r"in place",)),
+        Mutant("the token at n = keep[b].sum() taken", lambda x, k: torch.stack(
+            [x[b, :int(k[b].sum()) + 1].amax(0) if k[b].sum() < k.shape[1] else x[b, int(k[b].sum())].amax(0)
+             for b in range(len(x))]), (r"position n is a pad",)),
         Mutant("a list returned", lambda x, k: max_pool(x, k).tolist(), (r"must return a torch\.Tensor",)),
     ],
 )

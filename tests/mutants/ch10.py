@@ -5,6 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from attention_course import decoding, rope
 from attention_course.exercises import ch10
 from mutants import Catalogue, Mutant
 
@@ -59,6 +60,22 @@ def view_after_expand(x, n_rep):
     return x[:, :, None].expand(B, h_kv, n_rep, S, d).view(B, h_kv * n_rep, S, d)
 
 
+def unsqueeze_repeat_flatten(x, n_rep):
+    """A new axis after the heads, repeated (a copy) and flattened into the heads."""
+    return x.unsqueeze(2).repeat(1, 1, n_rep, 1, 1).flatten(1, 2)
+
+
+def through_the_package(x, n_rep):
+    """The rule broken inside a helper of the learner's own."""
+    return decoding.repeat_kv(x, n_rep).clone()
+
+
+def interleaved_then_reshaped(x, n_rep):
+    """Repeated along the sequence axis, then reshaped into heads: the right shape, scrambled rows."""
+    B, h_kv, S, d = x.shape
+    return x.repeat_interleave(n_rep, dim=2).reshape(B, h_kv * n_rep, S, d)
+
+
 REPEAT_KV = Catalogue(
     ch10.check_repeat_kv,
     correct={
@@ -67,6 +84,7 @@ REPEAT_KV = Catalogue(
         "index_select with j // n_rep": index_select,
         "a loop over the query heads, stacked": stacked_heads,
         "einsum with a 0/1 selection": selection_einsum,
+        "unsqueeze, repeat, flatten": unsqueeze_repeat_flatten,
     },
     mutants=[
         Mutant("repeat instead of repeat_interleave", lambda x, n: x.repeat(1, n, 1, 1), (r"TILED", r"wrong group"),
@@ -91,7 +109,14 @@ REPEAT_KV = Catalogue(
                (r"\(B, S, h, d\)", r"swapped")),
         Mutant("heads in reverse order", lambda x, n: x.repeat_interleave(n, dim=1).flip(1),
                (r"read key/value heads \[1, 1, 1, 0, 0, 0\]",)),
-        Mutant("sentences mixed", lambda x, n: x.repeat_interleave(n, dim=1).flip(0), (r"not a copy",)),
+        Mutant("sentences mixed", lambda x, n: x.repeat_interleave(n, dim=1).flip(0), (r"not a copy",),
+               family="not a copy"),
+        Mutant("repeated along the sequence, reshaped into heads", interleaved_then_reshaped, (r"not a copy",),
+               family="not a copy"),
+        Mutant("the package's repeat_kv", decoding.repeat_kv, (r"calls attention_course\.decoding\.repeat_kv",
+                                                                r"WITHOUT the ready-made"), family="package"),
+        Mutant("the package's repeat_kv inside a helper", through_the_package,
+               (r"calls attention_course\.decoding\.repeat_kv",), family="package"),
         Mutant("float32 result", lambda x, n: x.repeat_interleave(n, dim=1).float(),
                (r"came back as float32", r"input's dtype")),
         Mutant("no return statement", no_return, (r"return statement",)),
@@ -196,6 +221,25 @@ def base_1000(x, positions):
     return x * torch.cat([a, a], -1).cos() + torch.cat([-x2, x1], -1) * torch.cat([a, a], -1).sin()
 
 
+def package_rotate_half(x, positions):
+    a = torch.cat([angles(x, positions)] * 2, -1)
+    return x * a.cos() + rope.rotate_half(x) * a.sin()
+
+
+def angles_not_repeated(x, positions):
+    a = angles(x, positions)  # (L, d/2), never repeated for the second half
+    x1, x2 = x.chunk(2, -1)
+    return x * a.cos() + torch.cat([-x2, x1], -1) * a.sin()
+
+
+def angles_transposed(x, positions):
+    d = x.shape[-1]
+    a = positions.to(x.dtype)[None, :] * 10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)[:, None]  # (d/2, L)
+    a = torch.cat([a, a], -1)
+    x1, x2 = x.chunk(2, -1)
+    return x * a.cos() + torch.cat([-x2, x1], -1) * a.sin()
+
+
 def rope_mutant(name, names, family=None, **switches):
     return Mutant(name, lambda x, p: ch10._rope(x, p, **switches), names, family)
 
@@ -234,6 +278,16 @@ APPLY_ROPE = Catalogue(
         Mutant("the first half only", first_half_only, (r"HALF the features",)),
         Mutant("x rotated in place", rotated_in_place, (r"changed its input x IN PLACE",)),
         Mutant("base 1000", base_1000, (r"differ by up to",)),
+        Mutant("the package's apply_rope", lambda x, p: rope.apply_rope(x, p),
+               (r"calls attention_course\.rope\.apply_rope", r"WITHOUT the ready-made"), family="package"),
+        Mutant("the package's apply_rope, interleaved", lambda x, p: rope.apply_rope(x, p, interleaved=True),
+               (r"turns INTERLEAVED pairs",), family="interleaved"),
+        Mutant("the package's rotate_half", package_rotate_half, (r"calls attention_course\.rope\.rotate_half",),
+               family="package"),
+        Mutant("angles not repeated for both halves", angles_not_repeated, (r"one per FREQUENCY",
+                                                                            r"cat\(\[angles, angles\], -1\)")),
+        Mutant("angles (d/2, L), the outer product turned round", angles_transposed, (r"frequencies down",
+                                                                                      r"positions\[:, None\]")),
         Mutant("no return statement", no_return, (r"return statement",)),
         Mutant("the stub", stub, (r"stub",)),
     ],
@@ -314,6 +368,84 @@ def queries_rotated_in_place(q, k, v, cache_k, cache_v):
     return out, ck, cv
 
 
+def step_parts(q, k, v, cache_k, cache_v):
+    """The rotation and the grown caches of a right step: (q, keys, values, positions, T)."""
+    T, L = cache_k.shape[2], q.shape[2]
+    positions = torch.arange(T, T + L)
+    q, k = rope.apply_rope(q, positions), rope.apply_rope(k, positions)
+    return q, torch.cat([cache_k, k], dim=2), torch.cat([cache_v, v], dim=2), positions, T
+
+
+def finite_fill_step(q, k, v, cache_k, cache_v):
+    """-1e9 for -inf: exp(-1e9 - max) is 0 in float64, as exp(-inf) is."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    future = torch.arange(keys.shape[2])[None, :] > positions[:, None]
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, -1e9)
+    return scores.softmax(-1) @ values, keys, values
+
+
+def keep_mask_filled(q, k, v, cache_k, cache_v):
+    """masked_fill with the keys each query MAY see: the polarity swapped."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    allowed = torch.arange(keys.shape[2])[None, :] <= positions[:, None]
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(allowed, float("-inf"))
+    return scores.softmax(-1) @ values, keys, values
+
+
+def ignore_mask_to_sdpa(q, k, v, cache_k, cache_v):
+    """The course's ignore mask handed to SDPA, which reads True as MAY attend."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    future = torch.arange(keys.shape[2])[None, :] > positions[:, None]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=future), keys, values
+
+
+def transposed_mask(q, k, v, cache_k, cache_v):
+    """The mask built keys down, (S, L): fine in shape only when L == S or L == 1... and wrong in values."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    future = torch.arange(keys.shape[2])[:, None] > positions[None, :]  # (S, L)
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf"))
+    return scores.softmax(-1) @ values, keys, values
+
+
+def past_hidden(q, k, v, cache_k, cache_v):
+    """The comparison turned round: key < query hidden."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    earlier = torch.arange(keys.shape[2])[None, :] < positions[:, None]
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(earlier, float("-inf"))
+    return scores.softmax(-1) @ values, keys, values
+
+
+def everything_rotated_again(q, k, v, cache_k, cache_v):
+    """Rotated and appended, then the whole cache rotated "to be safe" at 0 .. S-1."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    keys = rope.apply_rope(keys, torch.arange(keys.shape[2]))
+    return ch10._attend(q, keys, values, torch.arange(keys.shape[2])[None, :] > positions[:, None]), keys, values
+
+
+def flat_mask(q, k, v, cache_k, cache_v):
+    """key_positions > positions without [None, :] and [:, None]."""
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    future = torch.arange(keys.shape[2]) > positions
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(future, float("-inf"))
+    return scores.softmax(-1) @ values, keys, values
+
+
+def t_from_the_heads(q, k, v, cache_k, cache_v):
+    T, L = cache_k.shape[1], q.shape[2]  # the heads axis, not the sequence axis
+    positions = torch.arange(T, T + L)
+    q, k = rope.apply_rope(q, positions), rope.apply_rope(k, positions)
+    keys, values = torch.cat([cache_k, k], dim=2), torch.cat([cache_v, v], dim=2)
+    future = torch.arange(keys.shape[2])[None, :] > torch.arange(cache_k.shape[2], cache_k.shape[2] + L)[:, None]
+    return ch10._attend(q, keys, values, future), keys, values
+
+
+def keys_transposed_1_2(q, k, v, cache_k, cache_v):
+    q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
+    scores = q @ keys.transpose(1, 2) / math.sqrt(q.shape[-1])
+    future = torch.arange(keys.shape[2])[None, :] > positions[:, None]
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ values, keys, values
+
+
 def decode_mutant(name, names, family=None, **switches):
     return Mutant(name, lambda *a: ch10._decode(*a, **switches), names, family)
 
@@ -325,6 +457,7 @@ DECODE_STEP = Catalogue(
         "SDPA with an allow mask, complex RoPE": sdpa_step,
         "a loop over the new queries": loop_step,
         "einsum and triu(T + 1)": einsum_step,
+        "a finite fill, -1e9": finite_fill_step,
     },
     mutants=[
         decode_mutant("positions restart at 0", (r"RESTARTED at 0",), "restart", start="zero"),
@@ -344,7 +477,24 @@ DECODE_STEP = Catalogue(
         decode_mutant("values rotated", (r"VALUES are rotated",), rope_on="qkv"),
         decode_mutant("queries not rotated", (r"QUERIES are not rotated",), rope_on="k"),
         decode_mutant("new keys not rotated", (r"KEYS are not rotated",), rope_on="q"),
-        decode_mutant("cached keys rotated again", (r"ROTATED AGAIN",), rerotate=True),
+        decode_mutant("cached keys rotated again", (r"cached keys are ROTATED AGAIN",), rerotate=True),
+        Mutant("keep mask in masked_fill (polarity swapped)", keep_mask_filled, (r"POLARITY IS SWAPPED",
+                                                                                 r"only the keys AFTER")),
+        Mutant("ignore mask handed to SDPA", ignore_mask_to_sdpa, (r"IGNORE mask went to F\.scaled_dot_product",
+                                                                   r"True = MAY attend")),
+        Mutant("mask built (S, L)", transposed_mask, (r"TRANSPOSED, \(S, L\)",)),
+        Mutant("comparison turned round (key < query hidden)", past_hidden, (r"TURNED ROUND",)),
+        decode_mutant("hidden scores filled with 0", (r"set to 0, not -inf",), fill=0.0),
+        decode_mutant("hidden scores filled with +inf", (r"filled with \+inf",), fill=float("inf")),
+        Mutant("positions compared element by element", flat_mask, (r"ELEMENT BY ELEMENT",)),
+        decode_mutant("softmax over the heads", (r"softmax runs over the HEADS",), softmax_dim=1),
+        decode_mutant("mask after the softmax", (r"AFTER THE SOFTMAX",), where="after"),
+        Mutant("whole cache rotated again", everything_rotated_again, (r"ROTATED TWICE", r"whole cache")),
+        decode_mutant("new keys rotated twice", (r"new keys are ROTATED TWICE",), twice="k"),
+        decode_mutant("new queries and keys rotated twice", (r"queries and keys are ROTATED TWICE",), twice="qk"),
+        Mutant("T read from cache_k.shape[1]", t_from_the_heads, (r"number of HEADS", r"shape\[1\]")),
+        Mutant("keys transposed on dims 1, 2", keys_transposed_1_2, (r"transposed on the wrong axes",
+                                                                     r"transpose\(-2, -1\)")),
         decode_mutant("scaled by 1/d", (r"divided by d:",), scale="d"),
         decode_mutant("not scaled", (r"not scaled",), scale="none"),
         decode_mutant("softmax over the queries", (r"softmax runs over the QUERIES",), softmax_dim=-2),
@@ -396,6 +546,16 @@ def from_key_indices(q, k, window):
     return ch10._window(torch.arange(S - L, S), torch.arange(S), window)
 
 
+def looking_forward(q, k, window):
+    ahead = k[None, :] - q[:, None]  # k - q: the sign turned
+    return (ahead < 0) | (ahead >= window)
+
+
+def element_by_element(q, k, window):
+    back = q - k  # no outer difference
+    return (back < 0) | (back >= window)
+
+
 def window_mutant(name, names, family=None, **switches):
     return Mutant(name, lambda q, k, w: ch10._window(q, k, w, **switches), names, family)
 
@@ -420,7 +580,14 @@ WINDOW_MASK = Catalogue(
         Mutant("built from indices 0 .. L-1", from_indices, (r"INDICES", r"0 \.\. L-1 for the queries"),
                family="indices"),
         Mutant("built from key indices", from_key_indices, (r"INDICES", r"S-L \.\. S-1"), family="indices"),
-        Mutant("transposed", lambda q, k, w: ch10._reference_window_mask(k, q, w), (r"TRANSPOSED",)),
+        Mutant("transposed", lambda q, k, w: ch10._reference_window_mask(k, q, w), (r"TRANSPOSED",),
+               family="transposed"),
+        Mutant("(L, S) mask returned .T", lambda q, k, w: ch10._reference_window_mask(q, k, w).T,
+               (r"TRANSPOSED", r"comes out \(S, L\)"), family="transposed"),
+        Mutant("window looks forward (k - q)", looking_forward, (r"LOOKS FORWARD", r"AFTER it")),
+        Mutant("positions compared element by element", element_by_element, (r"ELEMENT BY ELEMENT",)),
+        Mutant("the package's decode_mask", lambda q, k, w: decoding.decode_mask(q, k, window=w),
+               (r"calls attention_course\.decoding\.decode_mask",)),
         Mutant("additive float mask", lambda q, k, w: torch.zeros(len(q), len(k)).masked_fill(
             ch10._reference_window_mask(q, k, w), float("-inf")), (r"ADDITIVE",)),
         Mutant("keep mask as numbers", lambda q, k, w: (~ch10._reference_window_mask(q, k, w)).float(),
