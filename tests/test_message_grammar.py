@@ -16,7 +16,7 @@ from attention_course.exercises import describe_diff
 
 EXERCISES = Path(__file__).resolve().parents[1] / "attention_course" / "exercises"
 # Chapter 11's checkers are not yet in this list: their "{name} {describe_diff(...)}" gives "acc differ".
-MODULES = ["__init__", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10"]
+MODULES = ["__init__", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10", "ch11"]
 
 SINGULAR = (r"it|this|your (?:result|output|mask|layer|function|state|merge_partials|decode_step|maximum)|"
             r"the (?:result|output|state|merge|mask|recomputation|rotation)|acc|out")
