@@ -233,7 +233,18 @@ def test_a_hard_coded_gpu_call_is_reported_on_the_cpu():
             return super().fill(scores, mask)
 
     message = verdict(GPU)
-    assert "raised" in message and ("CUDA" in message or "cuda" in message)
+    assert "raised" in message and "The checker's tensors are on the CPU" in message  # the checker's words, not torch's
+
+
+@pytest.mark.parametrize("torch_says", [
+    "Torch not compiled with CUDA enabled",  # the CPU wheel
+    "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a driver",  # CUDA build
+    "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
+])
+def test_a_gpu_error_gets_the_device_hint_whatever_torch_build_words_it(torch_says):
+    from attention_course.exercises import classic_hint
+
+    assert "The checker's tensors are on the CPU" in classic_hint(RuntimeError(torch_says))
 
 
 def test_an_endless_layer_does_not_hang_the_checker(monkeypatch):

@@ -57,8 +57,10 @@ def require_shape(answer: torch.Tensor, expected: tuple, name: str, dims: str, h
 
 
 def device_hint(err: Exception) -> str:
-    """A hint for an error that mentions the GPU: the checkers pass CPU tensors."""
-    if "cuda" not in str(err).lower():
+    """A hint for an error that mentions the GPU: the checkers pass CPU tensors. torch words it by its build: the
+    CPU wheel says "Torch not compiled with CUDA enabled", a CUDA build on a machine without a GPU "Found no NVIDIA
+    driver on your system", a device mismatch names cuda:0."""
+    if not re.search(r"cuda|nvidia", str(err), re.IGNORECASE):
         return ""
     return (" The checker's tensors are on the CPU: create new tensors on the device of the inputs "
             "(device=x.device), not on the notebook's `device`.")
