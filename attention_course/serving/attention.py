@@ -24,15 +24,18 @@ from .paged import PagedKVCache
 
 def step_keys(batch, cache: PagedKVCache, layer: int):
     """Every key and value the step's requests hold, end to end: k, v (h_kv, S, d), their positions (S,) and the
-    index (0 .. n-1) of the request each belongs to (S,)."""
-    ks, vs, positions, owners = [], [], [], []
-    for i, request in enumerate(batch.requests):
-        k, v = cache.gather(layer, request)  # (h_kv, T_i, d) each
-        ks.append(k)
-        vs.append(v)
-        positions.append(torch.arange(k.shape[1], device=k.device))
-        owners.append(torch.full((k.shape[1],), i, device=k.device))
-    return torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(positions), torch.cat(owners)
+    index (0 .. n-1) of the request each belongs to (S,). The slots are looked up once per step (every layer shares
+    the block tables) and read with one indexing of the pool."""
+    if getattr(batch, "key_index", None) is None:
+        slots = [cache.slots_of(request) for request in batch.requests]  # (T_i,) each
+        batch.key_index = (torch.cat(slots).to(cache.k.device),
+                           torch.cat([torch.arange(len(s)) for s in slots]).to(cache.k.device),
+                           torch.cat([torch.full((len(s),), i) for i, s in enumerate(slots)]).to(cache.k.device))
+    slots, positions, owners = batch.key_index
+    block, offset = slots // cache.block_size, slots % cache.block_size
+    k = cache.k[layer][block, :, offset].transpose(0, 1)  # (S, h_kv, d) -> (h_kv, S, d)
+    v = cache.v[layer][block, :, offset].transpose(0, 1)
+    return k, v, positions, owners  # (h_kv, S, d) x 2, (S,) x 2
 
 
 def step_mask(batch, k_positions, k_owners, window: int | None = None) -> torch.Tensor:

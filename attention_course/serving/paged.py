@@ -184,6 +184,15 @@ class PagedKVCache:
         return (gather_blocks(self.k[layer], table, T, live),  # (h_kv, T, d)
                 gather_blocks(self.v[layer], table, T, live))
 
+    def slots_of(self, request) -> torch.Tensor:
+        """(T,) flat slot indices (block * block_size + offset) of ``request``'s tokens, in order; its table checked
+        against freed blocks."""
+        self._known(request)
+        table, T = self.tables[request], self.lengths[request]
+        table = check_block_table(table, self.num_blocks, T, self.block_size, torch.tensor(self.refs) > 0)
+        t = torch.arange(T)
+        return table[t // self.block_size] * self.block_size + t % self.block_size  # (T,)
+
     def snapshot(self) -> list:
         """For each block, the (request, first token, last token) entries that hold it (several when shared)."""
         held = [[] for _ in range(self.num_blocks)]

@@ -64,6 +64,7 @@ class StepBatch:
     slots: torch.Tensor
     cu: torch.Tensor
     sample: dict
+    key_index: tuple | None = None  # filled by the first attention layer: the slots, positions, owners of the keys
 
     @property
     def decode_tokens(self) -> int:
