@@ -1,0 +1,46 @@
+"""The exercise checkers of chapter 12: their private references are the package's (the block-diagonal mask, the
+gather through a block table, the scheduler's plan), right answers pass, and the stub is named. Every mutant of
+tests/mutants/ch12.py is run by tests/test_mutation.py."""
+import pytest
+import torch
+
+from attention_course.exercises import ExerciseError, ch12
+from attention_course.serving import PagedKVCache, Request, Scheduler, block_diagonal_mask, gather_blocks
+
+
+def test_block_reference_is_the_package_mask():
+    for _, cu in ch12._BLOCK_CASES:
+        assert torch.equal(ch12._block(cu), block_diagonal_mask(cu))
+
+
+def test_gather_reference_is_the_package_gather():
+    for _, pool, table, length in ch12._gather_cases():
+        assert torch.equal(ch12._gather(pool, table, length), gather_blocks(pool, table, length))
+
+
+def test_plan_reference_is_the_scheduler_plan():
+    """The scheduler plans decode tokens first, then prompt chunks cut to the budget: the checker's rule."""
+    cache = PagedKVCache(num_blocks=20, block_size=4, num_kv_heads=1, head_dim=2)
+    scheduler = Scheduler(cache, max_batch_tokens=8, chunk=8)
+    for rid, prompt in (("a", [1] * 5), ("b", [2]), ("c", [3] * 4)):
+        scheduler.submit(Request(rid, prompt, 3))
+    scheduler.update(batch := scheduler.schedule(), torch.zeros(len(batch.tokens), 4))  # a: 5, b: 1, c: 2 of 4
+    running = [(r.rid, len(r.prompt) - r.fed) for r in scheduler.running]
+    planned = scheduler.schedule()
+    sizes = [(rid, int(planned.cu[i + 1] - planned.cu[i])) for i, rid in enumerate(planned.requests)]
+    assert sizes == ch12._plan(running, 8)
+
+
+@pytest.mark.parametrize("checker", [ch12.check_block_mask, ch12.check_gather, ch12.check_plan_step])
+def test_the_stub_is_named(checker):
+    def stub(*args):
+        raise NotImplementedError()
+    with pytest.raises(ExerciseError, match="stub"):
+        checker(stub)
+
+
+def test_a_wrong_type_is_named():
+    with pytest.raises(ExerciseError, match="list of"):
+        ch12.check_plan_step(lambda running, budget: None)
+    with pytest.raises(ExerciseError, match="torch.Tensor"):
+        ch12.check_gather(lambda pool, table, length: table)
