@@ -213,15 +213,29 @@ def course_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2).contiguous(), weights  # (B, L, h, d)
 
 
-def register_course_attention() -> str:
-    """Register :func:`course_attention` with transformers under the name ``"course"`` (with transformers' boolean
-    SDPA mask) and return the name: ``model.set_attn_implementation("course")``, or ``attn_implementation="course"``
-    when building a model, then runs the course's core in every attention layer of any model written with
-    transformers' attention interface (Llama, Mistral, Qwen, ...), not only Llama."""
+def full_bool_mask(*args, **kwargs):
+    """transformers' boolean SDPA mask (True = may attend), always built in full. ``sdpa_mask`` itself returns None
+    where a causal mask without padding would do, because SDPA then runs with ``is_causal``; an attention function
+    that does not read ``is_causal`` (the course's) would then attend to the future."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+
+
+def register_attention(name: str, function) -> str:
+    """Register an attention function of the course with transformers under ``name``, with :func:`full_bool_mask`;
+    returns ``name``, for ``model.set_attn_implementation(name)`` or ``attn_implementation=name``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(COURSE_ATTENTION, course_attention)
-    AttentionMaskInterface.register(COURSE_ATTENTION, sdpa_mask)
-    return COURSE_ATTENTION
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, full_bool_mask)
+    return name
 
+
+def register_course_attention() -> str:
+    """Register :func:`course_attention` with transformers under the name ``"course"`` and return the name:
+    ``model.set_attn_implementation("course")``, or ``attn_implementation="course"`` when building a model, then
+    runs the course's core in every attention layer of any model written with transformers' attention interface
+    (Llama, Mistral, Qwen, ...), not only Llama."""
+    return register_attention(COURSE_ATTENTION, course_attention)

@@ -236,3 +236,18 @@ def test_the_course_core_through_transformers_attention_interface(prompts):
         if dtype == torch.float64:  # the tokens (float32's rounding apart, near-ties could differ)
             for use_cache in (True, False):
                 assert torch.equal(greedy(ours, ids, mask, use_cache), greedy(ref, ids, mask, use_cache))
+
+
+def test_the_course_core_is_causal_without_padding_too():
+    """Without padding transformers' SDPA mask is None (SDPA then runs with is_causal): the course's core, which
+    reads no is_causal, gets the full boolean mask instead, and stays causal."""
+    from attention_course.llama import register_course_attention
+
+    name = register_course_attention()
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(config()).double().eval()
+    ours = copy.deepcopy(ref)
+    ours.set_attn_implementation(name)
+    ids = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, atol=1e-12, rtol=0)

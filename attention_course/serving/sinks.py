@@ -127,13 +127,6 @@ def register_sink_attention(name: str = "course_sinks") -> str:
     """Register :func:`course_sink_attention` under ``name``, with transformers' bool SDPA mask built in full (SDPA's
     mask may be None where a causal mask without padding suffices: SDPA then passes is_causal, which this function,
     like the course's attention, does not read); returns ``name``, for ``model.set_attn_implementation(name)``."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from ..llama import register_attention
 
-    def bool_mask(*args, **kwargs):  # SDPA's bool mask, never None: None would stand for "causal" to SDPA alone
-        kwargs["allow_is_causal_skip"] = False
-        return sdpa_mask(*args, **kwargs)
-
-    AttentionInterface.register(name, course_sink_attention)
-    AttentionMaskInterface.register(name, bool_mask)
-    return name
+    return register_attention(name, course_sink_attention)
