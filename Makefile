@@ -136,12 +136,12 @@ test: book student
 
 # The quick loop while changing the package or a checker (well under a minute): unit and property tests of the
 # package, the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook
-# runs, no transformers (test_llama.py), and no test marked slow (pyproject.toml: worker processes, the sandbox,
+# runs, no transformers (test_llama.py, test_serving_transformers.py), and no test marked slow (pyproject.toml: worker processes, the sandbox,
 # nbgrader, inductor); make test runs them all.
 QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/test_grading_class.py \
 	tests/test_verdict.py tests/test_notebooks.py tests/test_alt_text.py tests/test_figure_text.py \
 	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py \
-	tests/test_llama.py,$(wildcard tests/test_*.py))
+	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py,$(wildcard tests/test_*.py))
 check: venv
 	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
 
@@ -167,7 +167,7 @@ lock: $(VENV)/.installed
 # transformers tests and every notebook (nbval). Not part of `make test` (minutes of downloads): run them before a
 # release, and when an upstream release lands.
 RANGE_TOOLS   := pytest>=8 pytest-xdist>=3.5 hypothesis>=6.100 nbval>=0.11 ipykernel>=6 packaging>=23
-RANGE_TESTS    = $(QUICK_TESTS) tests/test_llama.py notebooks
+RANGE_TESTS    = $(QUICK_TESTS) tests/test_llama.py tests/test_serving_transformers.py notebooks
 LATEST_PYTHON ?= python$(lastword $(PYTHONS_TESTED))
 OLDEST_PYTHON ?= python$(firstword $(PYTHONS_TESTED))
 test-latest: RANGE = latest
