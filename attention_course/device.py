@@ -67,7 +67,7 @@ def _release(version: str) -> tuple[int, ...]:
 def require_torch(minimum: str, chapter: str | None = None, version: str | None = None) -> None:
     """Stop, with one sentence and the command that fixes it, when the running torch is older than ``minimum``.
 
-    A chapter that needs a newer torch than the rest calls it in its first cell (``require_torch("2.12",
+    A chapter that needs a newer torch than the rest calls it in its first cell (``require_torch("2.13",
     chapter="11")``), so that an older torch fails there, plainly, and not halfway through or in a hung worker.
     ``version`` defaults to ``torch.__version__``; a local tag (``+cpu``) or a pre-release suffix is ignored.
     """

@@ -626,19 +626,19 @@ def test_the_subpackage_keeps_every_public_name_and_each_module_is_short():
 def test_require_torch_passes_a_new_enough_torch_and_stops_an_old_one_with_the_command():
     from attention_course.device import TorchTooOld, _release, require_torch
 
-    require_torch("2.12", chapter="11")  # this environment's torch
-    for version in ("2.12.0", "2.12.0+cpu", "2.12.0.dev20260101", "2.13.1", "3.0"):
-        require_torch("2.12", chapter="11", version=version)
-    for version in ("2.6.0+cu124", "2.11.0", "1.13"):
+    require_torch("2.13", chapter="11")  # this environment's torch
+    for version in ("2.13.0", "2.13.0+cpu", "2.13.0.dev20260101", "2.14.1", "3.0"):
+        require_torch("2.13", chapter="11", version=version)
+    for version in ("2.6.0+cu124", "2.12.1", "1.13"):
         with pytest.raises(TorchTooOld) as caught:
-            require_torch("2.12", chapter="11", version=version)
+            require_torch("2.13", chapter="11", version=version)
         text = str(caught.value)
-        assert text.startswith(f"Chapter 11 needs torch 2.12 or newer") and version in text
-        assert 'pip install -U "torch>=2.12"' in text
+        assert text.startswith(f"Chapter 11 needs torch 2.13 or newer") and version in text
+        assert 'pip install -U "torch>=2.13"' in text
         assert caught.value._render_traceback_() == [f"TorchTooOld: {text}"]  # no traceback in a notebook
     assert _release("2.6") == (2, 6, 0) and _release("2.12.1+cpu") == (2, 12, 1)
     with pytest.raises(ValueError, match="cannot read a version number"):
-        require_torch("2.12", version="nightly")
+        require_torch("2.13", version="nightly")
 
 
 def test_chapter_11_checks_its_torch_before_anything_distributed():
@@ -646,5 +646,5 @@ def test_chapter_11_checks_its_torch_before_anything_distributed():
 
     cells = json.loads((Path(__file__).parents[1] / "notebooks" / "11_distributed.ipynb").read_text())["cells"]
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
-    gate = first.index('require_torch("2.12", chapter="11")')
+    gate = first.index('require_torch("2.13", chapter="11")')
     assert gate < first.index("attention_course.distributed") and gate < first.index("attention_course.exercises")
