@@ -178,6 +178,16 @@ def _ms(seconds: float) -> str:
     return f"{ms:.2f}" if ms < 100 else f"{ms:.1f}" if ms < 10_000 else f"{ms:.0f}"
 
 
+def _fit(value: float, width: int, *formats: str) -> str:
+    """``value`` right-aligned in ``width`` characters with a space before it, in the first format that fits: a
+    table row keeps its width whatever the machine measures (a ratio of 12000 on a loaded machine, say)."""
+    for spec in formats:
+        text = format(value, spec)
+        if len(text) < width:
+            return text.rjust(width)
+    return format(value, ".0e").rjust(width)
+
+
 def _wrap(text: str) -> list[str]:
     """A long line of the report as lines of at most 79 characters."""
     return textwrap.wrap(text, 79, break_on_hyphens=False)
@@ -380,8 +390,9 @@ def attention_core(B=1, h=8, L=4096, d=64, block_size=256, repeats=5, masks=("no
             gflops = flops / t / 1e9
             results[mask, name] = dict(diff=diff, seconds=t, ratio=ratio, gflops=gflops, fraction=gflops / rate,
                                        peak=peak)
-            lines.append(f"{name:<31}{diff:>10.1e}{_ms(t):>8}{ratio:>7.2f}{gflops:>8.1f}"
-                         f"{gflops / rate:>6.0%}{peak / 2**20:>9.1f}")
+            lines.append(f"{name:<31}{diff:>10.1e}{_ms(t):>8}{_fit(ratio, 7, '.2f', '.0f')}"
+                         f"{_fit(gflops, 8, '.1f', '.0f')}{_fit(gflops / rate, 6, '.0%', '.0e')}"
+                         f"{_fit(peak / 2**20, 9, '.1f', '.0f')}")
     lines += ["", *_wrap(
         "parity with F.scaled_dot_product_attention checked before timing: ok (output at this size; output and "
         f"q, k, v gradients in float64 at (2, 2, {L_small}, 16){', except flex' if flex else ''})"

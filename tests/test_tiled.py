@@ -198,3 +198,12 @@ def test_core_parity_catches_a_wrong_implementation():
     no_scale = lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v  # noqa: E731
     with pytest.raises(AssertionError, match="forgot the scale: output"):
         bench.check_core_parity([right, no_scale], ("SDPA", "forgot the scale"), q, k, v, grads=True)
+
+
+@pytest.mark.parametrize("value", [0.5, 1.0, 99.999, 1234.5, 12345.6, 1.5e6, 3e12])
+def test_a_table_cell_keeps_its_width_whatever_is_measured(value):
+    """A row of the bench's tables must fit the page's column on any machine: a number too wide for its format
+    (a ratio of 12000 on a loaded machine) switches to a shorter one, never widens the row."""
+    for width, formats in ((7, (".2f", ".0f")), (8, (".1f", ".0f")), (6, (".0%", ".0e")), (9, (".1f", ".0f"))):
+        cell = bench._fit(value, width, *formats)
+        assert len(cell) == width and cell[0] == " ", (cell, width)
