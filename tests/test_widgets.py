@@ -1204,7 +1204,9 @@ def test_decode_pictures_say_what_they_show_and_follow_the_controls(page):
     ]
     assert words["live"] == [
         "Step t = 5 (of 0 to 7): the new token at position 5 has added its key and value, so the cache holds 6 "
-        "positions per KV head (positions 0 to 5). 4 query heads share 2 KV heads, 2 each (grouped-query attention): "
+        "positions per KV head (positions 0 to 5). Decode step: only position 5's key and value are computed now; "
+        "positions 0 to 4 are reused from the cache, not recomputed (position 0 at step 0, each later one at its own "
+        "step). 4 query heads share 2 KV heads, 2 each (grouped-query attention): "
         "query heads 0 and 1 read KV head 0 and query heads 2 and 3 read KV head 1. Sliding window W = 3: it reads "
         "positions 3 to 5; positions 0 to 2 are outside the window, and a rolling cache of 3 entries has dropped "
         "them. Cache per layer: 6,144 bytes; rolling cache: 3,072 bytes."]
@@ -1245,9 +1247,11 @@ def test_decode_tables_match_the_picture(page):
         for g in range(w.num_kv_heads):  # each KV head's picture: a position where read, hatching where not
             heads = [j for j, kv in enumerate(s["kv_head_of_query"]) if kv == g]
             name = f"Query heads {heads[0]} to {heads[-1]}" if len(heads) > 2 else f"Query heads {heads[0]} and {heads[1]}"
-            assert drawn_cells(widget, name) == [c.split(" ")[0].replace("read", str(p)).replace("not", "x")
-                                                 for r in reads["rows"] if r[0] in [f"q{j}" for j in heads]
-                                                 for p, c in enumerate(r[2:])]
+            drawn = drawn_cells(widget, name)  # the key computed at this step is starred ("6*"), the others reused
+            assert [c.rstrip("*") for c in drawn] == [c.split(" ")[0].replace("read", str(p)).replace("not", "x")
+                                                      for r in reads["rows"] if r[0] in [f"q{j}" for j in heads]
+                                                      for p, c in enumerate(r[2:])]
+            assert {c for c in drawn if c.endswith("*")} <= {f"{s['key_positions'][-1]}*"}
         assert [r[0].split(" ")[0] for r in sizes["rows"]] == [str(n) for n in range(w.steps)]
         assert sizes["rows"][w.step][0] == f"{w.step} (shown)"
         assert [[int(r[1]), int(r[3])] for r in sizes["rows"]] == s["entries_by_step"]
