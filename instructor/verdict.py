@@ -53,6 +53,11 @@ RULES = {
     "ex-ch10-window-mask": (["attention_course.decoding.decode_mask"], "*without* the package's `decode_mask`"),
     "ex-ch11-split-in-proj": (["attention_course.distributed.split_in_proj_by_heads"],
                               "*without* the package's `split_in_proj_by_heads`"),
+    "ex-ch12-block-mask": (["attention_course.serving.block_diagonal_mask",
+                            "attention_course.serving.packing.block_diagonal_mask"],
+                           "*without* the package's `block_diagonal_mask`"),
+    "ex-ch12-gather": (["attention_course.serving.gather_blocks", "attention_course.serving.paged.gather_blocks"],
+                       "*without* the package's `gather_blocks`"),
 }
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
