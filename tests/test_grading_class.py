@@ -116,7 +116,7 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
 
 def grade(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
-                          "--cell-timeout", "8", "--notebook-timeout", "40", "--memory", "1500M", *flags],
+                          "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return run
