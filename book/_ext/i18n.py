@@ -48,6 +48,9 @@ WORDS = {
         "togglebutton_hint_hide": "点击隐藏",
         "列印成 PDF": "打印为 PDF",
         "switch_title": "本页的中文版",
+        "outputs_note": ("关于本中文版：正文、练习、定理和图的说明都已译成中文；代码与英文版完全相同，"
+                         "代码运行时打印的内容（检查器的消息、打印出的表格）目前仍是英文。"
+                         "搜索中文时，可以直接输入词语，如“掩码”或“填充掩码”；词语之间用空格隔开也可以。"),
     },
     "en": {"Proof.": "Proof.", "switch_title": "This page in English"},
 }
@@ -104,6 +107,51 @@ def exercise_titles_translatable(app) -> None:
     app.add_directive("exercise-start", with_source(ExerciseStartDirective), override=True)
 
 
+# ---------------------------------------------------------------------------------------------- extraction
+def messages_as_read(app, doctree) -> None:
+    """The gettext builder extracts messages from the doctree as written, after the post-transforms, where myst-nb
+    has already chosen text over an output's image (gone with its alt text) and sphinx-exercise has rebuilt the
+    titles; Locale translates the doctree as read. So the messages are noted as read, and write_doc adds those
+    missing (extraction_of_read_messages)."""
+    if app.builder.name != "gettext":
+        return
+    from sphinx.util.nodes import extract_messages
+
+    found = []
+    for node, msg in extract_messages(doctree):
+        source, line, up = node.source, node.line, node
+        while (source is None or line is None) and up.parent is not None:
+            up = up.parent
+            source, line = source or up.source, line if line is not None else up.line
+        found.append((msg, source or str(app.env.doc2path(app.env.docname)), line or 0))
+    app.env.ac_messages_read = getattr(app.env, "ac_messages_read", {})
+    app.env.ac_messages_read[app.env.docname] = found
+
+
+def extraction_of_read_messages(app) -> None:
+    if app.builder.name != "gettext":
+        return
+    from sphinx.builders.gettext import MsgOrigin
+    from sphinx.util.i18n import docname_to_domain
+
+    write_doc = app.builder.write_doc
+
+    def write_doc_and_read_messages(docname, doctree):
+        write_doc(docname, doctree)
+        catalog = app.builder.catalogs[docname_to_domain(docname, app.config.gettext_compact)]
+        for msg, source, line in getattr(app.env, "ac_messages_read", {}).get(docname, []):
+            if msg not in catalog.metadata:
+                catalog.add(msg, MsgOrigin(source, line))
+        first = {m: min(line for _, line, _ in catalog.metadata[m]) for m in catalog.messages}
+        catalog.messages.sort(key=first.__getitem__)  # in the page's order
+
+    app.builder.write_doc = write_doc_and_read_messages
+
+
+def forget_messages(app, env, docname) -> None:
+    getattr(env, "ac_messages_read", {}).pop(docname, None)
+
+
 # ---------------------------------------------------------------------------------------------- "Proof."
 PROOF_MARK = "Proof. "
 
@@ -146,6 +194,19 @@ class ProofLabelIn(SphinxTransform):
 
 
 # ---------------------------------------------------------------------------------------------- the pages
+def edition_note(app, doctree) -> None:
+    """The Chinese introduction says once, plainly, that what the code prints stays English (and how to search)."""
+    note = words(app.config).get("outputs_note")
+    if not note or app.env.docname != app.config.root_doc:
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    title = next(iter(section.findall(nodes.title)), None)
+    box = nodes.note("", nodes.paragraph(text=note), classes=["ac-edition-note"])
+    section.insert(section.index(title) + 1 if title is not None else 0, box)
+
+
 def other_edition(config) -> tuple[str, str]:
     """(the other edition's language, the relative path from this edition's root to the other's)."""
     lang = language(config)
@@ -274,6 +335,10 @@ def setup(app):
     app.connect("config-inited", configure)
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
+    app.connect("doctree-read", edition_note)
+    app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
+    app.connect("env-purge-doc", forget_messages)
+    app.connect("builder-inited", extraction_of_read_messages)
     app.connect("html-page-context", page_context, priority=901)  # after colab_rendition's (900)
     app.connect("build-finished", translated_notebooks, priority=600)  # after colab_rendition's renditions (500)
     app.add_search_language(chinese_search_language())

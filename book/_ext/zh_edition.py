@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,13 +28,15 @@ LANGUAGE = "zh_CN"
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 
-def sphinx(builder: str, out: Path, doctrees: Path, overrides: dict, config: Path = ROOT / "_config.yml") -> int:
+def sphinx(builder: str, out: Path, doctrees: Path, overrides: dict, config: Path = ROOT / "_config.yml",
+           fresh: bool = False) -> int:
     from jupyter_book.sphinx import build_sphinx
 
-    overrides = {"external_toc_path": (ROOT / "_toc.yml").as_posix(), "nitpicky": True,
+    overrides = {"external_toc_path": (ROOT / "_toc.yml").as_posix(), "nitpicky": True, "latex_individualpages": False,
                  "nb_execution_cache_path": str(BUILD / ".jupyter_cache"), **overrides}
     result = build_sphinx(ROOT, out, noconfig=True, path_config=str(config), confoverrides=overrides,
-                          doctreedir=doctrees, builder=builder, warningiserror=True, keep_going=True)
+                          doctreedir=doctrees, builder=builder, warningiserror=True, keep_going=True,
+                          freshenv=fresh)
     if isinstance(result, Exception):
         raise result
     return result
@@ -70,6 +73,30 @@ def build(student: bool) -> int:
     return 0
 
 
+# What a message holds that is not words to translate: inline code, math, roles with their targets, numbers, marks.
+NOT_WORDS = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|[\W\d_]+", re.S)
+
+
+def code_only(msgid: str) -> bool:
+    """A message with nothing but code, math, numbers and punctuation ('`B`', '$QK^T$'): it reads the same in Chinese."""
+    return not re.search(r"[^\W\d_]", NOT_WORDS.sub(" ", msgid))
+
+
+def fill_code_only(locale: Path = LOCALE) -> int:
+    """Untranslated messages of code or math alone get themselves as translation (one translator's chore less)."""
+    import polib
+
+    filled = 0
+    for path in sorted((Path(locale) / LANGUAGE / "LC_MESSAGES").rglob("*.po")):
+        po, changed = polib.pofile(str(path), wrapwidth=0), False
+        for entry in po:
+            if not entry.obsolete and not entry.msgstr and code_only(entry.msgid):
+                entry.msgstr, changed, filled = entry.msgid, True, filled + 1
+        if changed:
+            po.save()
+    return filled
+
+
 def counts(locale: Path = LOCALE) -> list[dict]:
     """Per catalog: messages, translated, untranslated, fuzzy, and the English words still to translate."""
     import polib
@@ -104,12 +131,14 @@ def translations(check: bool) -> int:
     if not check:
         start = time.perf_counter()
         pot = BUILD / "gettext"
-        status = sphinx("gettext", pot, pot / ".doctrees", {})
+        status = sphinx("gettext", pot, pot / ".doctrees", {}, fresh=True)  # every page read: every message
         if status:
             return status
         subprocess.run([sys.executable, "-m", "sphinx_intl", "update", "-p", str(pot), "-l", LANGUAGE,
                         "-d", str(LOCALE), "-w", "0"], check=True, stdout=subprocess.DEVNULL)
-        print(f"catalogs updated in {time.perf_counter() - start:.0f} s")
+        filled = fill_code_only()
+        print(f"catalogs updated in {time.perf_counter() - start:.0f} s ({filled} messages of code or math alone "
+              "copied as their own translation)")
     rows = counts()
     print(table(rows))
     todo = sum(r["untranslated"] + r["fuzzy"] for r in rows)
