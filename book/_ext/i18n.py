@@ -224,6 +224,10 @@ def page_context(app, pagename, templatename, context, doctree) -> None:
                                      "title": w["switch_title"]}
     context["metatags"] = context.get("metatags", "") + (
         f'\n<link rel="alternate" hreflang="{HREFLANG[other]}" href="{url}" />')
+
+
+def fix_buttons(app, pagename, templatename, context, doctree) -> None:
+    """The Chinese edition's header buttons: "打印为 PDF", and Colab opening the Chinese rendition."""
     if language(app) == "en":
         return
     fixes = words(app.config)
@@ -332,14 +336,16 @@ def chinese_search_language():
 
 
 def setup(app):
-    app.connect("config-inited", configure)
+    app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
     app.connect("doctree-read", edition_note)
     app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
     app.connect("env-purge-doc", forget_messages)
     app.connect("builder-inited", extraction_of_read_messages)
-    app.connect("html-page-context", page_context, priority=901)  # after colab_rendition's (900)
+    # the switch before the theme drops templates that render empty (pydata-sphinx-theme, priority 500)
+    app.connect("html-page-context", page_context, priority=100)
+    app.connect("html-page-context", fix_buttons, priority=901)  # after colab_rendition's Colab button (900)
     app.connect("build-finished", translated_notebooks, priority=600)  # after colab_rendition's renditions (500)
     app.add_search_language(chinese_search_language())
     return {"parallel_read_safe": True, "parallel_write_safe": True}

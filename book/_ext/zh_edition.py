@@ -1,11 +1,11 @@
 """The Chinese edition's commands (book/locale/MAKEFILE-SNIPPET.txt calls them; book/_ext/i18n.py explains the design).
 
-    python book/_ext/zh_edition.py build [--student]   the Chinese site, after the English one: Jupyter Book's own
+    python book/_ext/zh_edition.py build [--student] [--all]   the Chinese site, after the English one: Jupyter Book's own
         build with ``language = zh_CN``, the English build's execution cache (nothing is executed again unless a
         notebook's code changed since), -W -n --keep-going; into _build/zh/html (its doctrees and executed copies
         beside it, in _build/zh/), then copied to _build/html/zh/ where the English pages link to it.
         --student: the student edition (``student_edition = True``, no Colab button), into _build/zh/student/html,
-        copied to _build/student/html/zh/.
+        copied to _build/student/html/zh/. --all: write every page (as jupyter-book's --all).
     python book/_ext/zh_edition.py translations [--check]   extract the messages of every page (Sphinx's gettext
         builder into _build/gettext), update the catalogs of book/locale with sphinx-intl (a changed English sentence
         becomes a new, untranslated message, or a fuzzy one where gettext finds the old one close), and list per file
@@ -29,20 +29,20 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 
 def sphinx(builder: str, out: Path, doctrees: Path, overrides: dict, config: Path = ROOT / "_config.yml",
-           fresh: bool = False) -> int:
+           fresh: bool = False, force_all: bool = False) -> int:
     from jupyter_book.sphinx import build_sphinx
 
     overrides = {"external_toc_path": (ROOT / "_toc.yml").as_posix(), "nitpicky": True, "latex_individualpages": False,
                  "nb_execution_cache_path": str(BUILD / ".jupyter_cache"), **overrides}
     result = build_sphinx(ROOT, out, noconfig=True, path_config=str(config), confoverrides=overrides,
                           doctreedir=doctrees, builder=builder, warningiserror=True, keep_going=True,
-                          freshenv=fresh)
+                          freshenv=fresh, force_all=force_all)
     if isinstance(result, Exception):
         raise result
     return result
 
 
-def build(student: bool) -> int:
+def build(student: bool, force_all: bool = False) -> int:
     start = time.perf_counter()
     where = BUILD / "zh" / ("student" if student else "")
     out, published = where / "html", BUILD / ("student" if student else "") / "html" / "zh"
@@ -53,7 +53,7 @@ def build(student: bool) -> int:
 
         where.mkdir(parents=True, exist_ok=True)
         config = student_config(where)
-    status = sphinx("html", out, where / ".doctrees", {"language": LANGUAGE}, config)
+    status = sphinx("html", out, where / ".doctrees", {"language": LANGUAGE}, config, force_all=force_all)
     if status:
         shutil.rmtree(out, ignore_errors=True)
         print(f"The Chinese build failed: {out} removed.")
@@ -150,7 +150,7 @@ def translations(check: bool) -> int:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["build"]:
-        sys.exit(build("--student" in args))
+        sys.exit(build("--student" in args, "--all" in args))
     if args[:1] == ["translations"]:
         sys.exit(translations("--check" in args))
     sys.exit(__doc__)
