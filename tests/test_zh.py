@@ -133,6 +133,17 @@ def test_every_message_is_translated(catalog):
         f"{(untranslated + fuzzy)[0][:70]!r} (`make translations` lists them; book/locale/TRANSLATING.md)")
 
 
+def test_the_chinese_build_shows_no_message_in_english():
+    """What the last Chinese build found untranslated, page by page (book/_ext/i18n.py, MessagesShownInEnglish): a
+    changed English sentence is listed here until its catalog is updated and the new sentence translated."""
+    report = ZH.parents[1] / "zh" / "untranslated.json"
+    if not report.exists():
+        pytest.fail(f"no {report}: build the Chinese edition (book/_ext/zh_edition.py build)")
+    left = json.loads(report.read_text())
+    assert not left, "shown in English: " + "; ".join(f"{doc}: {len(msgs)} ({msgs[0][:50]!r} ...)"
+                                                      for doc, msgs in left.items())
+
+
 def test_a_catalog_per_page():
     missing = [page for page in PAGES if not any(c.as_posix().endswith(f"LC_MESSAGES/{page}.po") for c in CATALOGS)]
     assert not missing, f"pages without a catalog: {missing} (`make translations` makes them)"

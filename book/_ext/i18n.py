@@ -35,6 +35,8 @@ from sphinx.transforms import SphinxTransform
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 LOCALE_DIR = "book/locale"
 SECOND = {"zh_CN": ("zh/", "../")}  # language -> (its site's folder under the English site's root, the way back)
 NAMES = {"en": "English", "zh_CN": "中文"}  # each language names itself, in its own script
@@ -150,6 +152,41 @@ def extraction_of_read_messages(app) -> None:
 
 def forget_messages(app, env, docname) -> None:
     getattr(env, "ac_messages_read", {}).pop(docname, None)
+    getattr(env, "ac_untranslated", {}).pop(docname, None)
+
+
+class MessagesShownInEnglish(SphinxTransform):
+    """In a translated build, just before Locale: the page's messages that its catalog does not translate (missing,
+    empty or fuzzy), code-only ones apart. An English sentence changed since its translation is one of them until
+    the catalog is updated. Written to ``untranslated.json`` beside the site (tests/test_zh.py reads it)."""
+
+    default_priority = 19  # Locale is 20
+
+    def apply(self):
+        if language(self.config) == "en" or self.app.builder.name == "gettext":
+            return
+        from sphinx.util.nodes import extract_messages
+        from translate_notebooks import catalog_for
+        from zh_edition import code_only
+
+        catalog = catalog_for(self.env.docname, language(self.config), ROOT / LOCALE_DIR)
+        left = [msg for _, msg in extract_messages(self.document) if msg not in catalog and not code_only(msg)]
+        self.env.ac_untranslated = getattr(self.env, "ac_untranslated", {})
+        self.env.ac_untranslated[self.env.docname] = list(dict.fromkeys(left))
+
+
+def report_untranslated(app, exception) -> None:
+    if exception or language(app) == "en" or app.builder.name == "gettext":
+        return
+    left = {doc: msgs for doc, msgs in sorted(getattr(app.env, "ac_untranslated", {}).items())
+            if msgs and doc in app.env.found_docs}
+    (Path(app.outdir).parent / "untranslated.json").write_text(json.dumps(left, indent=1, ensure_ascii=False) + "\n")
+    if left:
+        from sphinx.util import logging
+
+        logging.getLogger(__name__).info(
+            "%d messages shown in English, untranslated in %d catalogs (`make translations` lists them)",
+            sum(map(len, left.values())), len(left))
 
 
 # ---------------------------------------------------------------------------------------------- "Proof."
@@ -339,6 +376,8 @@ def setup(app):
     app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
+    app.add_transform(MessagesShownInEnglish)
+    app.connect("build-finished", report_untranslated)
     app.connect("doctree-read", edition_note)
     app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
     app.connect("env-purge-doc", forget_messages)
