@@ -1,9 +1,9 @@
 """The built website against WCAG 2.1 AA, in a headless Chromium driven by Playwright (see tests/test_site.py).
 
 axe-core (pinned in book/_ext/offline_site.py and fetched by the build into book/_vendor/tests/, never served on the
-site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on both editions
-(the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, and the student edition beside it in
-``_build/student/html``), in light and dark mode and at 1280 px (desktop) and 390 px (phone): no violation allowed.
+site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition
+(the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
+``_build/student/html``, and the Chinese edition of each in its ``zh/``), in light and dark mode and at 1280 px (desktop) and 390 px (phone): no violation allowed.
 Each page opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px,
 to dark mode (the colour-mode button, clicked), and back to 1280 px, axe running at each step. Every formula must
 carry the MathML screen readers read. Plus the focus indicator of the site's controls: each control reached with
@@ -26,7 +26,9 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
 
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
-EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html"}
+# The Chinese edition of each (book/_ext/i18n.py) lies in its zh/ folder.
+EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
+            "zh-student": SITE.parent / "student" / "html" / "zh"}
 MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
 # Each page is shown in each mode and at each width, in this order: one change at a time.
@@ -89,7 +91,7 @@ def served():
     def url(edition):
         folder = EDITIONS[edition]
         if not (folder / "index.html").exists():
-            if edition == "full":
+            if edition in ("full", "zh"):
                 pytest.fail(f"no built site in {folder}: run `make book` first")
             pytest.skip(f"no student edition in {folder}: run `make student` first")
         if edition not in urls:
