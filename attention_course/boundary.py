@@ -22,9 +22,14 @@ the next :meth:`Learner.fork` starts a fresh one.
 
 Grading (instructor/check_server.py) forks one learner process per submission and chapter and hands the chapter's
 checkers :class:`Remote` functions; in a learner's own notebook the checkers get the function itself, as always.
+:meth:`Remote.apply` runs a function of the package on the learner's function in its process and brings back its
+plain-data result: the parcel that ships a function by value to worker processes (chapter 11) is such data, so a
+checker that ships the function can take it from there; what the workers send back is read with :func:`decode`,
+and their exceptions rebuilt with :func:`rebuilt` from :func:`exception_data`, the same way.
 """
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -189,6 +194,15 @@ def _serve(inbox: int, outbox: int, namespace: dict, guard) -> None:  # the lear
                 answer = {"kind": "ok", "value": sorted(name for name, value in namespace.items()
                                                          if type(name) is str and not name.startswith("__")
                                                          and (name not in before or before[name] is not value))}
+            elif op == "apply":  # a function of the package applied to the learner's function (say, to ship it)
+                module, _, attr = request["function"].partition(":")
+                if module.split(".")[0] != "attention_course":
+                    raise ValueError(f"apply takes a function of attention_course, not {module}")
+                found = getattr(importlib.import_module(module), attr)(namespace[request["name"]])
+                try:
+                    answer = {"kind": "ok", "value": plain(found, f"{request['function']} returned")}
+                except Refused as refusal:
+                    answer = {"kind": "refused", "what": str(refusal)}
             else:  # call
                 answer = _call(namespace, request, guard, used)
         except BaseException as error:  # noqa: BLE001  (the learner's code may raise anything)
@@ -349,8 +363,15 @@ class Learner:
         value = self.request(op="names")["value"]
         return [name for name in value if type(name) is str] if type(value) is list else []
 
+    def apply(self, function: str, name: str):
+        """``function`` (``"attention_course.module:name"``) applied to the learner's ``name`` in the learner
+        process: its plain-data result (chapter 11's checkers get the parcel that ships a function to workers)."""
+        return self.answer(self.request(op="apply", function=function, name=name), ())
+
     def call(self, name: str, args: tuple, kwargs: dict, context=None):
-        message = self.request(op="call", name=name, args=args, kwargs=kwargs, context=context)
+        return self.answer(self.request(op="call", name=name, args=args, kwargs=kwargs, context=context), args)
+
+    def answer(self, message: dict, args: tuple):
         kind = message["kind"]
         if kind == "raised":
             raise rebuilt(message)
@@ -425,9 +446,13 @@ class Remote:
     def __call__(self, *args, **kwargs):
         return self.learner.call(self.name, args, kwargs, self.context)
 
+    def apply(self, function: str):
+        """``function`` of the package applied to this function in its learner process (see Learner.apply)."""
+        return self.learner.apply(function, self.name)
+
     def __repr__(self) -> str:
         return f"<{self.name}, run in a process of its own>"
 
 
 __all__ = ["DATA", "Learner", "LearnerError", "Refused", "Remote", "Stopped", "decode", "describe", "encode",
-           "plain", "rebuilt", "strict"]
+           "exception_data", "plain", "rebuilt", "strict"]

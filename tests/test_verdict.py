@@ -206,6 +206,9 @@ def test_the_boundary_takes_back_plain_data_and_refuses_the_rest_by_name(learner
         with pytest.raises(Refused, match=words):
             Remote(learner, name)()
     assert "double" in learner.names() and "torch" not in learner.names()
+    assert Remote(learner, "double").apply("attention_course.boundary:describe").startswith("a function")
+    with pytest.raises(ValueError, match="takes a function of attention_course"):
+        Remote(learner, "double").apply("os:system")
 
 
 def test_the_learners_exceptions_come_back_as_themselves(learner):
