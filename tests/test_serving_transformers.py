@@ -10,7 +10,7 @@ from transformers import (ContinuousBatchingConfig, GenerationConfig, GptOssConf
 
 from attention_course.llama import swap_into_llama  # noqa: E402
 from attention_course.serving import (PagedKVCache, Request, Scheduler, register_sink_attention,  # noqa: E402
-                                      serve_llama)
+                                      paged_implementation, serve_llama)
 
 
 def test_scheduler_on_a_llama_matches_generate_batch():
@@ -23,7 +23,7 @@ def test_scheduler_on_a_llama_matches_generate_batch():
     greedy = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
     with torch.no_grad():
         alone = [model.generate(torch.tensor([p]), generation_config=greedy)[0, len(p):].tolist() for p in prompts]
-        model.set_attn_implementation("paged|sdpa")
+        model.set_attn_implementation(paged_implementation())
         out = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=(
             ContinuousBatchingConfig(page_size=4, num_blocks=16, max_batch_tokens=16)))
         model.set_attn_implementation("sdpa")

@@ -10,7 +10,7 @@
 * ``model``: ``TinyDecoder`` and ``generate_static``, a small model to serve and its static-batching baseline;
 * ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course.
 """
-from .attention import paged_self_attention, serve_llama, step_keys, step_mask
+from .attention import paged_implementation, paged_self_attention, serve_llama, step_keys, step_mask
 from .model import TinyDecoder, generate_static
 from .packing import (block_diagonal_mask, check_cu_seqlens, cu_seqlens, pack, packed_attention, packed_positions,
                       padding_waste, sequence_ids, unpack)
@@ -25,6 +25,6 @@ __all__ = [
     "block_diagonal_mask", "check_block_table", "check_cu_seqlens", "course_sink_attention", "cu_seqlens",
     "gather_blocks", "generate_static", "merge_partials", "pack", "packed_attention", "packed_positions",
     "paged_self_attention", "paged_slots", "padding_waste", "partial_attention", "preallocated_slots",
-    "register_sink_attention", "sequence_ids", "serve_llama", "sink_attention", "step_keys", "step_mask",
+    "paged_implementation", "register_sink_attention", "sequence_ids", "serve_llama", "sink_attention", "step_keys", "step_mask",
     "streaming_mask", "unpack",
 ]

@@ -111,3 +111,13 @@ def serve_llama(model):
         return out.logits[0]  # (N, V)
 
     return forward
+
+
+def paged_implementation() -> str:
+    """The attention implementation to give a transformers model before ``generate_batch``: ``"paged|sdpa"`` up to
+    transformers 5.18, plain ``"sdpa"`` from 5.19 on, which deprecates the prefix (a FutureWarning: "The `paged|`
+    prefix is no longer needed")."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "paged|sdpa" if (major, minor) < (5, 19) else "sdpa"
