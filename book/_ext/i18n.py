@@ -1,0 +1,390 @@
+"""Sphinx extension (``local_extensions`` in _config.yml): the Chinese edition, 中文版, from the same notebooks.
+
+The English notebooks are the one source. Their Markdown is translated through Sphinx's gettext catalogs,
+``book/locale/zh_CN/LC_MESSAGES/<document>.po`` (one per page; ``make translations`` makes and updates them, and
+book/locale/TRANSLATING.md says how to fill them); code cells are never extracted, and their outputs come from the
+shared execution cache, so code and outputs are the English build's (tests/test_zh.py compares them).
+``book/_ext/zh_edition.py`` builds the edition with ``language = zh_CN`` into ``_build/zh/html`` and copies it to
+``_build/html/zh/``. This extension, loaded by both builds, does what gettext alone does not:
+
+1. Catalogs: ``locale_dirs`` is book/locale, one catalog per document (``gettext_compact = False``), and the alt
+   texts of the figures (cell metadata, ``mystnb.image.alt``) are messages too (``gettext_additional_targets``).
+2. Exercise titles (``{exercise} title``) become messages: sphinx-exercise builds them without a source, which
+   gettext skips; here the title node gets the directive's raw argument, roles and math kept.
+3. sphinx-proof writes "Proof. " into the text of a proof's first paragraph; it is taken out before translation (so
+   the message is the sentence alone) and put back afterwards in the page's language ("证明．").
+4. Every page gets a link to the same page in the other edition (``templates/language-switch.html``, before the
+   article's buttons), ``<link rel="alternate" hreflang>`` in its head; Sphinx writes ``<html lang="zh-CN">``.
+5. In the Chinese edition: the theme strings set in configuration (the search box's text, the toggle hints), the
+   theme's own "列印成 PDF" (its zh_CN catalog's Taiwan wording) made "打印为 PDF", the Colab button pointed at the
+   Chinese rendition (``zh/_colab/...``), the download button and the renditions made from notebooks translated with
+   the catalogs (book/_ext/translate_notebooks.py).
+6. Chinese search: Sphinx indexes Chinese with jieba (a dev requirement); a query typed without spaces is cut
+   here, in the browser, into the longest words the index holds (``splitQuery`` below), so "填充掩码的形状" finds
+   what "填充 掩码 形状" finds.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.transforms import SphinxTransform
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+LOCALE_DIR = "book/locale"
+SECOND = {"zh_CN": ("zh/", "../")}  # language -> (its site's folder under the English site's root, the way back)
+NAMES = {"en": "English", "zh_CN": "中文"}  # each language names itself, in its own script
+HREFLANG = {"en": "en", "zh_CN": "zh-CN"}
+# Strings the configuration or an extension sets, which no catalog translates.
+WORDS = {
+    "zh_CN": {
+        "Proof.": "证明．",
+        "search_bar_text": "搜索本书……",
+        "togglebutton_hint": "点击显示",
+        "togglebutton_hint_hide": "点击隐藏",
+        "列印成 PDF": "打印为 PDF",
+        "switch_title": "本页的中文版",
+        "outputs_note": ("关于本中文版：正文、练习、定理和图的说明都已译成中文；代码与英文版完全相同，"
+                         "代码运行时打印的内容（检查器的消息、打印出的表格）目前仍是英文。"
+                         "搜索中文时，可以直接输入词语，如“掩码”或“填充掩码”；词语之间用空格隔开也可以。"),
+    },
+    "en": {"Proof.": "Proof.", "switch_title": "This page in English"},
+}
+
+
+def language(app_or_config) -> str:
+    config = getattr(app_or_config, "config", app_or_config)
+    return config.language or "en"
+
+
+def words(config) -> dict:
+    return {**WORDS["en"], **WORDS.get(language(config), {})}
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+def configure(app, config) -> None:
+    config.locale_dirs = [str(ROOT / LOCALE_DIR)]
+    config.gettext_compact = False
+    config.gettext_uuid = False
+    config.gettext_location = True
+    config.gettext_additional_targets = sorted({*config.gettext_additional_targets, "image"})
+    options = config.html_theme_options
+    ends = list(options.get("article_header_end") or ["article-header-buttons.html"])
+    if "language-switch.html" not in ends:
+        options["article_header_end"] = ["language-switch.html", *ends]
+    if language(config) != "en":
+        w = words(config)
+        options["search_bar_text"] = w["search_bar_text"]
+        config.togglebutton_hint = w["togglebutton_hint"]
+        config.togglebutton_hint_hide = w["togglebutton_hint_hide"]
+    exercise_titles_translatable(app)
+
+
+def exercise_titles_translatable(app) -> None:
+    """``{exercise}`` / ``{exercise-start}`` with a title: the subtitle node gets the raw title and a source."""
+    from sphinx_exercise.directive import ExerciseDirective, ExerciseStartDirective
+    from sphinx_exercise.nodes import exercise_subtitle
+
+    def with_source(base):
+        class Translatable(base):
+            def run(self):
+                made = super().run()
+                if self.arguments:
+                    source, line = self.get_source_info()
+                    for node in made:
+                        for sub in node.findall(exercise_subtitle):
+                            sub.rawsource, sub.source, sub.line = self.arguments[0], source, line
+                return made
+
+        Translatable.__name__ = f"Translatable{base.__name__}"
+        return Translatable
+
+    app.add_directive("exercise", with_source(ExerciseDirective), override=True)
+    app.add_directive("exercise-start", with_source(ExerciseStartDirective), override=True)
+
+
+# ---------------------------------------------------------------------------------------------- extraction
+def messages_as_read(app, doctree) -> None:
+    """The gettext builder extracts messages from the doctree as written, after the post-transforms, where myst-nb
+    has already chosen text over an output's image (gone with its alt text) and sphinx-exercise has rebuilt the
+    titles; Locale translates the doctree as read. So the messages are noted as read, and write_doc adds those
+    missing (extraction_of_read_messages)."""
+    if app.builder.name != "gettext":
+        return
+    from sphinx.util.nodes import extract_messages
+
+    found = []
+    for node, msg in extract_messages(doctree):
+        source, line, up = node.source, node.line, node
+        while (source is None or line is None) and up.parent is not None:
+            up = up.parent
+            source, line = source or up.source, line if line is not None else up.line
+        found.append((msg, source or str(app.env.doc2path(app.env.docname)), line or 0))
+    app.env.ac_messages_read = getattr(app.env, "ac_messages_read", {})
+    app.env.ac_messages_read[app.env.docname] = found
+
+
+def extraction_of_read_messages(app) -> None:
+    if app.builder.name != "gettext":
+        return
+    from sphinx.builders.gettext import MsgOrigin
+    from sphinx.util.i18n import docname_to_domain
+
+    write_doc = app.builder.write_doc
+
+    def write_doc_and_read_messages(docname, doctree):
+        write_doc(docname, doctree)
+        catalog = app.builder.catalogs[docname_to_domain(docname, app.config.gettext_compact)]
+        for msg, source, line in getattr(app.env, "ac_messages_read", {}).get(docname, []):
+            if msg not in catalog.metadata:
+                catalog.add(msg, MsgOrigin(source, line))
+        first = {m: min(line for _, line, _ in catalog.metadata[m]) for m in catalog.messages}
+        catalog.messages.sort(key=first.__getitem__)  # in the page's order
+
+    app.builder.write_doc = write_doc_and_read_messages
+
+
+def forget_messages(app, env, docname) -> None:
+    getattr(env, "ac_messages_read", {}).pop(docname, None)
+    getattr(env, "ac_untranslated", {}).pop(docname, None)
+
+
+class MessagesShownInEnglish(SphinxTransform):
+    """In a translated build, just before Locale: the page's messages that its catalog does not translate (missing,
+    empty or fuzzy), code-only ones apart. An English sentence changed since its translation is one of them until
+    the catalog is updated. Written to ``untranslated.json`` beside the site (tests/test_zh.py reads it)."""
+
+    default_priority = 19  # Locale is 20
+
+    def apply(self):
+        if language(self.config) == "en" or self.app.builder.name == "gettext":
+            return
+        from sphinx.util.nodes import extract_messages
+        from translate_notebooks import catalog_for
+        from zh_edition import code_only
+
+        catalog = catalog_for(self.env.docname, language(self.config), ROOT / LOCALE_DIR)
+        left = [msg for _, msg in extract_messages(self.document) if msg not in catalog and not code_only(msg)]
+        self.env.ac_untranslated = getattr(self.env, "ac_untranslated", {})
+        self.env.ac_untranslated[self.env.docname] = list(dict.fromkeys(left))
+
+
+def report_untranslated(app, exception) -> None:
+    if exception or language(app) == "en" or app.builder.name == "gettext":
+        return
+    left = {doc: msgs for doc, msgs in sorted(getattr(app.env, "ac_untranslated", {}).items())
+            if msgs and doc in app.env.found_docs}
+    (Path(app.outdir).parent / "untranslated.json").write_text(json.dumps(left, indent=1, ensure_ascii=False) + "\n")
+    if left:
+        from sphinx.util import logging
+
+        logging.getLogger(__name__).info(
+            "%d messages shown in English, untranslated in %d catalogs (`make translations` lists them)",
+            sum(map(len, left.values())), len(left))
+
+
+# ---------------------------------------------------------------------------------------------- "Proof."
+PROOF_MARK = "Proof. "
+
+
+def _first_paragraph(admonition):
+    return next(iter(admonition.findall(nodes.paragraph)), None)
+
+
+class ProofLabelOut(SphinxTransform):
+    """Before translation: "Proof. " out of the first paragraph of each proof (text and rawsource)."""
+
+    default_priority = 15  # before Locale (20)
+
+    def apply(self):
+        for box in self.document.findall(nodes.admonition):
+            if box["classes"][:2] != ["proof", "proof"]:  # sphinx-proof's {prf:proof} (a theorem's is [proof, theorem])
+                continue
+            para = _first_paragraph(box)
+            if para is None or not para.children or not isinstance(para.children[0], nodes.Text):
+                continue
+            text = str(para.children[0])
+            if text.startswith(PROOF_MARK):
+                para.replace(para.children[0], nodes.Text(text[len(PROOF_MARK):]))
+                para.rawsource = para.rawsource[len(PROOF_MARK):] if para.rawsource.startswith(PROOF_MARK) \
+                    else para.rawsource
+                para["ac_proof_label"] = True
+
+
+class ProofLabelIn(SphinxTransform):
+    """After translation: the label back at the paragraph's start, in the page's language."""
+
+    default_priority = 26  # after Locale (20) and its follow-ups (25)
+
+    def apply(self):
+        label = words(self.config)["Proof."]
+        for para in self.document.findall(nodes.paragraph):
+            if para.get("ac_proof_label"):
+                para.insert(0, nodes.Text(label + ("" if label.endswith("．") else " ")))
+                del para["ac_proof_label"]
+
+
+# ---------------------------------------------------------------------------------------------- the pages
+def edition_note(app, doctree) -> None:
+    """The Chinese introduction says once, plainly, that what the code prints stays English (and how to search)."""
+    note = words(app.config).get("outputs_note")
+    if not note or app.env.docname != app.config.root_doc:
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    title = next(iter(section.findall(nodes.title)), None)
+    box = nodes.note("", nodes.paragraph(text=note), classes=["ac-edition-note"])
+    section.insert(section.index(title) + 1 if title is not None else 0, box)
+
+
+def other_edition(config) -> tuple[str, str]:
+    """(the other edition's language, the relative path from this edition's root to the other's)."""
+    lang = language(config)
+    if lang == "en":
+        return "zh_CN", SECOND["zh_CN"][0]
+    return "en", SECOND[lang][1]
+
+
+def page_context(app, pagename, templatename, context, doctree) -> None:
+    other, prefix = other_edition(app.config)
+    up = "../" * pagename.count("/")
+    url = f"{up}{prefix}{pagename}.html"
+    w = {**WORDS["en"], **WORDS.get(other, {})}
+    context["ac_language_switch"] = {"url": url, "text": NAMES[other], "hreflang": HREFLANG[other],
+                                     "title": w["switch_title"]}
+    context["metatags"] = context.get("metatags", "") + (
+        f'\n<link rel="alternate" hreflang="{HREFLANG[other]}" href="{url}" />')
+
+
+def fix_buttons(app, pagename, templatename, context, doctree) -> None:
+    """The Chinese edition's header buttons: "打印为 PDF", and Colab opening the Chinese rendition."""
+    if language(app) == "en":
+        return
+    fixes = words(app.config)
+    prefix_here = SECOND[language(app)][0]
+
+    def walk(buttons):
+        for button in buttons or []:
+            if isinstance(button, dict):
+                for key in ("tooltip", "text", "label"):
+                    if isinstance(button.get(key), str) and button[key] in fixes:
+                        button[key] = fixes[button[key]]
+                url = str(button.get("url", ""))
+                if "colab.research.google.com" in url and "/_colab/" in url and f"/{prefix_here}_colab/" not in url:
+                    button["url"] = url.replace("/_colab/", f"/{prefix_here}_colab/")
+                walk(button.get("buttons"))
+
+    walk(context.get("header_buttons"))
+
+
+# ---------------------------------------------------------------------------------------------- notebooks
+RENDITION_WORDS = {  # colab_rendition.py's fixed English, in the rendition of the Chinese edition
+    "zh_CN": [
+        (re.compile(r"^(#+ )Solution to (.+?) \(click to show\)$", re.M), r"\1\2 的解答（点击显示）"),
+        (re.compile(r"^(#+ )(.+?) \(continued\)$", re.M), r"\1\2（续）"),
+        (re.compile(r"^#@title Solution \(click to show\)$", re.M), "#@title 解答（点击显示）"),
+        (re.compile(r"\*\*Proof\.\*\*"), "**证明．**"),
+        (re.compile(r"\bExercise (\d+\.\d+)"), r"练习 \1"),
+        (re.compile(r"\bTheorem (\d+\.\d+)"), r"定理 \1"),
+    ],
+}
+COLAB_NOTE_ZH = ("> *Colab 版。* 这份笔记本把书中的练习、定理和带编号的公式写成了 Colab 能显示的普通 Markdown；"
+                 "解答折叠在“……的解答”标题下（点击显示）。请先运行第一个代码单元：它会安装本课程的软件包。"
+                 "代码和它打印的内容（检查器的消息、表格）保持英文。")
+
+
+def translated_notebooks(app, exception) -> None:
+    """The Chinese edition's notebooks: the download button's copy (``_sources/``) and the Colab renditions,
+    translated with the catalogs of this build."""
+    if exception or language(app) == "en" or getattr(app.builder, "format", None) != "html":
+        return
+    if getattr(app.config, "student_edition", False):
+        return  # book/_ext/zh_edition.py serves the student notebooks, translated (the sources hold the solutions)
+    sys.path.insert(0, str(HERE))
+    import colab_rendition
+    from translate_notebooks import catalog_for, translate_notebook
+
+    lang = language(app)
+    for docname in sorted(d for d in app.env.found_docs if str(app.env.doc2path(d)).endswith(".ipynb")):
+        source = json.loads(Path(app.env.doc2path(docname)).read_text())
+        translated, _missing = translate_notebook(source, catalog_for(docname, lang, ROOT / LOCALE_DIR))
+        served = Path(app.outdir) / "_sources" / f"{docname}.ipynb"
+        served.parent.mkdir(parents=True, exist_ok=True)
+        served.write_text(json.dumps(translated, indent=1, ensure_ascii=False) + "\n")
+        if not app.config.html_theme_options.get("launch_buttons", {}).get("colab_url", ""):
+            continue  # the student edition: no renditions
+        rendition = colab_rendition.render_notebook(translated, colab_rendition._context(app, docname))
+        for cell in rendition["cells"]:
+            text = "".join(cell["source"])
+            if text == colab_rendition.COLAB_NOTE:
+                text = COLAB_NOTE_ZH
+            elif cell["cell_type"] == "markdown" or text.startswith("#@title"):
+                for pattern, new in RENDITION_WORDS.get(lang, []):
+                    text = pattern.sub(new, text)
+            cell["source"] = text.splitlines(keepends=True)
+        target = Path(app.outdir) / colab_rendition.RENDITION_DIR / f"{docname}.ipynb"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(rendition, indent=1, ensure_ascii=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- search
+# Sphinx's splitQuery for Chinese splits a query at spaces and punctuation only: "填充掩码" is one term, which the
+# index (jieba's words: 填充, 掩码, 填充掩码 ...) may not hold. This one cuts each run of Han characters into the
+# longest words the index holds, from the left; a single character the index lacks is dropped (Sphinx drops
+# one-character words from the index, and a term no page holds would leave no result).
+SPLIT_QUERY = r"""
+var splitQuery = (query) => {
+  const terms = (typeof Search !== "undefined" && Search._index) ? Search._index.terms : {};
+  const known = (w) => Object.prototype.hasOwnProperty.call(terms, w);
+  const out = [];
+  for (const part of query.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu)) {
+    for (const run of part.split(/(\p{Script=Han}+)/u)) {
+      if (!run) continue;
+      if (!/\p{Script=Han}/u.test(run)) { out.push(run); continue; }
+      let i = 0;
+      while (i < run.length) {
+        let j = Math.min(run.length, i + 8);
+        while (j > i + 1 && !known(run.slice(i, j))) j--;
+        const word = run.slice(i, j);
+        if (word.length > 1 || known(word)) out.push(word);
+        i = j;
+      }
+    }
+  }
+  return out;
+};
+"""
+
+
+def chinese_search_language():
+    from sphinx.search.zh import SearchChinese
+
+    class SearchChineseCourse(SearchChinese):
+        js_splitter_code = SPLIT_QUERY
+
+    return SearchChineseCourse
+
+
+def setup(app):
+    app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
+    app.add_transform(ProofLabelOut)
+    app.add_transform(ProofLabelIn)
+    app.add_transform(MessagesShownInEnglish)
+    app.connect("build-finished", report_untranslated)
+    app.connect("doctree-read", edition_note)
+    app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
+    app.connect("env-purge-doc", forget_messages)
+    app.connect("builder-inited", extraction_of_read_messages)
+    # the switch before the theme drops templates that render empty (pydata-sphinx-theme, priority 500)
+    app.connect("html-page-context", page_context, priority=100)
+    app.connect("html-page-context", fix_buttons, priority=901)  # after colab_rendition's Colab button (900)
+    app.connect("build-finished", translated_notebooks, priority=600)  # after colab_rendition's renditions (500)
+    app.add_search_language(chinese_search_language())
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

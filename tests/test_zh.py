@@ -1,0 +1,253 @@
+"""The Chinese edition (中文版): one source, translated text, identical code (book/_ext/i18n.py, book/locale/).
+
+- code: every code cell of every page, and its outputs, are the English edition's (figures' alt texts apart: they
+  are the translations of the English ones);
+- catalogs: no message untranslated or fuzzy (this fails while translators are at work: ``make translations`` lists
+  what is left);
+- prose: no English sentence left in a Chinese page: a run of MIN_ENGLISH_WORDS or more Latin-script words in the
+  article's text, outside code, math, keyboard keys, outputs, links to API documentation and the names in NAMES;
+- the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
+- drift: a changed English sentence becomes an untranslated message, and the Chinese page shows the new English
+  sentence (never the stale translation) until the catalog is updated (a scratch book, built here);
+- the notebooks made from the catalogs (book/_ext/translate_notebooks.py): Markdown translated, code untouched.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from test_site import PAGES, SITE
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import translate_notebooks  # noqa: E402
+import zh_edition  # noqa: E402
+
+ZH = SITE / "zh"
+CATALOGS = sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES").rglob("*.po"))
+MIN_ENGLISH_WORDS = 4
+# Names that stay as they are in Chinese text (titles of works, products): a short list, not a way around the rule.
+NAMES = ["Attention Is All You Need", "Dive into Deep Learning", "Jupyter Book", "Google Colab", "JupyterLab",
+         "PyTorch", "Flash Attention", "FlashAttention"]
+SKIPPED = "pre, code, kbd, samp, script, style, .math, mjx-container, .cell_output, .cell_input, .ac-language-switch"
+bs4 = pytest.importorskip("bs4")
+
+
+def soup(path: Path):
+    return bs4.BeautifulSoup(path.read_text(), "html.parser")
+
+
+def built(page: str):
+    en, zh = SITE / f"{page}.html", ZH / f"{page}.html"
+    if not en.exists():
+        pytest.fail(f"no {en}: run `make book` first")
+    if not zh.exists():
+        pytest.fail(f"no {zh}: the Chinese edition is built by `make book` (book/_ext/zh_edition.py build)")
+    return soup(en), soup(zh)
+
+
+def cells(page_soup) -> list[tuple[str, str, list]]:
+    """(code, outputs' HTML without alt texts, the alt texts) of every code cell of a page, in order."""
+    found = []
+    for cell in page_soup.select("div.cell"):
+        code = "\n".join(pre.get_text() for pre in cell.select(".cell_input pre"))
+        outputs = cell.select(".cell_output")
+        alts = [img.get("alt") for out in outputs for img in out.select("img")]
+        for out in outputs:
+            for img in out.select("img"):
+                del img["alt"]
+        found.append((code, "".join(str(o) for o in outputs), alts))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ the built editions
+@pytest.mark.parametrize("page", PAGES)
+def test_code_and_outputs_are_the_english_editions(page):
+    en, zh = built(page)
+    en_cells, zh_cells = cells(en), cells(zh)
+    assert len(zh_cells) == len(en_cells), f"{page}: {len(en_cells)} code cells in English, {len(zh_cells)} in Chinese"
+    catalog = translate_notebooks.catalog_for(page)
+    for n, ((code, out, alts), (zh_code, zh_out, zh_alts)) in enumerate(zip(en_cells, zh_cells)):
+        assert zh_code == code, f"{page}, code cell {n}: the Chinese edition's code differs"
+        assert zh_out == out, f"{page}, code cell {n}: the Chinese edition's outputs differ"
+        assert zh_alts == [catalog.get(a, a) for a in alts], f"{page}, code cell {n}: alt texts {zh_alts}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_switches_to_the_other_language_and_back(page):
+    en, zh = built(page)
+    assert en.html.get("lang") == "en" and zh.html.get("lang") == "zh-CN", (en.html.get("lang"), zh.html.get("lang"))
+    for here, there, target, lang in ((en, SITE / f"{page}.html", ZH / f"{page}.html", "zh-CN"),
+                                      (zh, ZH / f"{page}.html", SITE / f"{page}.html", "en")):
+        links = here.select("a.ac-language-switch")
+        assert len(links) == 1, f"{there}: {len(links)} language switches"
+        assert links[0].get("hreflang") == lang and links[0].get("lang") == lang and links[0].get_text(strip=True)
+        assert (there.parent / links[0]["href"]).resolve() == target.resolve(), f"{there}: switch to {links[0]['href']}"
+
+
+def english_runs(page_soup) -> list[str]:
+    """Runs of MIN_ENGLISH_WORDS or more Latin-script words in the article's text (SKIPPED elements and NAMES
+    apart), each with a little context."""
+    article = page_soup.select_one("article") or page_soup
+    for skipped in article.select(SKIPPED):
+        skipped.decompose()
+    for link in article.select("a[href]"):
+        if re.search(r"(pytorch\.org|python\.org|numpy\.org|huggingface\.co)/.*(docs|api|generated)", link["href"]):
+            link.decompose()  # a link to an API's documentation: its name, usually a qualified one
+    text = re.sub(r"\s+", " ", article.get_text(" "))
+    for name in NAMES:
+        text = text.replace(name, " ")
+    word = r"[A-Za-z][A-Za-z'’-]*"
+    return [m.group(0) for m in re.finditer(rf"{word}(?:[ ,;:]+{word}){{{MIN_ENGLISH_WORDS - 1},}}", text)]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_english_sentence_left_in_a_chinese_page(page):
+    _, zh = built(page)
+    runs = english_runs(zh)
+    assert not runs, f"zh/{page}.html: {len(runs)} English runs left, e.g. " + "; ".join(r[:60] for r in runs[:5])
+
+
+def test_the_english_rule_finds_english_and_spares_code_math_and_names():
+    page = bs4.BeautifulSoup(
+        "<article><p>这一句是中文，带 <code>torch.nn.functional.softmax</code> 和 <span class='math'>\\(Q K^T\\)</span>。"
+        "</p><p>Attention Is All You Need 这篇论文。</p><div class='cell_output'><pre>all checks passed for "
+        "this exercise</pre></div><p>This sentence was left in English.</p></article>", "html.parser")
+    assert english_runs(page) == ["This sentence was left in English"]
+
+
+@pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())
+def test_every_message_is_translated(catalog):
+    import polib
+
+    entries = [e for e in polib.pofile(str(catalog)) if not e.obsolete]
+    untranslated = [e.msgid for e in entries if not e.msgstr]
+    fuzzy = [e.msgid for e in entries if e.msgstr and "fuzzy" in e.flags]
+    assert not untranslated and not fuzzy, (
+        f"{catalog.name}: {len(untranslated)} untranslated and {len(fuzzy)} fuzzy of {len(entries)} messages, e.g. "
+        f"{(untranslated + fuzzy)[0][:70]!r} (`make translations` lists them; book/locale/TRANSLATING.md)")
+
+
+def test_the_chinese_build_shows_no_message_in_english():
+    """What the last Chinese build found untranslated, page by page (book/_ext/i18n.py, MessagesShownInEnglish): a
+    changed English sentence is listed here until its catalog is updated and the new sentence translated."""
+    report = ZH.parents[1] / "zh" / "untranslated.json"
+    if not report.exists():
+        pytest.fail(f"no {report}: build the Chinese edition (book/_ext/zh_edition.py build)")
+    left = json.loads(report.read_text())
+    assert not left, "shown in English: " + "; ".join(f"{doc}: {len(msgs)} ({msgs[0][:50]!r} ...)"
+                                                      for doc, msgs in left.items())
+
+
+def test_a_catalog_per_page():
+    missing = [page for page in PAGES if not any(c.as_posix().endswith(f"LC_MESSAGES/{page}.po") for c in CATALOGS)]
+    assert not missing, f"pages without a catalog: {missing} (`make translations` makes them)"
+
+
+def test_chinese_search_index_holds_chinese_words():
+    index = ZH / "searchindex.js"
+    if not index.exists():
+        pytest.fail(f"no {index}: build the Chinese edition")
+    terms = json.loads(re.search(r"Search\.setIndex\((.*)\)\s*$", index.read_text(), re.S).group(1))["terms"]
+    chinese = [t for t in terms if re.search(r"[\u4e00-\u9fff]", t)]
+    assert len(chinese) > 10, "no Chinese words in the index: is jieba installed?"
+    assert "掩码" in terms, "the index has no 掩码 (mask): is chapter 3 translated?"
+
+
+# ------------------------------------------------------------------------------------------------ the notebooks
+NOTEBOOK = {"cells": [
+    {"cell_type": "markdown", "metadata": {}, "source": ["# Padding and masks\n", "\n", "A mask says which keys\n",
+                                                         "a query may see.\n", "\n", "- Padding masks\n",
+                                                         "  hide pads.\n", "\n", "| Mask | Shape |\n", "|---|---|\n",
+                                                         "| causal | (L, L) |\n", "\n",
+                                                         ":::{exercise} The mask's shape\n", ":label: ex-1\n",
+                                                         "Write it.\n", ":::\n"]},
+    {"cell_type": "code", "metadata": {"mystnb": {"image": {"alt": "A heat map of the causal mask of 5 tokens."}}},
+     "source": ["# A mask says which keys\n", "mask = causal(5)"], "outputs": [], "execution_count": None}],
+    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+CATALOG = {"Padding and masks": "填充与掩码", "A mask says which keys a query may see.": "掩码规定查询能看到哪些键。",
+           "Padding masks hide pads.": "填充掩码遮住填充位。", "Mask": "掩码", "Shape": "形状", "causal": "因果",
+           "The mask's shape": "掩码的形状", "Write it.": "写出它。",
+           "A heat map of the causal mask of 5 tokens.": "5 个词元的因果掩码的热力图。", "Not in the notebook.": "不在。"}
+
+
+def test_a_notebook_translated_with_its_catalog():
+    translated, missing = translate_notebooks.translate_notebook(NOTEBOOK, CATALOG)
+    text = "".join(translated["cells"][0]["source"])
+    assert text == ("# 填充与掩码\n\n掩码规定查询能看到哪些键。\n\n- 填充掩码遮住填充位。\n\n| 掩码 | 形状 |\n|---|---|\n"
+                    "| 因果 | (L, L) |\n\n:::{exercise} 掩码的形状\n:label: ex-1\n写出它。\n:::\n")
+    code = translated["cells"][1]
+    assert code["source"] == NOTEBOOK["cells"][1]["source"], "a code cell was changed"
+    assert code["metadata"]["mystnb"]["image"]["alt"] == CATALOG["A heat map of the causal mask of 5 tokens."]
+    assert missing == {"Not in the notebook."}
+    assert "".join(NOTEBOOK["cells"][0]["source"]).startswith("# Padding"), "the source notebook was changed"
+
+
+def test_the_chinese_notebooks_keep_every_code_cell():
+    """The download button's notebooks (``zh/_sources``): the English code cells, all of them, unchanged."""
+    for page in PAGES:
+        source = ROOT / f"{page}.ipynb"
+        if not source.exists():
+            continue
+        served = ZH / "_sources" / f"{page}.ipynb"
+        if not served.exists():
+            pytest.fail(f"no {served}: build the Chinese edition")
+        code = lambda nb: [c["source"] for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]  # noqa
+        assert code(served) == code(source), f"{served}: its code cells are not the English notebook's"
+
+
+# ------------------------------------------------------------------------------------------------ drift
+SCRATCH_CONF = """
+extensions = ["myst_parser"]
+language = "en"
+locale_dirs = ["locale"]
+gettext_compact = False
+"""
+
+
+def sphinx_build(book: Path, builder: str, out: str, language: str | None = None) -> None:
+    command = [sys.executable, "-m", "sphinx", "-q", "-W", "-b", builder, str(book), str(book / out),
+               "-d", str(book / f".doctrees-{out}")]
+    if language:
+        command += ["-D", f"language={language}"]
+    subprocess.run(command, check=True, capture_output=True)
+
+
+def catalog_state(book: Path) -> dict:
+    subprocess.run([sys.executable, "-m", "sphinx_intl", "update", "-p", str(book / "pot"), "-l", "zh_CN",
+                    "-d", str(book / "locale")], check=True, capture_output=True)
+    return {r["file"]: r for r in zh_edition.counts(book / "locale")}["zh_CN/LC_MESSAGES/index.po"]
+
+
+def test_a_changed_english_sentence_is_untranslated_until_updated(tmp_path):
+    pytest.importorskip("sphinx_intl")
+    polib = pytest.importorskip("polib")
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "conf.py").write_text(SCRATCH_CONF)
+    page = book / "index.md"
+    page.write_text("# Masks\n\nA mask hides the keys a query must not see.\n")
+    sphinx_build(book, "gettext", "pot")
+    assert catalog_state(book)["untranslated"] == 2
+    po_path = book / "locale" / "zh_CN" / "LC_MESSAGES" / "index.po"
+    po = polib.pofile(str(po_path))
+    for entry in po:
+        entry.msgstr = {"Masks": "掩码", "A mask hides the keys a query must not see.": "掩码遮住查询不该看到的键。"}[entry.msgid]
+    po.save()
+    assert catalog_state(book)["untranslated"] == 0
+    sphinx_build(book, "html", "html", "zh_CN")
+    assert "掩码遮住查询不该看到的键。" in (book / "html" / "index.html").read_text()
+
+    page.write_text("# Masks\n\nA padding mask hides the keys that are only padding.\n")  # the English changes
+    sphinx_build(book, "gettext", "pot")
+    state = catalog_state(book)
+    assert state["untranslated"] + state["fuzzy"] == 1 and state["translated"] == 1, state
+    sphinx_build(book, "html", "html", "zh_CN")
+    shown = (book / "html" / "index.html").read_text()
+    assert "A padding mask hides the keys that are only padding." in shown and "掩码遮住" not in shown
+    assert "掩码" in shown  # the heading, unchanged, keeps its translation
