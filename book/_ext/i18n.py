@@ -364,10 +364,24 @@ var splitQuery = (query) => {
 
 
 def chinese_search_language():
-    from sphinx.search.zh import SearchChinese
+    from sphinx.search.zh import JIEBA, SearchChinese
+    if JIEBA:
+        import jieba
 
     class SearchChineseCourse(SearchChinese):
         js_splitter_code = SPLIT_QUERY
+
+        # Sphinx 7 keeps the Latin words seen in a list shared by every instance and searches it for each word it
+        # stems: a minute of the Chinese build went there. A set per index gives the same stems.
+        def init(self, options):
+            super().init(options)
+            self.latin_terms = set()
+
+        def split(self, input):
+            chinese = list(jieba.cut_for_search(input)) if JIEBA else []
+            latin1 = [term.strip() for term in self.latin1_letters.findall(input)]
+            self.latin_terms.update(latin1)
+            return chinese + latin1
 
     return SearchChineseCourse
 

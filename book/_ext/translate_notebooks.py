@@ -16,6 +16,7 @@ cell metadata (``mystnb.image.alt``) are translated whole.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import sys
@@ -38,6 +39,7 @@ def catalog_for(docname: str, language: str = "zh_CN", locale: Path = LOCALE) ->
     return {e.msgid: e.msgstr for e in polib.pofile(str(path)) if e.msgstr and "fuzzy" not in e.flags and not e.obsolete}
 
 
+@functools.lru_cache(maxsize=None)  # every cell is searched for every message of its page: compile each once
 def _pattern(msgid: str) -> re.Pattern:
     words = msgid.split()
     return re.compile("(" + BEFORE + ")(" + r"\s+".join(map(re.escape, words)) + ")" + AFTER)
