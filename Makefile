@@ -34,7 +34,7 @@ UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
-.PHONY: book test check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations
+.PHONY: book book-en book-zh test check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
@@ -83,9 +83,9 @@ $(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
 # `rm -rf book/_vendor` refetches.
 # A failed build leaves no site behind (it could be served, or published, with the failure on its pages); the next
 # build writes every page again, and executes again every notebook whose run failed (book/_ext/failed_runs.py).
-book: venv _build/.package-stamp
-	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf $(SITE); echo "The build failed: $(SITE) removed."; exit 1; }
-	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf $(SITE); echo "The Chinese build failed: $(SITE) removed."; exit 1; }
+# The English edition first (it executes the notebooks), then the Chinese one from its cache; `make test` builds the
+# student edition beside the Chinese one (two jobs).
+book: book-zh
 	@echo
 	@echo "The site is in $(SITE), its Chinese edition in $(SITE)/zh. To read it:  $(BIN)/python -m http.server -d $(SITE) 8000  then open http://127.0.0.1:8000 (Chinese: http://127.0.0.1:8000/zh/)"
 
@@ -94,7 +94,13 @@ book: venv _build/.package-stamp
 # that no page shows outputs of an older package, and Sphinx's saved environment, without which it would re-read
 # only the notebooks that changed. (An unchanged rebuild still comes from the cache.)
 # Its byte-code is written here too (see venv:), with the interpreter the environments are made from.
-_build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css')
+book-en: venv _build/.package-stamp
+	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf $(SITE); echo "The build failed: $(SITE) removed."; exit 1; }
+book-zh: book-en
+	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf $(SITE); echo "The Chinese build failed: $(SITE) removed."; exit 1; }
+
+# The same after a change of the locked versions (make lock): the notebooks run again with what is installed.
+_build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css') $(VENV)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees
 	$(PYTHON) -m compileall -q attention_course >/dev/null
 	mkdir -p _build && touch $@
@@ -108,8 +114,8 @@ $(GRADER)/.installed: $(GRADER_LOCK) | $(VENV)/.installed
 # with hide_solutions from the notebooks the book just executed. Built again only when what it is made from changed.
 STUDENT_SOURCES := $(wildcard notebooks/*.ipynb) _config.yml _toc.yml $(wildcard instructor/*.py) \
 	$(shell find book -path book/_vendor -prune -o -type f -print)
-student: book _build/.student-stamp
-_build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed | book
+student: book-en _build/.student-stamp
+_build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed | book-en
 	$(BIN)/python -m instructor.student
 	$(BIN)/python book/_ext/zh_edition.py build --student
 	touch $@

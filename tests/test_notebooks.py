@@ -1,6 +1,7 @@
 """The notebooks are sources: these tests keep them clean and consistent with the book's configuration.
 
-(Executing them is nbval's job: `pytest` collects notebooks/*.ipynb with --nbval-lax.)
+(Executing them is the build's job: `make test` builds the book, which runs every notebook in a fresh kernel and
+fails on an error; tests/test_built_pages.py reads what it made. `pytest notebooks/NN_name.ipynb` runs one with nbval.)
 """
 import json
 import re
