@@ -307,6 +307,7 @@ class Learner:
                 os.close(to_child)
                 os.close(from_child)
                 os.setsid()
+                torch.set_num_threads(1)  # the parent's OpenMP threads are not in the fork: a parallel op would hang
                 if prepare is not None:
                     prepare()
                 mapped = _statm(os.getpid(), 0)
@@ -344,14 +345,18 @@ class Learner:
         self.used.extend(name for name in used if type(name) is str and name not in self.used)
         if message["kind"] == "memory":
             self.kill()
-            raise Stopped(f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB)")
+            raise Stopped(self.over_memory(""))
         return message
 
     def watch(self) -> None:
         if _statm(self.pid, 1) - self.base > self.memory:
             self.kill()
-            raise Stopped(f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB "
-                          f"resident)")
+            raise Stopped(self.over_memory(" resident"))
+
+    def over_memory(self, kind: str) -> str:
+        return (f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB{kind}) and was "
+                f"stopped there: keep fewer or smaller tensors (a loop that keeps every step's result? a size "
+                f"computed wrong?)")
 
     def run(self, code: str, filename: str) -> BaseException | None:
         """Execute ``code`` in the learner's namespace: None, or the exception it raised (rebuilt here)."""
