@@ -23,9 +23,10 @@ the next :meth:`Learner.fork` starts a fresh one.
 Grading (instructor/check_server.py) forks one learner process per submission and chapter and hands the chapter's
 checkers :class:`Remote` functions; in a learner's own notebook the checkers get the function itself, as always.
 :meth:`Remote.apply` runs a function of the package on the learner's function in its process and brings back its
-plain-data result: the parcel that ships a function by value to worker processes (chapter 11) is such data, so a
-checker that ships the function can take it from there; what the workers send back is read with :func:`decode`,
-and their exceptions rebuilt with :func:`rebuilt` from :func:`exception_data`, the same way.
+plain-data result, the same way. Chapter 11's checkers, which run the learner's function in worker processes, use
+it: the learner process ships the function to the workers, launches them and collects what they send back; only
+that, as plain data (their exceptions as :func:`exception_data`, rebuilt here with :func:`rebuilt`), reaches the
+checker, which judges it where no learner code ran. One mechanism for every checker.
 """
 from __future__ import annotations
 
@@ -155,9 +156,11 @@ def exception_data(error: BaseException) -> dict:
 
 
 def rebuilt(message: dict) -> BaseException:
-    """The learner's exception, here: the same built-in or torch type, else a LearnerError of the same name."""
+    """The learner's exception, here: the same built-in, torch or package type (a checker's ExerciseError from a
+    launch in the learner process, say), else a LearnerError of the same name."""
     module, name, args, text = message["module"], message["type"], message["args"], message["text"]
-    if type(module) is str and type(name) is str and (module == "builtins" or module.split(".")[0] == "torch"):
+    if type(module) is str and type(name) is str and (module == "builtins" or
+                                                      module.split(".")[0] in ("torch", "attention_course")):
         found = sys.modules.get(module)
         for part in name.split("."):
             found = getattr(found, part, None)
@@ -198,7 +201,7 @@ def _serve(inbox: int, outbox: int, namespace: dict, guard) -> None:  # the lear
                 module, _, attr = request["function"].partition(":")
                 if module.split(".")[0] != "attention_course":
                     raise ValueError(f"apply takes a function of attention_course, not {module}")
-                found = getattr(importlib.import_module(module), attr)(namespace[request["name"]])
+                found = getattr(importlib.import_module(module), attr)(namespace[request["name"]], *request["args"])
                 try:
                     answer = {"kind": "ok", "value": plain(found, f"{request['function']} returned")}
                 except Refused as refusal:
@@ -368,10 +371,10 @@ class Learner:
         value = self.request(op="names")["value"]
         return [name for name in value if type(name) is str] if type(value) is list else []
 
-    def apply(self, function: str, name: str):
-        """``function`` (``"attention_course.module:name"``) applied to the learner's ``name`` in the learner
-        process: its plain-data result (chapter 11's checkers get the parcel that ships a function to workers)."""
-        return self.answer(self.request(op="apply", function=function, name=name), ())
+    def apply(self, function: str, name: str, *args):
+        """``function(learner's name, *args)`` (``function``: ``"attention_course.module:name"``) run in the learner
+        process: its plain-data result. Chapter 11's checkers so launch their worker processes from there."""
+        return self.answer(self.request(op="apply", function=function, name=name, args=args), ())
 
     def call(self, name: str, args: tuple, kwargs: dict, context=None):
         return self.answer(self.request(op="call", name=name, args=args, kwargs=kwargs, context=context), args)
@@ -451,9 +454,10 @@ class Remote:
     def __call__(self, *args, **kwargs):
         return self.learner.call(self.name, args, kwargs, self.context)
 
-    def apply(self, function: str):
-        """``function`` of the package applied to this function in its learner process (see Learner.apply)."""
-        return self.learner.apply(function, self.name)
+    def apply(self, function: str, *args):
+        """``function`` of the package applied to this function (and ``args``) in its learner process (see
+        Learner.apply)."""
+        return self.learner.apply(function, self.name, *args)
 
     def __repr__(self) -> str:
         return f"<{self.name}, run in a process of its own>"
