@@ -17,8 +17,8 @@ lines on its standard input and output, a channel its children cannot reach:
    costs that exercise alone: the next one forks a fresh process. The functions the exercise forbids raise during
    the student's calls (in the learner process). A checker that runs the student's function in worker processes
    (chapter 11) has the learner process launch them: only their plain-data results come back. For an exercise of
-   verdict.IN_CHILD (its checker builds and differentiates the student's layer: chapters 6 and 7) it forks a fresh child that runs the
-   definitions and the check cell; there, every value the student's code returns must be a plain tensor or a plain
+   verdict.IN_CHILD (its checker builds and differentiates the student's layer: chapters 6 and 7) it forks a fresh
+   child that runs the definitions and the check cell; there, every value the student's code returns must be a plain tensor or a plain
    Python value, and after the check the child compares the package's and torch's functions with a snapshot taken
    before the student's code ran, and refuses a verdict if one changed, or if a thread or a trace hook is left; it
    reports on a pipe of its own. No child holds this process's channel, and this process is not dumpable (its
