@@ -264,3 +264,5 @@ def test_the_strict_reader_refuses_any_object_but_plain_data():
 def test_the_exercises_that_still_run_beside_the_students_code_exist():
     checked = {e.label for path in chapters() for e in exercises(path) if e.checked}
     assert set(verdict.IN_CHILD) <= checked
+    # only the checkers that build and differentiate a layer: chapter 11's workers are started over the boundary
+    assert all("layer" in why for why in verdict.IN_CHILD.values()) and not any("ch11" in e for e in verdict.IN_CHILD)
