@@ -152,7 +152,7 @@ def same(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data)
 def test_plain_data_crosses_the_boundary_as_itself(value):
     """For all plain data: plain() there, torch.save, torch.load(weights_only=True) and the strict check here give
