@@ -1,18 +1,18 @@
 """Verdicts a submission cannot write: each checked exercise re-run apart from the student's notebook.
 
-nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells
-did (rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark.
-Here the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap
-sandbox as the notebooks and starts from the chapter's code cells as the instructor released them. For each
-submission it forks one learner process (attention_course/boundary.py) that runs only the definitions of the
-student's solution cells, exercise by exercise; the server runs each check cell as released, with the checker from
-the package, in itself, and the checker calls the student's functions in the learner process: what comes back is
-plain data (torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message
-are computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its
-process costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids
-(:data:`RULES`) raise during the student's calls. The exercises of :data:`IN_CHILD` (chapters 6 and 7's layers) still
-run their check in a child beside the student's code, with an integrity check after it. Verdicts come back on the server's standard
-output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
+nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells did
+(rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark. Here
+the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap sandbox
+as the notebooks and starts from the chapter's code cells as the instructor released them. For each submission it
+forks one learner process (attention_course/boundary.py) that runs only the definitions of the student's solution
+cells, exercise by exercise; the server runs each check cell as released, with the checker from the package, in
+itself, and the checker calls the student's functions in the learner process: what comes back is plain data
+(torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message are
+computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its process
+costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids (:data:`RULES`)
+raise during the student's calls. The exercises of :data:`IN_CHILD` (chapters 6 and 7's layers) still run their
+check in a child beside the student's code, with an integrity check after it. Verdicts come back on the server's
+standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
 
 What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names
 code attacking the grader needs, for review by hand.
