@@ -23,9 +23,10 @@ the next :meth:`Learner.fork` starts a fresh one.
 Grading (instructor/check_server.py) forks one learner process per submission and chapter and hands the chapter's
 checkers :class:`Remote` functions; in a learner's own notebook the checkers get the function itself, as always.
 :meth:`Remote.apply` runs a function of the package on the learner's function in its process and brings back its
-plain-data result: the parcel that ships a function by value to worker processes (chapter 11) is such data, so a
-checker that ships the function can take it from there; what the workers send back is read with :func:`decode`,
-and their exceptions rebuilt with :func:`rebuilt` from :func:`exception_data`, the same way.
+plain-data result, the same way. Chapter 11's checkers, which run the learner's function in worker processes, use
+it: the learner process ships the function to the workers, launches them and collects what they send back; only
+that, as plain data (their exceptions as :func:`exception_data`, rebuilt here with :func:`rebuilt`), reaches the
+checker, which judges it where no learner code ran. One mechanism for every checker.
 """
 from __future__ import annotations
 
@@ -86,22 +87,27 @@ def plain(value, where: str, seen=None):
     ``torch.return_types``: tuples), or :class:`Refused` saying what it is."""
     seen = set() if seen is None else seen
     kind = type(value)
+    if kind is bytes and not value:  # torch.save writes b"" as a call of bytes(), which weights_only refuses
+        raise Refused(f"{where} empty bytes (b''), which the strict reader cannot carry: {DATA} only")
     if kind in PLAIN or kind is torch.dtype:
         return value
     if kind in (torch.Tensor, torch.nn.Parameter):
         if value.layout is not torch.strided or value.is_quantized:
             raise Refused(f"{where} a tensor of layout {value.layout}: {DATA} only")
         return value.detach().cpu().clone().resolve_conj().resolve_neg()
-    if id(value) in seen:
+    if id(value) in seen:  # the containers around this one: a cycle (the same value twice is fine)
         raise Refused(f"{where} a container that holds itself")
     seen.add(id(value))
-    if kind in (tuple, list, torch.Size) or kind.__module__ == "torch.return_types":
-        items = [plain(item, where, seen) for item in value]
-        return items if kind is list else tuple(items)
-    if kind is dict:
-        if not all(type(key) in (str, int) for key in value):
-            raise Refused(f"{where} a dict whose keys are not all str or int: {DATA} only")
-        return {key: plain(item, where, seen) for key, item in value.items()}
+    try:
+        if kind in (tuple, list, torch.Size) or kind.__module__ == "torch.return_types":
+            items = [plain(item, where, seen) for item in value]
+            return items if kind is list else tuple(items)
+        if kind is dict:
+            if not all(type(key) in (str, int) for key in value):
+                raise Refused(f"{where} a dict whose keys are not all str or int: {DATA} only")
+            return {key: plain(item, where, seen) for key, item in value.items()}
+    finally:
+        seen.discard(id(value))
     raise Refused(f"{where} {describe(value)}: grading takes {DATA} only")
 
 
@@ -155,9 +161,11 @@ def exception_data(error: BaseException) -> dict:
 
 
 def rebuilt(message: dict) -> BaseException:
-    """The learner's exception, here: the same built-in or torch type, else a LearnerError of the same name."""
+    """The learner's exception, here: the same built-in, torch or package type (a checker's ExerciseError from a
+    launch in the learner process, say), else a LearnerError of the same name."""
     module, name, args, text = message["module"], message["type"], message["args"], message["text"]
-    if type(module) is str and type(name) is str and (module == "builtins" or module.split(".")[0] == "torch"):
+    if type(module) is str and type(name) is str and (module == "builtins" or
+                                                      module.split(".")[0] in ("torch", "attention_course")):
         found = sys.modules.get(module)
         for part in name.split("."):
             found = getattr(found, part, None)
@@ -177,47 +185,53 @@ def _memory_error(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or "can't allocate memory" in str(error) or "out of memory" in str(error)
 
 
-def _serve(inbox: int, outbox: int, namespace: dict, guard) -> None:  # the learner process's loop
+def _serve(inbox: int, outbox: int, namespace: dict, guard) -> None:  # pragma: no cover (learner process)
+    """The learner process's loop: a request in, its answer out, until the checking process closes the channel.
+    (Coverage does not follow a fork; tests/test_boundary.py runs every line of it.)"""
     before = dict(namespace)
     used: list[str] = []
     while True:
         request = _read(inbox, None, limit=float("inf"))
         if request is None:
             os._exit(0)
-        request = pickle.loads(request)
-        op = request["op"]
-        try:
-            if op == "exec":
-                exec(compile(request["code"], request["filename"], "exec"), namespace)
-                answer = {"kind": "ok", "value": None}
-            elif op == "names":
-                answer = {"kind": "ok", "value": sorted(name for name, value in namespace.items()
-                                                         if type(name) is str and not name.startswith("__")
-                                                         and (name not in before or before[name] is not value))}
-            elif op == "apply":  # a function of the package applied to the learner's function (say, to ship it)
-                module, _, attr = request["function"].partition(":")
-                if module.split(".")[0] != "attention_course":
-                    raise ValueError(f"apply takes a function of attention_course, not {module}")
-                found = getattr(importlib.import_module(module), attr)(namespace[request["name"]])
-                try:
-                    answer = {"kind": "ok", "value": plain(found, f"{request['function']} returned")}
-                except Refused as refusal:
-                    answer = {"kind": "refused", "what": str(refusal)}
-            else:  # call
-                answer = _call(namespace, request, guard, used)
-        except BaseException as error:  # noqa: BLE001  (the learner's code may raise anything)
-            answer = {"kind": "memory"} if _memory_error(error) else exception_data(error)
-        answer["used"] = list(used)
-        used.clear()
-        try:
-            data = encode(answer)
-        except BaseException as error:  # noqa: BLE001
-            data = encode({"kind": "refused", "what": f"an answer that could not be written ({type(error).__name__})",
-                           "used": []})
+        data = _respond(pickle.loads(request), namespace, before, guard, used)
         os.write(outbox, struct.pack("<Q", len(data)))
         view = memoryview(data)
         while view:
             view = view[os.write(outbox, view[:1 << 20]):]
+
+
+def _respond(request: dict, namespace: dict, before: dict, guard, used: list) -> bytes:
+    """The answer to one request, written with torch.save (in the learner process)."""
+    op = request["op"]
+    try:
+        if op == "exec":
+            exec(compile(request["code"], request["filename"], "exec"), namespace)
+            answer = {"kind": "ok", "value": None}
+        elif op == "names":
+            answer = {"kind": "ok", "value": sorted(name for name, value in namespace.items()
+                                                     if type(name) is str and not name.startswith("__")
+                                                     and (name not in before or before[name] is not value))}
+        elif op == "apply":  # a function of the package applied to the learner's function (and arguments)
+            module, _, attr = request["function"].partition(":")
+            if module.split(".")[0] != "attention_course":
+                raise ValueError(f"apply takes a function of attention_course, not {module}")
+            found = getattr(importlib.import_module(module), attr)(namespace[request["name"]], *request["args"])
+            try:
+                answer = {"kind": "ok", "value": plain(found, f"{request['function']} returned")}
+            except Refused as refusal:
+                answer = {"kind": "refused", "what": str(refusal)}
+        else:  # call
+            answer = _call(namespace, request, guard, used)
+    except BaseException as error:  # noqa: BLE001  (the learner's code may raise anything)
+        answer = {"kind": "memory"} if _memory_error(error) else exception_data(error)
+    answer["used"] = list(used)
+    used.clear()
+    try:
+        return encode(answer)
+    except BaseException as error:  # noqa: BLE001
+        return encode({"kind": "refused", "what": f"an answer that could not be written ({type(error).__name__})",
+                       "used": []})
 
 
 def _call(namespace: dict, request: dict, guard, used: list) -> dict:
@@ -243,13 +257,13 @@ def _call(namespace: dict, request: dict, guard, used: list) -> dict:
     return {"kind": "ok", "value": value, "states": states}
 
 
-def _read(fd: int, deadline: float | None, watch=None, limit: float = LIMIT) -> bytes | None:
+def _read(fd: int, deadline: float | None, watch=None, limit: float | None = None) -> bytes | None:
     """A length-prefixed message from ``fd``; None at its end. ``watch()`` is called while waiting."""
     head = _exactly(fd, 8, deadline, watch)
     if head is None:
         return None
     size = struct.unpack("<Q", head)[0]
-    if size > limit:
+    if size > (LIMIT if limit is None else limit):
         raise Refused(f"an answer of {size / 2**20:.0f} MiB, over the {LIMIT / 2**20:.0f} MiB grading reads")
     return _exactly(fd, size, deadline, watch)
 
@@ -302,11 +316,12 @@ class Learner:
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the learner process
+        if pid == 0:  # pragma: no cover (the learner process: coverage does not follow a fork)
             try:
                 os.close(to_child)
                 os.close(from_child)
                 os.setsid()
+                torch.set_num_threads(1)  # the parent's OpenMP threads are not in the fork: a parallel op would hang
                 if prepare is not None:
                     prepare()
                 mapped = _statm(os.getpid(), 0)
@@ -344,14 +359,18 @@ class Learner:
         self.used.extend(name for name in used if type(name) is str and name not in self.used)
         if message["kind"] == "memory":
             self.kill()
-            raise Stopped(f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB)")
+            raise Stopped(self.over_memory(""))
         return message
 
     def watch(self) -> None:
         if _statm(self.pid, 1) - self.base > self.memory:
             self.kill()
-            raise Stopped(f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB "
-                          f"resident)")
+            raise Stopped(self.over_memory(" resident"))
+
+    def over_memory(self, kind: str) -> str:
+        return (f"your code went over the memory grading gives it ({self.memory / 2**20:.0f} MiB{kind}) and was "
+                f"stopped there: keep fewer or smaller tensors (a loop that keeps every step's result? a size "
+                f"computed wrong?)")
 
     def run(self, code: str, filename: str) -> BaseException | None:
         """Execute ``code`` in the learner's namespace: None, or the exception it raised (rebuilt here)."""
@@ -363,10 +382,10 @@ class Learner:
         value = self.request(op="names")["value"]
         return [name for name in value if type(name) is str] if type(value) is list else []
 
-    def apply(self, function: str, name: str):
-        """``function`` (``"attention_course.module:name"``) applied to the learner's ``name`` in the learner
-        process: its plain-data result (chapter 11's checkers get the parcel that ships a function to workers)."""
-        return self.answer(self.request(op="apply", function=function, name=name), ())
+    def apply(self, function: str, name: str, *args):
+        """``function(learner's name, *args)`` (``function``: ``"attention_course.module:name"``) run in the learner
+        process: its plain-data result. Chapter 11's checkers so launch their worker processes from there."""
+        return self.answer(self.request(op="apply", function=function, name=name, args=args), ())
 
     def call(self, name: str, args: tuple, kwargs: dict, context=None):
         return self.answer(self.request(op="call", name=name, args=args, kwargs=kwargs, context=context), args)
@@ -446,9 +465,10 @@ class Remote:
     def __call__(self, *args, **kwargs):
         return self.learner.call(self.name, args, kwargs, self.context)
 
-    def apply(self, function: str):
-        """``function`` of the package applied to this function in its learner process (see Learner.apply)."""
-        return self.learner.apply(function, self.name)
+    def apply(self, function: str, *args):
+        """``function`` of the package applied to this function (and ``args``) in its learner process (see
+        Learner.apply)."""
+        return self.learner.apply(function, self.name, *args)
 
     def __repr__(self) -> str:
         return f"<{self.name}, run in a process of its own>"

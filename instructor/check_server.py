@@ -6,17 +6,18 @@ lines on its standard input and output, a channel its children cannot reach:
 1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
    "mode": "boundary" or "child", ...}}, "memory": bytes}`` (the sandbox's memory limit): it runs the chapter's
    own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
-2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. For an
-   exercise whose checker takes functions (most), the server forks one *learner process* per student
-   (attention_course.boundary), which runs only the *definitions* of the student's solution cells (imports,
-   ``def``, ``class``, simple assignments: nothing else of the notebook), exercise by exercise, up to the exercise
-   checked; then the server runs the exercise's check cell as released, in itself, with the checker taken from the
-   package and a ``boundary.Remote`` for each of the student's names it passes: the checker's calls run in the
-   learner process, and what comes back is plain data (or refused, with what it was). No student code ever runs in
-   this process. A call that runs over the timeout, goes over the memory given to the learner process, or ends it,
-   costs that exercise alone: the next one forks a fresh process. The functions the exercise forbids raise during
-   the student's calls (in the learner process). For an exercise of verdict.IN_CHILD (its checker builds and
-   differentiates the student's layer, or sends the function to workers) it forks a fresh child that runs the
+2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. For an exercise
+   whose checker takes functions (most), the server forks one *learner process* per student
+   (attention_course.boundary), which runs only the *definitions* of the student's solution cells (imports, ``def``,
+   ``class``, simple assignments: nothing else of the notebook), exercise by exercise, up to the exercise checked;
+   then the server runs the exercise's check cell as released, in itself, with the checker taken from the package and
+   a ``boundary.Remote`` for each of the student's names it passes: the checker's calls run in the learner process,
+   and what comes back is plain data (or refused, with what it was). No student code ever runs in this process. A
+   call that runs over the timeout, goes over the memory given to the learner process, or ends it, costs that
+   exercise alone: the next one forks a fresh process. The functions the exercise forbids raise during the student's
+   calls (in the learner process). A checker that runs the student's function in worker processes (chapter 11) has
+   the learner process launch them: only their plain-data results come back. For an exercise of verdict.IN_CHILD (its
+   checker builds and differentiates the student's layer: chapters 6 and 7) it forks a fresh child that runs the
    definitions and the check cell; there, every value the student's code returns must be a plain tensor or a plain
    Python value, and after the check the child compares the package's and torch's functions with a snapshot taken
    before the student's code ran, and refuses a verdict if one changed, or if a thread or a trace hook is left; it
@@ -530,7 +531,7 @@ def main() -> None:
         verdicts, state = {}, {"checks": checks, "memory": setup["memory"]}
         for label, check in checks.items():
             upto = [pair for pair in solutions if labels_before(pair[0], label, list(checks))]
-            if check["mode"] == "boundary":
+            if check.get("mode", "boundary") == "boundary":
                 verdicts[label] = over_boundary(state, namespace, label, upto, check, request["timeout"])
             else:
                 verdicts[label] = in_child(namespace, label, upto, check, request["timeout"])

@@ -1,18 +1,18 @@
 """Verdicts a submission cannot write: each checked exercise re-run apart from the student's notebook.
 
-nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells
-did (rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark.
-Here the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap
-sandbox as the notebooks and starts from the chapter's code cells as the instructor released them. For each
-submission it forks one learner process (attention_course/boundary.py) that runs only the definitions of the
-student's solution cells, exercise by exercise; the server runs each check cell as released, with the checker from
-the package, in itself, and the checker calls the student's functions in the learner process: what comes back is
-plain data (torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message
-are computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its
-process costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids
-(:data:`RULES`) raise during the student's calls. The exercises of :data:`IN_CHILD` still run their check in a
-child beside the student's code, with an integrity check after it. Verdicts come back on the server's standard
-output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
+nbgrader runs a chapter's checks in the student's own kernel, after the student's own cells, so what those cells did
+(rebinding the checker's name, an IPython input transformer, a patched execution result, ...) decides the mark. Here
+the mark comes from elsewhere: a server per chapter (instructor/check_server.py) runs in the same bubblewrap sandbox
+as the notebooks and starts from the chapter's code cells as the instructor released them. For each submission it
+forks one learner process (attention_course/boundary.py) that runs only the definitions of the student's solution
+cells, exercise by exercise; the server runs each check cell as released, with the checker from the package, in
+itself, and the checker calls the student's functions in the learner process: what comes back is plain data
+(torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message are
+computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its process
+costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids (:data:`RULES`)
+raise during the student's calls. The exercises of :data:`IN_CHILD` (chapters 6 and 7's layers) still run their
+check in a child beside the student's code, with an integrity check after it. Verdicts come back on the server's
+standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
 
 What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names
 code attacking the grader needs, for review by hand.
@@ -64,16 +64,15 @@ RULES = {
 }
 
 # Exercises whose checker still runs in the child, beside the student's code (check_server.in_child), with the
-# integrity check after it: their checkers take a layer class and build, train and differentiate the layer
-# (chapters 6 and 7), or send the function itself to worker processes (chapter 11). Every other checker runs in the
-# server, where no student code runs, and calls the student's functions over attention_course.boundary.
+# integrity check after it: their checkers take a layer class and build, train and differentiate the layer (chapters
+# 6 and 7), which needs the layer's objects and their autograd graph in the checker's process. Every other checker
+# runs in the server, where no student code runs, and calls the student's functions over attention_course.boundary
+# (chapter 11's too: the learner process launches the worker processes, and their results come back as plain data).
 IN_CHILD = {"ex-ch6-layer": "the checker builds the learner's layer class and runs backward through it",
             "ex-ch7-merge": "the checker builds the learner's layer and runs backward through it",
             "ex-ch7-padding": "the checker builds the learner's layer and runs backward through it",
             "ex-ch7-float-mask": "the checker builds the learner's layer and runs backward through it",
-            "ex-ch7-cross": "the checker builds the learner's layer and runs backward through it",
-            "ex-ch11-split-in-proj": "the checker sends the function itself to worker processes",
-            "ex-ch11-ring-step": "the checker sends the function itself to worker processes"}
+            "ex-ch7-cross": "the checker builds the learner's layer and runs backward through it"}
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
 # and passes is held for review by hand rather than given the points.

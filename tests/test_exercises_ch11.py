@@ -232,9 +232,11 @@ def test_a_hang_ends_in_a_message_and_leaves_no_process(monkeypatch):
 @pytest.mark.slow
 def test_grading_reruns_both_checks_in_its_sandbox():
     """instructor/verdict.py's check server, in the bubblewrap sandbox with no network (--unshare-net) where bwrap
-    works here, bare otherwise: each exercise's check forks a child that runs the solution cell's definitions, then
-    the check, whose worker processes meet on 127.0.0.1 (the sandbox's own loopback) and run the solution. A right
-    split passes; a ring step that forgets to rescale is named."""
+    works here, bare otherwise: the solution cells' definitions run in the student's process
+    (attention_course.boundary), which starts the worker processes (they meet on 127.0.0.1, the sandbox's own
+    loopback) and sends their results back as plain data; the check runs in the server. A right split passes; a
+    ring step that forgets to rescale is named, though its cell also replaces the checker's judge, where its code
+    runs (in a default argument, evaluated at definition): the judge that decides is the server's."""
     sys.path.insert(0, str(ROOT))
     from instructor import sandbox, verdict
 
@@ -248,7 +250,11 @@ def test_grading_reruns_both_checks_in_its_sandbox():
     }
     plan = verdict.Plan("11_distributed", [SETUP], checks, {label: 1 for label in checks})
     server = verdict.Server(plan, [], 4 * 2**30, sandboxed=sandbox.available() is None)
-    unscaled = RING_CELL.replace("old * l", "l").replace("old * acc", "acc")
+    unscaled = RING_CELL.replace("old * l", "l").replace("old * acc", "acc") + (
+        "import attention_course.exercises.ch11 as grader\n"
+        "def _quiet(_=grader._EXERCISES.update(ring=(grader._ring_job, lambda *args: None, lambda: ([], ''),\n"
+        "                                             'Correct!'))):\n"
+        "    pass\n")
     try:
         server.start()
         found = server.check("student", [("ex-ch11-split-in-proj", SPLIT_CELL), ("ex-ch11-ring-step", unscaled)],

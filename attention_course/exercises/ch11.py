@@ -46,6 +46,7 @@ import io
 
 import torch
 
+from .. import boundary
 from ..distributed import ship
 from . import ATOL, DTYPE, ExerciseError, close, describe_diff, passed, raised, require_shape
 
@@ -940,14 +941,47 @@ _EXERCISES = {
 }
 
 
+def _gathered(fn, exercise: str, cases: list, real: dict):
+    """In grading's learner process (``boundary.Remote.apply``): :func:`_gather` of the learner's own function there,
+    where its code may run, as plain data (an exception as ``boundary.exception_data``) for the checker."""
+    return _as_data(_gather(exercise, [fn], cases, real, _EXERCISES[exercise][2]())[0])
+
+
+def _as_data(value):
+    if isinstance(value, BaseException):
+        return {"raised": boundary.exception_data(value)}
+    if type(value) in (tuple, list):
+        return type(value)(_as_data(item) for item in value)
+    if type(value) is dict:
+        return {key: _as_data(item) for key, item in value.items()}
+    return value
+
+
+def _from_data(value):
+    """What :func:`_gathered` sent, with its exceptions rebuilt (the built-in, torch or package type, else a
+    ``boundary.LearnerError`` of the same name)."""
+    if type(value) is dict and set(value) == {"raised"}:
+        return boundary.rebuilt(value["raised"])
+    if type(value) in (tuple, list):
+        return type(value)(_from_data(item) for item in value)
+    if type(value) is dict:
+        return {key: _from_data(item) for key, item in value.items()}
+    return value
+
+
 def _verdicts(exercise: str, answers: list) -> list:
     """Run every answer in one launch of the worker processes; for each, a function of nothing that judges it (prints
     the verdict, or raises ExerciseError), as the exercise's checker does. The checkers call it with one answer;
-    tests/mutants/ch11.py with a whole catalogue, to launch once."""
+    tests/mutants/ch11.py with a whole catalogue, to launch once. In grading the answer is a ``boundary.Remote``:
+    its learner process launches the workers (:func:`_gathered`), and only their plain-data results come here."""
     job, judge, rule, message = _EXERCISES[exercise]
     cases, real, want = job()
     callables = [answer for answer in answers if callable(answer)]
-    results = iter(_gather(exercise, callables, cases, real, rule()) if callables else [])
+    if callables and all(isinstance(answer, boundary.Remote) for answer in callables):
+        results = iter([_from_data(answer.apply(f"{__name__}:_gathered", exercise, cases, real))
+                        for answer in callables])
+    else:
+        results = iter(_gather(exercise, callables, cases, real, rule()) if callables else [])
 
     def verdict(answer, result):
         def run():
