@@ -279,6 +279,15 @@ def test_a_notebook_translated_with_its_catalog():
     assert "".join(NOTEBOOK["cells"][0]["source"]).startswith("# Padding"), "the source notebook was changed"
 
 
+def test_a_theorem_title_translated_in_a_notebook():
+    """sphinx-proof's message for a theorem's title is "(title)": in the notebook it stands after the directive."""
+    text = "```{prf:theorem} Masking before softmax\n:label: thm-mask\nThe weights add up to one.\n```\n"
+    catalog = {"(Masking before softmax)": "（在 softmax 之前掩蔽）", "The weights add up to one.": "权重之和为一。"}
+    translated, placed = translate_notebooks.translate_text(text, catalog)
+    assert translated == "```{prf:theorem} 在 softmax 之前掩蔽\n:label: thm-mask\n权重之和为一。\n```\n", translated
+    assert placed == set(catalog)
+
+
 def test_the_chinese_notebooks_keep_every_code_cell():
     """The download button's notebooks (``zh/_sources``): the English code cells, all of them, unchanged."""
     for page in PAGES:
