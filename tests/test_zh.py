@@ -288,6 +288,16 @@ def test_a_theorem_title_translated_in_a_notebook():
     assert placed == set(catalog)
 
 
+@pytest.mark.parametrize("chapter", sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")))
+def test_every_message_reaches_the_chinese_notebook(chapter):
+    """The downloaded and Colab notebooks are translated with the page's catalog: every message of it (a figure's
+    own file apart: code) finds its place in the notebook, or a reader of the notebook sees that text in English."""
+    notebook = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())
+    _, missing = translate_notebooks.translate_notebook(notebook, translate_notebooks.catalog_for(f"notebooks/{chapter}"))
+    left = sorted(m for m in missing if not zh_edition.code_only(m))
+    assert not left, f"{chapter}: {len(left)} messages not placed in the notebook, e.g. {left[0][:70]!r}"
+
+
 def test_the_chinese_notebooks_keep_every_code_cell():
     """The download button's notebooks (``zh/_sources``): the English code cells, all of them, unchanged."""
     for page in PAGES:
