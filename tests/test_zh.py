@@ -9,7 +9,11 @@
 - the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
 - drift: a changed English sentence becomes an untranslated message, and the Chinese page shows the new English
   sentence (never the stale translation) until the catalog is updated (a scratch book, built here);
-- the notebooks made from the catalogs (book/_ext/translate_notebooks.py): Markdown translated, code untouched.
+- titles: every theorem, exercise and solution box names its subject in Chinese, and the instructors' table of the
+  exercises is in Chinese (words and titles);
+- the student edition: none of the solutions' translated prose in its Chinese pages, notebooks or search index;
+- the notebooks made from the catalogs (book/_ext/translate_notebooks.py): Markdown translated (every message of a
+  chapter placed), code untouched.
 """
 import json
 import re
