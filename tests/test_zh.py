@@ -302,6 +302,18 @@ def test_every_message_reaches_the_chinese_notebook(chapter):
     assert not left, f"{chapter}: {len(left)} messages not placed in the notebook, e.g. {left[0][:70]!r}"
 
 
+def test_the_colab_rendition_words_in_chinese():
+    """colab_rendition.py's fixed English in the Chinese rendition: boxes' words, full-width parentheses."""
+    import i18n
+
+    text = ("### Exercise 3.1 (一个批量的填充掩码)\n**Theorem 3.1 (在 softmax 之前掩蔽).** 设\n"
+            "### Solution to Exercise 3.1 (click to show)\n### Exercise 3.1 (continued)\n**Proof.** 由")
+    for pattern, new in i18n.RENDITION_WORDS["zh_CN"]:
+        text = pattern.sub(new, text)
+    assert text == ("### 练习 3.1（一个批量的填充掩码）\n**定理 3.1（在 softmax 之前掩蔽）．** 设\n"
+                    "### 练习 3.1 的解答（点击显示）\n### 练习 3.1（续）\n**证明．** 由"), text
+
+
 def test_the_chinese_notebooks_keep_every_code_cell():
     """The download button's notebooks (``zh/_sources``): the English code cells, all of them, unchanged."""
     for page in PAGES:

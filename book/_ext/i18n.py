@@ -344,6 +344,8 @@ RENDITION_WORDS = {  # colab_rendition.py's fixed English, in the rendition of t
         (re.compile(r"\*\*Proof\.\*\*"), "**证明．**"),
         (re.compile(r"\bExercise (\d+\.\d+)"), r"练习 \1"),
         (re.compile(r"\bTheorem (\d+\.\d+)"), r"定理 \1"),
+        (re.compile(r"^(#+ 练习 \d+\.\d+) \((.+)\)$", re.M), r"\1（\2）"),  # full-width, as the catalogs write
+        (re.compile(r"\*\*定理 (\d+\.\d+) \((.+?)\)\.\*\*"), r"**定理 \1（\2）．**"),
     ],
 }
 COLAB_NOTE_ZH = ("> *Colab 版。* 这份笔记本把书中的练习、定理和带编号的公式写成了 Colab 能显示的普通 Markdown；"
