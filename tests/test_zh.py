@@ -9,7 +9,11 @@
 - the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
 - drift: a changed English sentence becomes an untranslated message, and the Chinese page shows the new English
   sentence (never the stale translation) until the catalog is updated (a scratch book, built here);
-- the notebooks made from the catalogs (book/_ext/translate_notebooks.py): Markdown translated, code untouched.
+- titles: every theorem, exercise and solution box names its subject in Chinese, and the instructors' table of the
+  exercises is in Chinese (words and titles);
+- the student edition: none of the solutions' translated prose in its Chinese pages, notebooks or search index;
+- the notebooks made from the catalogs (book/_ext/translate_notebooks.py): Markdown translated (every message of a
+  chapter placed), code untouched.
 """
 import json
 import re
@@ -113,6 +117,53 @@ def test_no_english_sentence_left_in_a_chinese_page(page):
     assert not runs, f"zh/{page}.html: {len(runs)} English runs left, e.g. " + "; ".join(r[:60] for r in runs[:5])
 
 
+TITLED = ("proof", "exercise", "solution")  # sphinx-proof's theorems (and proofs), sphinx-exercise's boxes
+HAN = re.compile(r"[\u4e00-\u9fff]")
+
+
+def box_titles(page_soup) -> list[str]:
+    """The title of every theorem, exercise and solution box of a page, in order, code and math taken out."""
+    found = []
+    for title in page_soup.select(", ".join(f"div.{kind} > p.admonition-title" for kind in TITLED)):
+        for skipped in title.select(SKIPPED):
+            skipped.decompose()
+        found.append(re.sub(r"\s+", " ", title.get_text(" ")).strip())
+    return found
+
+
+def named_part(title: str) -> str:
+    """What a box's title names, in its last parentheses: "Exercise 3.1 (The padding mask of a batch)" ->
+    "The padding mask of a batch"; "" for a box with a number alone."""
+    match = re.search(r"[(（]([^()（）]*)[)）]\s*$", title)
+    return match.group(1).strip() if match else ""
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_box_title_is_translated(page):
+    """A theorem's, an exercise's or a solution's title names it in Chinese: a title of a word or two ("Temperature")
+    is shorter than an English run the rule above counts, and a solution's title is written from its exercise's."""
+    en, zh = built(page)
+    en_titles, zh_titles = box_titles(en), box_titles(zh)
+    assert len(zh_titles) == len(en_titles), f"{page}: {len(en_titles)} titled boxes in English, {len(zh_titles)}"
+    left = [f"{zh_title!r} (English: {en_title!r})" for en_title, zh_title in zip(en_titles, zh_titles)
+            if not zh_edition.code_only(named_part(en_title)) and not HAN.search(named_part(zh_title))]
+    assert not left, f"zh/{page}.html: {len(left)} titles left in English: " + "; ".join(left[:4])
+
+
+def test_the_exercise_table_is_in_chinese():
+    """book/instructors.md's table of every exercise (book/_ext/exercise_tools.py, ``exercise-list``): its headings
+    and words in Chinese, each exercise named by its chapter's translation of its title."""
+    _, zh = built("book/instructors")
+    table = zh.select_one("table.exercise-list")
+    assert table is not None, "zh/book/instructors.html: no table of the exercises"
+    header = [th.get_text(strip=True) for th in table.select("thead th")]
+    assert all(HAN.search(h) for h in header if h), f"headings {header}"
+    rows = [[td.get_text(strip=True) for td in tr.select("td")] for tr in table.select("tbody tr")]
+    assert rows and all(HAN.search(row[3]) for row in rows), [row[3] for row in rows if not HAN.search(row[3])]
+    for chapter, _label, title, *_ in rows:
+        assert title in translate_notebooks.catalog_for(f"notebooks/{chapter}").values(), (chapter, title)
+
+
 def test_the_english_rule_finds_english_and_spares_code_math_and_names():
     page = bs4.BeautifulSoup(
         "<article><p>这一句是中文，带 <code>torch.nn.functional.softmax</code> 和 <span class='math'>\\(Q K^T\\)</span>。"
@@ -159,6 +210,50 @@ def test_chinese_search_index_holds_chinese_words():
     assert "掩码" in terms, "the index has no 掩码 (mask): is chapter 3 translated?"
 
 
+def test_the_chinese_student_edition_holds_no_translated_solution():
+    """The leak check (instructor/leaks.py, tests/test_instructor.py) looks for the English solutions everywhere
+    under _build/student, the Chinese student edition included; a solution's prose reaches that edition translated,
+    so it is looked for here in its translations: every message of a solution's prose, and nowhere else in the
+    chapters, is in no file of the Chinese student edition."""
+    sys.path.insert(0, str(ROOT))
+    from instructor import leaks
+
+    edition = ROOT / "_build" / "student" / "html" / "zh"
+    if not (edition / "index.html").exists() and not (edition / "book" / "intro.html").exists():
+        pytest.fail(f"no {edition}: `make student` builds it (book/_ext/zh_edition.py build --student)")
+    solution, other = leaks.split()
+    inside, outside = leaks.flat("\n".join(solution)), leaks.flat("\n".join(other))
+    prints = []
+    for catalog in CATALOGS:
+        if catalog.parent.name != "notebooks":
+            continue
+        for msgid, msgstr in translate_notebooks.catalog_for(f"notebooks/{catalog.stem}").items():
+            if leaks.flat(msgid) in inside and leaks.flat(msgid) not in outside:
+                # its Chinese prose between the markup (code, math, roles, links, emphasis), as the page shows it
+                prose = re.split(r"\{[\w:-]+\}`[^`]*`|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|[*\[]", msgstr)
+                prints += [said for said in map(leaks.flat, prose) if len(said) >= 12 and HAN.search(said)]
+    full = " ".join(leaks.text_of(page) for page in sorted((ZH / "notebooks").glob("*.html")))
+    shown = [said for said in prints if said in full]
+    assert len(shown) > 20, f"{len(shown)} of {len(prints)} translated solutions found in the full edition"
+    found = []
+    for path in sorted(edition.rglob("*")):
+        if path.is_file() and path.suffix in {".html", ".ipynb", ".js", ".txt", ".json"}:
+            text = leaks.text_of(path)
+            found += [f"{path.relative_to(edition)}: {said[:40]}" for said in prints if said in text]
+    assert not found, "translated solution text in the Chinese student edition:\n" + "\n".join(found[:20])
+
+
+def test_the_chinese_index_keeps_latin_words_whole():
+    """jieba alone would cut ``perf_counter`` into "perf" and "counter": a word the English index never holds, and
+    one the leak check knows only from a solution (book/_ext/i18n.py, SearchChineseCourse)."""
+    pytest.importorskip("jieba")
+    import i18n
+
+    words = i18n.chinese_search_language()({}).split("用 time.perf_counter() 计时；填充掩码的形状，ax.label_outer()")
+    assert {"perf_counter", "label_outer", "time", "填充", "掩码", "形状"} <= set(words), words
+    assert not {"counter", "outer", "perf", "_"} & set(words), words
+
+
 # ------------------------------------------------------------------------------------------------ the notebooks
 NOTEBOOK = {"cells": [
     {"cell_type": "markdown", "metadata": {}, "source": ["# Padding and masks\n", "\n", "A mask says which keys\n",
@@ -188,6 +283,37 @@ def test_a_notebook_translated_with_its_catalog():
     assert "".join(NOTEBOOK["cells"][0]["source"]).startswith("# Padding"), "the source notebook was changed"
 
 
+def test_a_theorem_title_translated_in_a_notebook():
+    """sphinx-proof's message for a theorem's title is "(title)": in the notebook it stands after the directive."""
+    text = "```{prf:theorem} Masking before softmax\n:label: thm-mask\nThe weights add up to one.\n```\n"
+    catalog = {"(Masking before softmax)": "（在 softmax 之前掩蔽）", "The weights add up to one.": "权重之和为一。"}
+    translated, placed = translate_notebooks.translate_text(text, catalog)
+    assert translated == "```{prf:theorem} 在 softmax 之前掩蔽\n:label: thm-mask\n权重之和为一。\n```\n", translated
+    assert placed == set(catalog)
+
+
+@pytest.mark.parametrize("chapter", sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")))
+def test_every_message_reaches_the_chinese_notebook(chapter):
+    """The downloaded and Colab notebooks are translated with the page's catalog: every message of it (a figure's
+    own file apart: code) finds its place in the notebook, or a reader of the notebook sees that text in English."""
+    notebook = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())
+    _, missing = translate_notebooks.translate_notebook(notebook, translate_notebooks.catalog_for(f"notebooks/{chapter}"))
+    left = sorted(m for m in missing if not zh_edition.code_only(m))
+    assert not left, f"{chapter}: {len(left)} messages not placed in the notebook, e.g. {left[0][:70]!r}"
+
+
+def test_the_colab_rendition_words_in_chinese():
+    """colab_rendition.py's fixed English in the Chinese rendition: boxes' words, full-width parentheses."""
+    import i18n
+
+    text = ("### Exercise 3.1 (一个批量的填充掩码)\n**Theorem 3.1 (在 softmax 之前掩蔽).** 设\n"
+            "### Solution to Exercise 3.1 (click to show)\n### Exercise 3.1 (continued)\n**Proof.** 由")
+    for pattern, new in i18n.RENDITION_WORDS["zh_CN"]:
+        text = pattern.sub(new, text)
+    assert text == ("### 练习 3.1（一个批量的填充掩码）\n**定理 3.1（在 softmax 之前掩蔽）．** 设\n"
+                    "### 练习 3.1 的解答（点击显示）\n### 练习 3.1（续）\n**证明．** 由"), text
+
+
 def test_the_chinese_notebooks_keep_every_code_cell():
     """The download button's notebooks (``zh/_sources``): the English code cells, all of them, unchanged."""
     for page in PAGES:
@@ -199,6 +325,39 @@ def test_the_chinese_notebooks_keep_every_code_cell():
             pytest.fail(f"no {served}: build the Chinese edition")
         code = lambda nb: [c["source"] for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]  # noqa
         assert code(served) == code(source), f"{served}: its code cells are not the English notebook's"
+
+
+def test_a_page_the_english_build_read_again_is_read_again(tmp_path, monkeypatch):
+    """A notebook executed again with the same source (the execution cache cleared after a change to the package)
+    gives the English pages new outputs (widgets' random model ids among them); the Chinese build, whose sources
+    did not change, reads again the pages whose English doctree is newer than its own (book/_ext/i18n.py)."""
+    import os
+    import types
+
+    import i18n
+
+    english, ours = tmp_path / "en", tmp_path / "zh"
+    for folder in (english / "notebooks", english / "book", ours / "notebooks", ours / "book"):
+        folder.mkdir(parents=True)
+    for name, en_time, zh_time in (("notebooks/03_masks", 200, 100), ("notebooks/05_heads", 100, 200),
+                                   ("book/intro", 100, None)):
+        os.utime(_touch(english / f"{name}.doctree"), (en_time, en_time))
+        if zh_time is not None:
+            os.utime(_touch(ours / f"{name}.doctree"), (zh_time, zh_time))
+    monkeypatch.setattr(i18n, "ENGLISH_DOCTREES", english)
+    env = types.SimpleNamespace(all_docs={"notebooks/03_masks": 0, "notebooks/05_heads": 0, "book/intro": 0,
+                                          "notebooks/changed": 0})
+    app = types.SimpleNamespace(config=types.SimpleNamespace(language="zh_CN"),
+                                builder=types.SimpleNamespace(name="html"), doctreedir=str(ours))
+    assert i18n.read_again_after_english(app, env, set(), {"notebooks/changed"}, set()) == [
+        "book/intro", "notebooks/03_masks"]
+    app.config.language = "en"
+    assert i18n.read_again_after_english(app, env, set(), set(), set()) == []
+
+
+def _touch(path: Path) -> Path:
+    path.write_bytes(b"")
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ drift

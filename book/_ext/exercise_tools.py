@@ -11,7 +11,9 @@
 3. A gated solution's prose is the body of its ``{solution-start}`` directive (it folds in JupyterLab too):
    ``SolutionBodyIntoGate`` keeps it in the dropdown, which sphinx-exercise's merge of gated solutions would drop.
 4. The directive ``exercise-list`` writes the table of every exercise (chapter, label, auto-checked, points),
-   read from the notebooks by ``instructor/exercises.py``: the instructor guide never lists them by hand.
+   read from the notebooks by ``instructor/exercises.py``: the instructor guide never lists them by hand. In a
+   translated build (book/_ext/i18n.py) its words are the page's language's (``LIST_WORDS``) and the exercises'
+   titles their translations, from the chapters' catalogs.
 """
 from __future__ import annotations
 
@@ -79,13 +81,35 @@ class ExerciseList(SphinxDirective):
             sys.path.insert(0, str(ROOT))
         from instructor.exercises import catalogue, chapters
 
+        language = self.config.language or "en"
+        words = {**LIST_WORDS["en"], **LIST_WORDS.get(language, {})}
+        titles = {}  # chapter -> its catalog: an exercise's title, translated, in a translated build
         for path in chapters():
             self.env.note_dependency(str(path))
-        header = ["chapter", "label", "exercise", "auto-checked", "points"]
-        rows = [[ex.chapter, ex.label, ex.title, "yes" if ex.checked else "no (by hand)",
-                 f"{ex.max_points:g}"]
+            if language != "en":
+                if str(ROOT / "book" / "_ext") not in sys.path:
+                    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+                from translate_notebooks import catalog_for
+
+                po = ROOT / "book" / "locale" / language / "LC_MESSAGES" / "notebooks" / f"{path.stem}.po"
+                if po.exists():
+                    self.env.note_dependency(str(po))
+                titles[path.stem] = catalog_for(f"notebooks/{path.stem}", language)
+        header = [words[w] for w in ("chapter", "label", "exercise", "auto-checked", "points")]
+        rows = [[ex.chapter, ex.label, titles.get(ex.chapter, {}).get(ex.title, ex.title),
+                 words["yes"] if ex.checked else words["no (by hand)"], f"{ex.max_points:g}"]
                 for ex in catalogue()]
         return [table(header, rows)]
+
+
+# The words of the table, in each language the book is built in (an exercise's title comes from its chapter's
+# catalog, book/locale). The table is made by the directive, not read from the page: no catalog holds these words.
+LIST_WORDS = {
+    "en": {"chapter": "chapter", "label": "label", "exercise": "exercise", "auto-checked": "auto-checked",
+           "points": "points", "yes": "yes", "no (by hand)": "no (by hand)"},
+    "zh_CN": {"chapter": "章", "label": "标签", "exercise": "练习", "auto-checked": "自动检查",
+              "points": "分值", "yes": "是", "no (by hand)": "否（手工评分）"},
+}
 
 
 def table(header: list[str], rows: list[list[str]]) -> nodes.table:

@@ -10,7 +10,9 @@ shared execution cache, so code and outputs are the English build's (tests/test_
 1. Catalogs: ``locale_dirs`` is book/locale, one catalog per document (``gettext_compact = False``), and the alt
    texts of the figures (cell metadata, ``mystnb.image.alt``) are messages too (``gettext_additional_targets``).
 2. Exercise titles (``{exercise} title``) become messages: sphinx-exercise builds them without a source, which
-   gettext skips; here the title node gets the directive's raw argument, roles and math kept.
+   gettext skips; here the title node gets the directive's raw argument, roles and math kept. The box's title
+   around it ("Exercise" or "Solution to", sphinx-exercise's words, from its own catalog) is no message, and the
+   copy of each exercise that sphinx-exercise keeps to write solutions' titles and links is the translated one.
 3. sphinx-proof writes "Proof. " into the text of a proof's first paragraph; it is taken out before translation (so
    the message is the sentence alone) and put back afterwards in the page's language ("证明．").
 4. Every page gets a link to the same page in the other edition (``templates/language-switch.html``, before the
@@ -21,7 +23,10 @@ shared execution cache, so code and outputs are the English build's (tests/test_
    the catalogs (book/_ext/translate_notebooks.py).
 6. Chinese search: Sphinx indexes Chinese with jieba (a dev requirement); a query typed without spaces is cut
    here, in the browser, into the longest words the index holds (``splitQuery`` below), so "填充掩码的形状" finds
-   what "填充 掩码 形状" finds.
+   what "填充 掩码 形状" finds. jieba cuts the Chinese text alone: Latin words (``perf_counter``) are indexed whole,
+   as in the English index.
+7. A page the English build read again (a notebook executed again) is read again by the translated build, so that
+   both show the same run's outputs.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ LOCALE_DIR = "book/locale"
 SECOND = {"zh_CN": ("zh/", "../")}  # language -> (its site's folder under the English site's root, the way back)
 NAMES = {"en": "English", "zh_CN": "中文"}  # each language names itself, in its own script
 HREFLANG = {"en": "en", "zh_CN": "zh-CN"}
+ENGLISH_DOCTREES = ROOT / "_build" / ".doctrees"  # the English build's (jupyter-book build .)
 # Strings the configuration or an extension sets, which no catalog translates.
 WORDS = {
     "zh_CN": {
@@ -87,17 +93,24 @@ def configure(app, config) -> None:
 
 
 def exercise_titles_translatable(app) -> None:
-    """``{exercise}`` / ``{exercise-start}`` with a title: the subtitle node gets the raw title and a source."""
-    from sphinx_exercise.directive import ExerciseDirective, ExerciseStartDirective
-    from sphinx_exercise.nodes import exercise_subtitle
+    """``{exercise}`` / ``{exercise-start}`` with a title: the subtitle node gets the raw title and a source, so the
+    title is one message ("Scores of a batch, by hand"). The box's title node, which holds sphinx-exercise's word
+    ("Exercise", "Solution to") and the subtitle, is no message: Sphinx would make it one of its text, which in the
+    Chinese build reads "练习Scores of ..." (the word comes from sphinx-exercise's own catalog), and no catalog
+    holds that."""
+    from sphinx_exercise.directive import (ExerciseDirective, ExerciseStartDirective, SolutionDirective,
+                                           SolutionStartDirective)
+    from sphinx_exercise.nodes import exercise_subtitle, exercise_title, solution_title
 
     def with_source(base):
         class Translatable(base):
             def run(self):
                 made = super().run()
-                if self.arguments:
-                    source, line = self.get_source_info()
-                    for node in made:
+                source, line = self.get_source_info()
+                for node in made:
+                    for title in node.findall(lambda n: isinstance(n, (exercise_title, solution_title))):
+                        title["translatable"] = False
+                    if self.arguments:
                         for sub in node.findall(exercise_subtitle):
                             sub.rawsource, sub.source, sub.line = self.arguments[0], source, line
                 return made
@@ -105,8 +118,28 @@ def exercise_titles_translatable(app) -> None:
         Translatable.__name__ = f"Translatable{base.__name__}"
         return Translatable
 
-    app.add_directive("exercise", with_source(ExerciseDirective), override=True)
-    app.add_directive("exercise-start", with_source(ExerciseStartDirective), override=True)
+    for name, base in (("exercise", ExerciseDirective), ("exercise-start", ExerciseStartDirective),
+                       ("solution", SolutionDirective), ("solution-start", SolutionStartDirective)):
+        app.add_directive(name, with_source(base), override=True)
+
+
+class ExercisesAsTranslated(SphinxTransform):
+    """After translation: sphinx-exercise's registry holds a copy of each exercise as its directive made it, in
+    English, and a solution's title ("解答 练习 1.1 (...)") and every link to an exercise are written from that copy.
+    In a translated build the copy is replaced by one of the translated exercise."""
+
+    default_priority = 27  # after Locale (20) and its follow-ups (25)
+
+    def apply(self):
+        from sphinx_exercise.nodes import exercise_enumerable_node, exercise_node
+
+        registry = getattr(self.env, "sphinx_exercise_registry", {})
+        if language(self.config) == "en" or self.app.builder.name == "gettext":
+            return
+        for node in self.document.findall(lambda n: isinstance(n, (exercise_node, exercise_enumerable_node))):
+            entry = registry.get(node.get("label"))
+            if entry is not None and entry.get("docname") == self.env.docname:
+                entry["node"] = node.deepcopy()
 
 
 # ---------------------------------------------------------------------------------------------- extraction
@@ -153,6 +186,24 @@ def extraction_of_read_messages(app) -> None:
 def forget_messages(app, env, docname) -> None:
     getattr(env, "ac_messages_read", {}).pop(docname, None)
     getattr(env, "ac_untranslated", {}).pop(docname, None)
+
+
+def read_again_after_english(app, env, added, changed, removed) -> list[str]:
+    """In a translated build: the documents the English build has read since this edition last read them. Sphinx
+    reads a document again when its source changed; a notebook executed again with the same source (the execution
+    cache cleared after a change to the package, a failed run) would otherwise keep its old outputs here, among
+    them its widgets' random model ids, while the English pages show the new run's."""
+    if language(app) == "en" or app.builder.name == "gettext":
+        return []
+    english = ENGLISH_DOCTREES
+    again = []
+    for doc in sorted(env.all_docs):
+        if doc in changed or doc in added or doc in removed:
+            continue
+        ours, theirs = Path(app.doctreedir) / f"{doc}.doctree", english / f"{doc}.doctree"
+        if theirs.exists() and (not ours.exists() or theirs.stat().st_mtime > ours.stat().st_mtime):
+            again.append(doc)
+    return again
 
 
 class MessagesShownInEnglish(SphinxTransform):
@@ -293,6 +344,8 @@ RENDITION_WORDS = {  # colab_rendition.py's fixed English, in the rendition of t
         (re.compile(r"\*\*Proof\.\*\*"), "**证明．**"),
         (re.compile(r"\bExercise (\d+\.\d+)"), r"练习 \1"),
         (re.compile(r"\bTheorem (\d+\.\d+)"), r"定理 \1"),
+        (re.compile(r"^(#+ 练习 \d+\.\d+) \((.+)\)$", re.M), r"\1（\2）"),  # full-width, as the catalogs write
+        (re.compile(r"\*\*定理 (\d+\.\d+) \((.+?)\)\.\*\*"), r"**定理 \1（\2）．**"),
     ],
 }
 COLAB_NOTE_ZH = ("> *Colab 版。* 这份笔记本把书中的练习、定理和带编号的公式写成了 Colab 能显示的普通 Markdown；"
@@ -363,12 +416,20 @@ var splitQuery = (query) => {
 """
 
 
+HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")
+
+
 def chinese_search_language():
     from sphinx.search.zh import JIEBA, SearchChinese
-    if JIEBA:
-        import jieba
 
     class SearchChineseCourse(SearchChinese):
+        """Sphinx's Chinese index, its Latin words made as the English index makes them. Sphinx hands jieba the
+        whole text, and jieba cuts a Latin identifier at its underscores: ``time.perf_counter()`` and
+        ``ax.label_outer()`` put "counter" and "outer" in the index, words that in the English index (which keeps
+        ``perf_counter`` whole) occur only in the solutions, so the student edition's leak check
+        (instructor/leaks.py) found them in the Chinese student edition. jieba cuts the runs of Chinese
+        characters alone here; Latin words come whole, from Sphinx's own pattern, as before."""
+
         js_splitter_code = SPLIT_QUERY
 
         # Sphinx 7 keeps the Latin words seen in a list shared by every instance and searches it for each word it
@@ -377,13 +438,19 @@ def chinese_search_language():
             super().init(options)
             self.latin_terms = set()
 
-        def split(self, input):
-            chinese = list(jieba.cut_for_search(input)) if JIEBA else []
-            latin1 = [term.strip() for term in self.latin1_letters.findall(input)]
-            self.latin_terms.update(latin1)
-            return chinese + latin1
+        def split(self, input: str) -> list[str]:
+            chinese = [word for run in HAN_RUN.findall(input) for word in jieba_cut(run)] if JIEBA else []
+            latin = [term.strip() for term in self.latin1_letters.findall(input)]
+            self.latin_terms.update(latin)
+            return chinese + latin
 
     return SearchChineseCourse
+
+
+def jieba_cut(text: str) -> list[str]:
+    import jieba
+
+    return list(jieba.cut_for_search(text))
 
 
 def setup(app):
@@ -391,10 +458,12 @@ def setup(app):
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
     app.add_transform(MessagesShownInEnglish)
+    app.add_transform(ExercisesAsTranslated)
     app.connect("build-finished", report_untranslated)
     app.connect("doctree-read", edition_note)
     app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
     app.connect("env-purge-doc", forget_messages)
+    app.connect("env-get-outdated", read_again_after_english)
     app.connect("builder-inited", extraction_of_read_messages)
     # the switch before the theme drops templates that render empty (pydata-sphinx-theme, priority 500)
     app.connect("html-page-context", page_context, priority=100)

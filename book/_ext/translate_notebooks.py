@@ -7,8 +7,9 @@ title, a figure's alt text) is found in that notebook's Markdown cells and repla
 message is the paragraph's MyST source with its line breaks made spaces, so a message is matched with any run of
 white space (line breaks, indentation) between its words, and only where it fills its whole block: from a line's
 start (after indentation, a list or quote marker, a heading's #s, a directive's fence and name, a table's |) to the
-end of a line or cell. Longer messages are placed first; no two overlap. Code cells are never touched; alt texts in
-cell metadata (``mystnb.image.alt``) are translated whole.
+end of a line or cell. Longer messages are placed first; no two overlap. A theorem's title, whose message
+sphinx-proof makes "(title)", is placed after its directive's name (``{prf:theorem} title``), without the
+parentheses. Code cells are never touched; alt texts in cell metadata (``mystnb.image.alt``) are translated whole.
 
     python book/_ext/translate_notebooks.py [OUT]    writes every chapter, translated, into OUT (default
                                                      _build/zh/notebooks) and lists the messages not placed
@@ -48,6 +49,15 @@ def _pattern(msgid: str) -> re.Pattern:
 def translate_text(text: str, catalog: dict[str, str]) -> tuple[str, set[str]]:
     """(``text`` with every message that fills a block replaced, the msgids placed)."""
     spans = []  # (start, end, replacement, msgid)
+    for msgid, msgstr in catalog.items():  # a theorem's title first: its message is "(title)"
+        title, translated = re.fullmatch(r"\((.+)\)", msgid, re.S), re.fullmatch(r"[(（](.+)[)）]", msgstr, re.S)
+        if not (title and translated):
+            continue
+        words = r"\s+".join(map(re.escape, title.group(1).split()))
+        for m in re.finditer(r"(?m)^[ \t]*[`:~]{3,}\{prf:[\w-]+\}[ \t]+(" + words + r")[ \t]*$", text):
+            start, end = m.start(1), m.end(1)
+            if not any(s < end and start < e for s, e, _, _ in spans):
+                spans.append((start, end, translated.group(1), msgid))
     for msgid in sorted(catalog, key=len, reverse=True):
         if not msgid.strip():
             continue
