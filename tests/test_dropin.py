@@ -219,7 +219,9 @@ def test_decoder_layer_matches_torch(mode, batch_first):
 # --- compile, export, vmap, trace -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("need_weights", [True, False])
-@pytest.mark.parametrize("masks", MASKS, ids=str)
+# one mask in `make check` (each compile takes seconds); every mask in `make test`
+@pytest.mark.parametrize("masks", [pytest.param(m, marks=() if i == 0 else pytest.mark.slow)
+                                   for i, m in enumerate(MASKS)], ids=str)
 def test_compiles_with_fullgraph_and_no_graph_breaks(masks, need_weights):
     torch._dynamo.reset()
     _, ours = make_pair(D, H, dtype=torch.float32)

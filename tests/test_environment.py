@@ -6,6 +6,7 @@ which); there this test has nothing to check and says so.
 """
 import os
 import re
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -40,7 +41,10 @@ def test_a_lock_line_is_read_with_its_marker():
                     reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
 def test_the_installed_packages_are_the_locked_ones():
     lock = locked(ROOT / "locks" / "dev.txt")
-    installed = {canonical(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    # the environment's own site-packages: not sys.path, where a test that imported setuptools has put its vendored
+    # packages (importlib-metadata, packaging, ... at setuptools' versions)
+    site = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+    installed = {canonical(d.metadata["Name"]): d.version for d in metadata.distributions(path=site)}
     wrong = {name: (installed.get(name), version) for name, version in lock.items() if installed.get(name) != version}
     assert not wrong, f"installed (left) is not locked (right): {wrong}; run `rm -rf .venv && make venv`"
     extra = set(installed) - set(lock) - {"torch", "attention-course", "pip"}

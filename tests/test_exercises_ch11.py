@@ -305,6 +305,7 @@ def test_a_check_runs_in_a_fork_of_a_process_that_launched():
     assert message.startswith("Correct"), message
 
 
+@pytest.mark.slow
 def test_a_right_ring_step_from_a_cell_passes(capsys):
     """The ring checker on its own path (one launch, one answer), given a function written in a cell."""
     cell = {"__name__": "__main__"}
@@ -321,6 +322,7 @@ def test_the_spec_names_every_exercise():
         assert name in ch11.__doc__, name
 
 
+@pytest.mark.slow
 def test_what_the_learners_function_prints_in_the_workers_is_shown(capsys):
     """A worker's standard output reaches no notebook: it comes back with the results and is printed before the
     verdict (a print is how a learner looks inside a function)."""

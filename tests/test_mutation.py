@@ -37,7 +37,13 @@ def test_every_catalogue_has_two_correct_styles_and_mutants():
         assert len(names) == len(set(names)), f"{catalogue.name}: two mutants share a name"
 
 
-@pytest.mark.parametrize("ci, style", [(ci, style) for ci, c in enumerate(CATALOGUES) for style in c.correct],
+def launches(catalogue) -> tuple:
+    """Chapter 11's checkers start worker processes (seconds a launch): slow, left to `make test`."""
+    return (pytest.mark.slow,) if catalogue.name.startswith("ch11.") else ()
+
+
+@pytest.mark.parametrize("ci, style", [pytest.param(ci, style, marks=launches(c)) for ci, c in enumerate(CATALOGUES)
+                                       for style in c.correct],
                          ids=lambda x: x if isinstance(x, str) else CATALOGUES[x].name)
 def test_a_correct_answer_passes(ci, style):
     catalogue = CATALOGUES[ci]
@@ -47,7 +53,8 @@ def test_a_correct_answer_passes(ci, style):
     assert out.getvalue().startswith("Correct"), out.getvalue()
 
 
-@pytest.mark.parametrize("ci, mi", [(ci, mi) for ci, c in enumerate(CATALOGUES) for mi in range(len(c.mutants))],
+@pytest.mark.parametrize("ci, mi", [pytest.param(ci, mi, marks=launches(c)) for ci, c in enumerate(CATALOGUES)
+                                    for mi in range(len(c.mutants))],
                          ids=[f"{c.name}-{m.name}" for c in CATALOGUES for m in c.mutants])
 def test_a_mutant_is_rejected_and_named(ci, mi):
     catalogue = CATALOGUES[ci]
