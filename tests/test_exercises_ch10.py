@@ -64,6 +64,7 @@ def test_the_two_conventions_agree_up_to_a_fixed_permutation():
     assert (interleaved_complex(x, positions) - ch10._reference_rope(x, positions)).abs().max() > 0.1
 
 
+@pytest.mark.slow  # imports transformers (seconds): make check leaves transformers to make test
 def test_rope_is_transformers_llama_rope():
     """The same convention as transformers' apply_rotary_pos_emb (exactly, given the same cos and sin), and the same
     frequencies as LlamaRotaryEmbedding (which computes its angles in float32)."""

@@ -173,6 +173,7 @@ def test_peak_memory_counts_what_a_call_allocates():
     assert bench.peak_memory(lambda: None) == 0
 
 
+@pytest.mark.slow  # times every implementation of the core (seconds): make test runs it
 def test_attention_core_checks_parity_and_reports_targets():
     report, results = bench.attention_core(1, 2, 96, 8, block_size=32, repeats=1, masks=("none",), flex=False,
                                           targets=True)
