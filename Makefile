@@ -63,18 +63,19 @@ python-check:
 # module on every core (--compile-bytecode). It must be written here: where PYTHONDONTWRITEBYTECODE is set (as on
 # this project's machines), Python never writes it on import, and every process (each kernel, test worker,
 # sandboxed submission, distributed worker) would compile torch from source again (1.5 s each). uv compiles only what
-# it installs: torch, installed by pip, is compiled by compileall on every core (-j 0; torch's py312_intrinsics.py is
-# Python 3.12 syntax, never imported on 3.11).
+# it installs: torch and the packages pip installs with it (sympy among them: 2 s a process uncompiled, and
+# torch.testing.assert_close imports it) are compiled by compileall on every core, right after pip, when they are all
+# the environment holds (-j 0; torch's py312_intrinsics.py is Python 3.12 syntax, never imported before 3.12).
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
 	@$(MAKE) --no-print-directory python-check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --disable-pip-version-check -q --no-compile "$(TORCH)"
+	$(BIN)/python -c "import torch" 2>/dev/null || { $(BIN)/python -m pip install --disable-pip-version-check -q --no-compile "$(TORCH)" \
+	  && $(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics' $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null; }
 	awk '/^uv==/ {p = 1; print; next} p && /^[^ ]/ {exit} p' $(LOCK) > $(VENV)/uv-lock.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile --no-deps --require-hashes -r $(VENV)/uv-lock.txt
 	$(UV_INSTALL) --python $(BIN)/python -r $(LOCK)
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
-	$(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics' $$($(BIN)/python -c 'import torch, os; print(os.path.dirname(torch.__file__))') >/dev/null
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -51,3 +51,20 @@ def test_the_installed_packages_are_the_locked_ones():
     # torch's own dependencies come with it when TORCH is not the CPU wheel (CUDA libraries): not the lock's business
     extra = {name for name in extra if not re.match(r"nvidia-|cuda-|triton$", name)}
     assert not extra, f"installed but not in locks/dev.txt: {sorted(extra)}"
+
+
+# Imported by every kernel, test worker, graded submission and distributed worker: without byte-code (where
+# PYTHONDONTWRITEBYTECODE is set, Python never writes it) each process compiles them from source again, 2 s for
+# sympy alone (torch.testing.assert_close imports it). The Makefile's venv step writes it for what pip and uv install.
+COMPILED = ["torch", "torch.distributed.tensor", "sympy", "sympy.polys.rings", "mpmath", "networkx", "jinja2",
+            "numpy", "matplotlib.pyplot", "transformers", "ipykernel.kernelapp"]
+
+
+@pytest.mark.skipif(os.environ.get("ATTENTION_COURSE_ENV", "locked") != "locked",
+                    reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
+@pytest.mark.parametrize("module", COMPILED)
+def test_the_modules_every_process_imports_have_their_byte_code(module):
+    from importlib.util import cache_from_source, find_spec
+    origin = find_spec(module).origin
+    assert Path(cache_from_source(origin)).exists(), (
+        f"{origin} has no byte-code: every process compiles it again; run `rm -rf .venv && make venv`")
