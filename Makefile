@@ -30,7 +30,7 @@ NBGRADER := nbgrader>=0.9.5,<0.10
 LOCK        := locks/dev.txt
 GRADER_LOCK := locks/grader.txt
 UV          := $(BIN)/uv
-UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode
+UV_INSTALL  := $(UV) pip install --quiet --compile-bytecode --no-deps
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
@@ -159,7 +159,12 @@ check: venv
 # The locks, made again with the newest versions the ranges allow today. One resolution for every Python tested
 # (--universal: a package may have a version per Python), torch held at $(TORCH) and left out with its CUDA libraries
 # (installed by the step above, never from the lock). Then run `make test` on them before committing them.
-LOCK_FLAGS := --universal --python-version $(firstword $(PYTHONS_TESTED)) --generate-hashes --quiet
+# rfc3987-syntax (and lark, which only it needs) are left out: jsonschema's optional checker of the "iri" format,
+# which no Jupyter schema uses, builds some thirty Earley parsers when imported, 2 to 3 s of every process that imports
+# nbformat (each nbgrader run, the build's, nbconvert's). jsonschema does without it. The environments install the
+# locks with --no-deps: what a lock leaves out stays out.
+LOCK_FLAGS := --universal --python-version $(firstword $(PYTHONS_TESTED)) --generate-hashes --quiet \
+	--no-emit-package rfc3987-syntax --no-emit-package lark
 CUDA_OF_TORCH = $$($(UV) pip compile $(1) --universal --python-version $(firstword $(PYTHONS_TESTED)) --quiet \
 	--no-header --no-annotate -c $(VENV)/torch-pin.txt | grep -oE '^(nvidia-[a-z0-9-]+|cuda-[a-z-]+|triton)' | sort -u \
 	| sed 's/^/--no-emit-package /')

@@ -68,3 +68,11 @@ def test_the_modules_every_process_imports_have_their_byte_code(module):
     origin = find_spec(module).origin
     assert Path(cache_from_source(origin)).exists(), (
         f"{origin} has no byte-code: every process compiles it again; run `rm -rf .venv && make venv`")
+
+
+def test_the_locks_leave_out_the_iri_checker_that_slows_every_nbformat_import():
+    """rfc3987-syntax builds some thirty parsers on import (2 to 3 s of every nbgrader run); jsonschema does without
+    it, and no Jupyter schema checks the format it is for (the Makefile's LOCK_FLAGS)."""
+    for lock in ("dev.txt", "grader.txt"):
+        names = {canonical(m.group(1)) for m in map(LINE.match, (ROOT / "locks" / lock).read_text().splitlines()) if m}
+        assert names and not names & {"rfc3987-syntax", "lark"}, f"locks/{lock} lists rfc3987-syntax or lark again"
