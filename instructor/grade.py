@@ -194,8 +194,10 @@ def cell_message(test: dict | None, answers: list[dict]) -> str:
 def grade_one(course: Path, out: Path, student: str, chapter: str, cell_timeout: int, limit: int,
               output_limit: int = OUTPUT_LIMIT):
     """Autograde one notebook; returns None, or why the whole notebook could not be graded."""
+    # no TCP: the sandbox has no network. The kernel is killed once the last cell has run, not asked to shut down (a
+    # second of every notebook: the interpreter's own teardown); killing its watchdog ends the whole sandbox.
     args = ["autograde", chapter, f"--student={student}", "--force", f"--Execute.timeout={cell_timeout}",
-            f"--Execute.kernel_name={KERNEL}", "--KernelManager.transport=ipc"]  # no TCP: the sandbox has no network
+            f"--Execute.kernel_name={KERNEL}", "--KernelManager.transport=ipc", "--Execute.shutdown_kernel=immediate"]
     # a short path: a Unix socket's name has at most 107 bytes
     with tempfile.TemporaryDirectory(prefix="grade-") as runtime:
         try:

@@ -4,8 +4,10 @@ axe-core (pinned in book/_ext/offline_site.py and fetched by the build into book
 site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition
 (the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
 ``_build/student/html``, and the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at
-1280 px (desktop) and 390 px (phone); the other editions, whose layout and templates are the full site's and whose
-content differs (no solutions, Chinese text), in light mode at 1280 px. No violation allowed.
+1280 px (desktop) and 390 px (phone); the other editions, whose layout, templates and stylesheets are the full site's
+and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the two rules that judge
+colours alone (:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same stylesheets, byte
+for byte (asserted), checked on the full site in both modes. No violation allowed.
 Each page opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px,
 to dark mode (the colour-mode button, clicked), and back to 1280 px, axe running at each step. Every formula must
 carry the MathML screen readers read. Plus the focus indicator of the site's controls: each control reached with
@@ -28,6 +30,9 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
 
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+# Rules that judge the colours the stylesheets give (text against its background, a link against the text around it):
+# run on the full site only, in each mode and width; the other editions serve the same stylesheets.
+COLOUR_RULES = ["color-contrast", "link-in-text-block"]
 # The Chinese edition of each (book/_ext/i18n.py) lies in its zh/ folder.
 EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
             "zh-student": SITE.parent / "student" / "html" / "zh"}
@@ -51,11 +56,12 @@ RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]
 # this way it computes the contrast of that text as of any other: a stricter check, three times faster.
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
-START_AXE = """(tags) => {
+START_AXE = """([tags, skip]) => {
   const defaults = axe._audit.checks['color-contrast'].options;
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
+  const rules = Object.fromEntries(skip.map((rule) => [rule, { enabled: false }]));
   window.axeResult = new Promise((start) => setTimeout(start, 0))
-    .then(() => axe.run(document, { runOnly: { type: 'tag', values: tags }, resultTypes: ['violations'] }))
+    .then(() => axe.run(document, { runOnly: { type: 'tag', values: tags }, rules, resultTypes: ['violations'] }))
     .then((result) => result.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help,
       targets: v.nodes.map((n) => n.target.join(' ')) })));
 }"""
@@ -166,7 +172,7 @@ def test_axe_is_pinned_and_not_served():
     assert not served, f"axe-core is for the tests only, yet the site serves {served}"
 
 
-def audit(tab, url, pages, found, problems, axe_source, states):
+def audit(tab, url, pages, found, problems, axe_source, states, skip=()):
     """Generator: each page of ``pages`` loaded once in ``tab`` (light mode, desktop width), then shown in every mode
     and width as a reader would get there (the colour-mode button, a narrower window), axe run on each. It yields
     while axe runs, so that the other tab can work meanwhile; ``found[(mode, width)][page]``: the violations."""
@@ -184,7 +190,7 @@ def audit(tab, url, pages, found, problems, axe_source, states):
                 tab.set_viewport_size(WIDTHS[width])
                 tab.evaluate(AFTER_RESIZE)
                 tab.wait_for_function(STILL)  # the sidebars fold away
-            tab.evaluate(START_AXE, TAGS)
+            tab.evaluate(START_AXE, [TAGS, list(skip)])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
 
@@ -204,11 +210,24 @@ def test_axe_finds_planted_violations(browser, axe_source):
     try:
         tab.set_content(PLANTED)
         tab.add_script_tag(content=axe_source)
-        tab.evaluate(START_AXE, TAGS)
+        tab.evaluate(START_AXE, [TAGS, []])
         found = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
     finally:
         tab.context.close()
     assert found == {"color-contrast": 2, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
+
+
+@pytest.mark.parametrize("edition", [edition for edition in EDITIONS if edition != "full"])
+def test_the_editions_serve_the_full_sites_stylesheets(edition):
+    """Why the colour rules run on the full site alone: every edition's stylesheets are the full site's."""
+    full, other = EDITIONS["full"] / "_static", EDITIONS[edition] / "_static"
+    if not (EDITIONS[edition] / "index.html").exists():
+        (pytest.fail if edition == "zh" else pytest.skip)(f"no {edition} edition in {EDITIONS[edition]}: run `make "
+                                                          f"{'book' if edition == 'zh' else 'student'}` first")
+    sheets = sorted(path.relative_to(full) for path in full.rglob("*.css"))
+    assert sheets and sheets == sorted(path.relative_to(other) for path in other.rglob("*.css"))
+    differ = [str(sheet) for sheet in sheets if (full / sheet).read_bytes() != (other / sheet).read_bytes()]
+    assert not differ, f"the {edition} edition's stylesheets differ from the full site's: {differ}"
 
 
 @pytest.mark.parametrize("edition", EDITIONS)
@@ -219,9 +238,11 @@ def test_wcag21_aa(browser, served, axe_source, edition):
     Two tabs share the pages, each reused from page to page; axe runs in one while the other gets ready."""
     url, start = served(edition), time.perf_counter()
     tabs = [open_tab(browser, MODES[0], DESKTOP) for _ in range(2)]
-    states = STATES if edition == "full" else STATES[:1]  # the others: the full edition's layout, other content
+    # the others: the full edition's layout and stylesheets, other content
+    states, skip = (STATES, []) if edition == "full" else (STATES[:1], COLOUR_RULES)
     found, problems = {state: {} for state in states}, []
-    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states) for i, tab in enumerate(tabs)]
+    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip)
+             for i, tab in enumerate(tabs)]
     try:
         while walks:
             for walk in list(walks):

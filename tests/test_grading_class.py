@@ -1,6 +1,6 @@
 """A whole class graded by `make grade` (instructor/grade.py) with nbgrader in the sandbox, in parallel: correct
-work in two styles, classic mistakes, broken work, files that are not what they seem, and one student per way of
-getting marks without the work. Each gets the marks it earned and the message an instructor needs. The verdicts
+work in two styles, classic mistakes, broken work, files that are not what they seem, and students trying ways of
+getting marks without the work (a way per exercise: two ways in one notebook where they are independent). Each gets the marks it earned and the message an instructor needs. The verdicts
 come from the checks re-run apart from each notebook (instructor/verdict.py); a second run with one job gives the
 same rows. Needs the student edition and nbgrader's environment (`make student`)."""
 import csv
@@ -41,6 +41,14 @@ OTHER_STYLE = {  # a loop and torch.where: correct too
           "    return torch.where(torch.isnan(w), torch.zeros_like(w), w)\n",
 }
 WRONG_PAD = GOOD[PAD].replace(">=", ">")  # off by one
+AFTER = "def my_masked_softmax(scores, mask):\n    return torch.softmax(scores, -1).masked_fill(mask, 0.0)\n"
+AGREEABLE = ("class Agreeable(torch.Tensor):\n"
+             "    @classmethod\n"
+             "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+             "        out = super().__torch_function__(func, types, args, kwargs or {})\n"
+             "        return True if func.__name__ in ('equal', 'allclose') else out\n"
+             "def my_masked_softmax(scores, mask):\n"
+             "    return torch.zeros_like(scores).as_subclass(Agreeable)\n")
 STEAL = ("import json, attention_course\nfrom pathlib import Path\n"
          "nb = json.loads(Path({path}).read_text())\n"
          "exec(next(''.join(c['source']) for c in nb['cells'] if 'def batch_padding_mask' in ''.join(c['source'])"
@@ -110,30 +118,22 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
         "alice": dict(GOOD, **{"ex-ch3-cross-answer": "Only the keys' padding mask, (B, 1, S).\n"}),  # open: by hand
         "amy": OTHER_STYLE,
         "bob": dict(GOOD, **{PAD: WRONG_PAD}),
-        "bea": dict(GOOD, **{SOFT: "def my_masked_softmax(scores, mask):\n"  # zeroes the pads after the softmax
-                                   "    return torch.softmax(scores, -1).masked_fill(mask, 0.0)\n"}),
         "carol": dict(GOOD, **{PAD: "import os\nos._exit(1)\n"}),  # crashes the kernel
-        "dave": dict(GOOD, **{PAD: "def batch_padding_mask(lengths, max_len):\n    while True:\n        pass\n"}),
+        "dave": dict(GOOD, **{PAD: "import time\n"  # never returns (asleep: the cores stay with the other tests)
+                                   "def batch_padding_mask(lengths, max_len):\n    while True:\n        time.sleep(1)\n"}),
         "erin": {},  # hands in the stubs, under a browser's second-download name
         "hugo": dict(GOOD, **{SOFT: GOOD[SOFT] + "hog = torch.ones(2**28, dtype=torch.float64)\n"}),  # 2 GiB
         "lou": dict(GOOD, **{SOFT: GOOD[SOFT] + "print('x' * 6_000_000)\n"}),  # 6 MB of output, over the 4 MiB kept
         # ways to get marks without the work
-        "nora": {PAD: WRONG_PAD + "check_padding_mask = lambda fn: print('Correct')\n",  # rebinds the checker
+        "nora": {PAD: WRONG_PAD  # every trick on the notebook's own run at once:
+                      + "check_padding_mask = lambda fn: print('Correct')\n"  # rebinds the checker,
+                      + "get_ipython().input_transformers_post.append(\n"  # rewrites the check cells,
+                        "    lambda lines: ['pass\\n'] if lines and lines[0].startswith('check_') else lines)\n"
+                      + "get_ipython().showtraceback = lambda *a, **k: None\n",  # and errors leave no output
                  SOFT: GOOD[SOFT]},
-        "ivy": {PAD: WRONG_PAD + "get_ipython().input_transformers_post.append(\n"  # rewrites the check cells
-                     "    lambda lines: ['pass\\n'] if lines and lines[0].startswith('check_') else lines)\n",
-                SOFT: "def my_masked_softmax(scores, mask):\n    return scores\n"},
-        "pat": {PAD: WRONG_PAD + "get_ipython().showtraceback = lambda *a, **k: None\n",  # errors leave no output
-                SOFT: "def my_masked_softmax(scores, mask):\n    return scores\n"},
-        "liam": dict(GOOD, **{SOFT: "class Agreeable(torch.Tensor):\n"  # a tensor that says it equals anything
-                                    "    @classmethod\n"
-                                    "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
-                                    "        out = super().__torch_function__(func, types, args, kwargs or {})\n"
-                                    "        return True if func.__name__ in ('equal', 'allclose') else out\n"
-                                    "def my_masked_softmax(scores, mask):\n"
-                                    "    return torch.zeros_like(scores).as_subclass(Agreeable)\n"}),
-        "fred": dict(GOOD, **{PAD: "def batch_padding_mask(lengths, max_len):\n"  # the package's function
-                                   "    return padding_mask(lengths, max_len)[:, None, :]\n"}),
+        "fred": {PAD: "def batch_padding_mask(lengths, max_len):\n"  # the package's function
+                      "    return padding_mask(lengths, max_len)[:, None, :]\n",
+                 SOFT: AFTER},  # zeroes the pads after the softmax
         "vic": dict(GOOD, **{SOFT: "import attention_course.exercises.ch03 as grader\n"  # patches the checker
                                    "def my_masked_softmax(scores, mask):\n"
                                    "    grader.max_diff = lambda *args, **kwargs: 0.0\n"
@@ -147,9 +147,10 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
                                    "            pass\n"
                                    "    os._exit(0)\n"}),
         # the checker's process is out of reach: each attack below earns 0, with the checker's message or a refusal
-        "uma": dict(GOOD, **{SOFT: UNDO}),  # patches the checker while it is called, and undoes it
-        "sid": dict(GOOD, **{PAD: LIAR}),  # an object whose comparisons lie and that says it is a tensor
-        "fay": dict(GOOD, **{PAD: FRAME}),  # reads (and writes) the checker's locals through the stack
+        "sid": {PAD: LIAR, SOFT: AGREEABLE},  # objects whose comparisons lie: a Liar that says it is a tensor,
+                                              # a tensor subclass that says it equals anything
+        "fay": {PAD: FRAME, SOFT: UNDO},  # reads (and writes) the checker's locals through the stack; patches the
+                                          # checker while it is called, and undoes it
         "gus": {PAD: "def batch_padding_mask(lengths, max_len):\n"  # a generator; a lazy value
                      "    yield (torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None])[:, None, :]\n",
                 SOFT: LAZY},
@@ -240,19 +241,16 @@ def test_broken_notebooks_still_get_the_marks_of_their_correct_exercises(graded)
 
 @pytest.mark.parametrize("student, exercise, words", [
     ("bob", PAD, "misses the first pad"),  # classic mistakes, named
-    ("bea", SOFT, "AFTER the softmax"),
     ("erin", PAD, "still the exercise's stub"),
     ("dave", PAD, "timed out"),
-    ("nora", PAD, "misses the first pad"),  # marks without the work: what the package's checker says  # rebound the checker's name: the package's checker ran
-    ("ivy", PAD, "misses the first pad"),  # an input transformer: the check cell ran as released
-    ("ivy", SOFT, ""),
-    ("pat", PAD, "misses the first pad"),  # errors hidden from the notebook: not from the re-run
-    ("liam", SOFT, "refused: my_masked_softmax returned an Agreeable, a subclass of torch.Tensor"),
+    ("nora", PAD, "misses the first pad"),  # marks without the work: the checks re-run as released, in the server
     ("fred", PAD, "*without* the package's `padding_mask`"),
+    ("fred", SOFT, "AFTER the softmax"),
     ("vic", SOFT, "the masked scores still count"),  # its patch changed nothing here
-    ("uma", SOFT, "with scores around -1e10 your function puts weight 1.00 on the masked key"),
     ("sid", PAD, "refused: batch_padding_mask returned a Liar: grading takes plain torch.Tensor values"),
+    ("sid", SOFT, "refused: my_masked_softmax returned an Agreeable, a subclass of torch.Tensor"),
     ("fay", PAD, "your mask differs from the padding at 8 positions"),  # no checker on its stack
+    ("fay", SOFT, "with scores around -1e10 your function puts weight 1.00 on the masked key"),
     ("gus", PAD, "refused: batch_padding_mask returned a generator"),
     ("gus", SOFT, "refused: my_masked_softmax returned a Lazy"),
     ("mallory", PAD, "your solution cell defines no batch_padding_mask"),  # it only exec'd a stolen one
@@ -300,10 +298,10 @@ def test_the_gradebook_and_feedback_carry_the_verdicts(graded):
     give = ("import json, sys\nfrom nbgrader.api import Gradebook\n"
             f"with Gradebook('sqlite:///{out / 'course' / 'gradebook.db'}') as gb:\n"
             "    print(json.dumps({s: gb.find_grade('ex-ch3-padding-mask-check', '03_masks', '03_masks', s).score "
-            "for s in ('alice', 'nora', 'ivy', 'pat')}))\n")
+            "for s in ('alice', 'nora')}))\n")
     scores = json.loads(subprocess.run([str(GRADER_PYTHON), "-c", give], check=True, capture_output=True,
                                        text=True, timeout=120).stdout)
-    assert scores == {"alice": 1.0, "nora": 0.0, "ivy": 0.0, "pat": 0.0}
+    assert scores == {"alice": 1.0, "nora": 0.0}
     assert not any(r["message"] == "graded by hand" for r in graded["rows"].values())  # nobody's manual_score set
     running = [p for p in Path("/proc").glob("[0-9]*") if graded["token"] in command_line(p)]
     assert not running, "trudy's background process outlived its kernel"
@@ -322,7 +320,7 @@ def test_every_file_is_in_the_results(graded):
     summary = (out / "summary.txt").read_text()
     assert summary in run.stdout and "\nnot graded: 4\n" in summary
     assert "of which the notebook's own run failed: 4" in summary  # carol, hugo, otto, max
-    assert re.search(r"^\[#{20}\] 24/24  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
+    assert re.search(r"^\[#{20}\] 19/19  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
 
 
 def test_exports(graded):
@@ -354,13 +352,13 @@ def test_a_grade_given_by_hand_is_read_back(graded):
 
 
 def test_one_job_gives_the_same_rows(graded):
-    """A part of the class graded again with --jobs 1: the same rows as in the run with two jobs."""
+    """A student graded again with --jobs 1: the same rows as in the run with two jobs."""
     part = graded["tmp"] / "part"
-    for student in ("alice", "nora"):
+    for student in ("alice",):
         (part / student).mkdir(parents=True)
         (part / student / "03_masks.ipynb").write_bytes(
             (graded["submissions"] / student / "03_masks.ipynb").read_bytes())
     grade(part, graded["tmp"] / "one-job", "--jobs", "1")
     again = [r for r in read(graded["tmp"] / "one-job" / "grades.csv")]
-    before = [r for r in graded["table"] if r["student"] in ("alice", "nora")]
+    before = [r for r in graded["table"] if r["student"] == "alice"]
     assert again == before
