@@ -4,7 +4,8 @@ axe-core (pinned in book/_ext/offline_site.py and fetched by the build into book
 site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition
 (the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
 ``_build/student/html``, and the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at
-1280 px (desktop) and 390 px (phone); the other editions, whose layout, templates and stylesheets are the full site's
+1280 px (desktop) and 390 px (phone; there the colour rules on the pages that show every kind of element the others
+show outside their article, whose colours do not depend on the width: :data:`COLOUR_RULES`); the other editions, whose layout, templates and stylesheets are the full site's
 and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the two rules that judge
 colours alone (:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same stylesheets, byte
 for byte (asserted), checked on the full site in both modes. No violation allowed.
@@ -18,6 +19,7 @@ runs axe while the other gets ready. Every run writes the violations it found, p
 ``_build/accessibility.json``.
 """
 import json
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -30,9 +32,24 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
 
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
-# Rules that judge the colours the stylesheets give (text against its background, a link against the text around it):
-# run on the full site only, in each mode and width; the other editions serve the same stylesheets.
+# Rules that judge the colours the stylesheets give (text against its background, a link against the text around it),
+# two thirds of axe's time: run on the full site only, in each mode; the other editions serve the same stylesheets.
+# At the phone's width they run on PHONE_COLOUR_PAGES, which show every kind of element the others show outside their
+# article (asserted: a chapter, a page of prose, a formula and code in the page's contents), for
+# what that width shows and the desktop's does not (the header's buttons, the drawers): the article's colours do not
+# depend on the width, since the only colours the stylesheets set by width are those of WIDTH_COLOURS (asserted),
+# none of them in an article. (axe judges a colour against the grid of the whole page: a run on the page outside the
+# article costs nearly as much as a run on all of it.)
 COLOUR_RULES = ["color-contrast", "link-in-text-block"]
+PHONE_COLOUR_PAGES = ["notebooks/02_softmax", "notebooks/03_masks", "book/intro"]
+ARTICLE = "article.bd-article"
+WIDTH_COLOURS = {".navbar-expand-sm .offcanvas", ".navbar-expand-md .offcanvas", ".navbar-expand-lg .offcanvas",
+                 ".navbar-expand-xl .offcanvas", ".offcanvas-sm", ".offcanvas-sm .offcanvas-body", ".offcanvas-md",
+                 ".offcanvas-md .offcanvas-body", ".offcanvas-lg", ".offcanvas-lg .offcanvas-body", ".offcanvas-xl",
+                 ".offcanvas-xl .offcanvas-body", ".bd-sidebar-secondary", "label.margin-toggle",
+                 ".bd-sidebar-primary.pst-sidebar-hidden", ".bd-sidebar-secondary.hide:not(:hover) .onthispage:after",
+                 ".bd-sidebar-secondary.hide:not(:hover) nav.page-toc",
+                 "input#pst-primary-sidebar-checkbox:checked~.bd-container .bd-sidebar-primary"}
 # The Chinese edition of each (book/_ext/i18n.py) lies in its zh/ folder.
 EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
             "zh-student": SITE.parent / "student" / "html" / "zh"}
@@ -190,7 +207,9 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=()):
                 tab.set_viewport_size(WIDTHS[width])
                 tab.evaluate(AFTER_RESIZE)
                 tab.wait_for_function(STILL)  # the sidebars fold away
-            tab.evaluate(START_AXE, [TAGS, list(skip)])
+            # at the phone's width, the colours of the article are its colours at the desktop's (WIDTH_COLOURS)
+            phone = width == "phone" and page not in PHONE_COLOUR_PAGES
+            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip)])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
 
@@ -228,6 +247,47 @@ def test_the_editions_serve_the_full_sites_stylesheets(edition):
     assert sheets and sheets == sorted(path.relative_to(other) for path in other.rglob("*.css"))
     differ = [str(sheet) for sheet in sheets if (full / sheet).read_bytes() != (other / sheet).read_bytes()]
     assert not differ, f"the {edition} edition's stylesheets differ from the full site's: {differ}"
+
+
+def width_colours(css: str) -> set[str]:
+    """Selectors of the rules that set a colour (color, background, opacity) inside an @media query on the width."""
+    found, start = set(), 0
+    while (media := re.compile(r"@media[^{]*width[^{]*\{").search(css, start)) is not None:
+        depth, end = 1, media.end()
+        while depth and end < len(css):
+            depth += {"{": 1, "}": -1}.get(css[end], 0)
+            end += 1
+        block = css[media.end():end - 1]
+        for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", block):
+            if re.search(r"(?<![-\w])(color|background(-color)?|opacity)\s*:", body):
+                found |= {" ".join(sel.split()) for sel in selectors.split(",")}
+        start = end
+    return found
+
+
+def test_the_articles_colours_do_not_depend_on_the_width():
+    """Why the colour rules judge the article at the desktop's width alone: the colours the stylesheets set by width
+    are WIDTH_COLOURS' (the drawers, the page's sidebar, a margin note's toggle), and no article holds one."""
+    full = EDITIONS["full"]
+    found = set().union(*(width_colours(path.read_text(errors="replace")) for path in (full / "_static").rglob("*.css")))
+    assert found and found <= WIDTH_COLOURS, f"colours set by width, not yet judged at the phone's width: " \
+                                             f"{sorted(found - WIDTH_COLOURS)}"
+    assert width_colours("@media (max-width: 9px) { .a, .b x { color: red } .c { margin: 0 } }") == {".a", ".b x"}
+    # the classes of the elements they colour (each selector's last compound)
+    classes = {word for selector in WIDTH_COLOURS for word in re.findall(r"\.([\w-]+)", selector.split()[-1])}
+    outside = {}  # page -> the classes used outside its article
+    for page in PAGES:
+        text = (full / f"{page}.html").read_text()
+        article = re.search(r'<article class="bd-article".*?</article>', text, re.S)
+        assert article, f"{page}: no {ARTICLE}"
+        inside = {name for name in classes if re.search(rf'class="[^"]*\b{name}\b', article.group(0))}
+        assert not inside, f"{page}: its article holds {inside}, whose colours change with the width"
+        rest = text[:article.start()] + text[article.end():]
+        outside[page] = {name for value in re.findall(r'class="([^"]*)"', rest) for name in value.split()}
+    # and what lies outside the article at the phone's width is judged on a page of each template
+    shown = set().union(*(outside[page] for page in PHONE_COLOUR_PAGES))
+    new = {page: sorted(names - shown) for page, names in outside.items() if names - shown}
+    assert not new, f"classes outside the article that PHONE_COLOUR_PAGES do not show: {new}"
 
 
 @pytest.mark.parametrize("edition", EDITIONS)
