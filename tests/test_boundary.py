@@ -16,6 +16,20 @@ from attention_course import boundary
 from attention_course.boundary import Learner, LearnerError, Refused, Remote, Stopped
 from attention_course.exercises import ExerciseError
 
+# A layer filled in place, a call that never returns, one that allocates without end (the check server's learners
+# have them too: tests/test_verdict.py)
+MISBEHAVING = '''
+def fill(layer):
+    with torch.no_grad():
+        layer.weight.fill_(3.0)
+def forever():
+    while True:
+        pass
+def hog():
+    kept = []
+    while True:
+        kept.append(torch.ones(2**24))
+'''
 CODE = '''
 import os, signal
 class Sub(torch.Tensor):
@@ -26,18 +40,7 @@ def sub():
     return torch.ones(2).as_subclass(Sub)
 def key():
     raise KeyError("k")
-def fill(layer):
-    with torch.no_grad():
-        layer.weight.fill_(3.0)
-    return None
-def forever():
-    while True:
-        pass
-def hog():
-    kept = []
-    while True:
-        kept.append(torch.ones(2**24))
-def big():
+''' + MISBEHAVING + '''def big():
     return torch.zeros(2**18)
 pair = (1, 2)
 def leave(code):

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from instructor import check_server, sandbox, verdict  # noqa: E402
 from instructor.exercises import chapters, exercises, load, source  # noqa: E402
+from test_boundary import MISBEHAVING  # noqa: E402
 
 RELEASE = ROOT / "_build" / ".student-course" / "release"
 CHECKED = [path for path in chapters() if any(e.checked for e in exercises(path))]
@@ -170,17 +171,7 @@ def stub():
     raise NotImplementedError()
 def frame():
     return sorted(sys._getframe(1).f_locals)
-def fill(layer):
-    with torch.no_grad():
-        layer.weight.fill_(3.0)
-def forever():
-    while True:
-        pass
-def hog():
-    kept = []
-    while True:
-        kept.append(torch.ones(2**24))
-'''
+''' + MISBEHAVING
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@
   chapter placed), code untouched.
 """
 import json
+import copy
+import functools
 import re
 import shutil
 import subprocess
@@ -42,8 +44,14 @@ SKIPPED = "pre, code, kbd, samp, script, style, .math, mjx-container, .cell_outp
 bs4 = pytest.importorskip("bs4")
 
 
-def soup(path: Path):
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path):
     return bs4.BeautifulSoup(path.read_text(), "html.parser")
+
+
+def soup(path: Path):
+    """A page's tree, parsed once for this file's tests (a second of each); each test gets a copy it may change."""
+    return copy.copy(parsed(path))
 
 
 def built(page: str):
