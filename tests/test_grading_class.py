@@ -134,18 +134,18 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
         "fred": {PAD: "def batch_padding_mask(lengths, max_len):\n"  # the package's function
                       "    return padding_mask(lengths, max_len)[:, None, :]\n",
                  SOFT: AFTER},  # zeroes the pads after the softmax
-        "vic": dict(GOOD, **{SOFT: "import attention_course.exercises.ch03 as grader\n"  # patches the checker
-                                   "def my_masked_softmax(scores, mask):\n"
-                                   "    grader.max_diff = lambda *args, **kwargs: 0.0\n"
-                                   "    return scores\n"}),
-        "otto": dict(GOOD, **{PAD: "import os\n"  # forges the child's report on every descriptor
+        "otto": dict(GOOD, **{PAD: "import os\n"  # forges the child's report on every descriptor;
                                    "def batch_padding_mask(lengths, max_len):\n"
                                    "    for fd in range(3, 64):\n"
                                    "        try:\n"
                                    "            os.write(fd, b'{\"passed\": true, \"message\": \"Correct\"}\\n')\n"
                                    "        except OSError:\n"
                                    "            pass\n"
-                                   "    os._exit(0)\n"}),
+                                   "    os._exit(0)\n",
+                              SOFT: "import attention_course.exercises.ch03 as grader\n"  # and patches the checker
+                                    "def my_masked_softmax(scores, mask):\n"
+                                    "    grader.max_diff = lambda *args, **kwargs: 0.0\n"
+                                    "    return scores\n"}),
         # the checker's process is out of reach: each attack below earns 0, with the checker's message or a refusal
         "sid": {PAD: LIAR, SOFT: AGREEABLE},  # objects whose comparisons lie: a Liar that says it is a tensor,
                                               # a tensor subclass that says it equals anything
@@ -246,7 +246,7 @@ def test_broken_notebooks_still_get_the_marks_of_their_correct_exercises(graded)
     ("nora", PAD, "misses the first pad"),  # marks without the work: the checks re-run as released, in the server
     ("fred", PAD, "*without* the package's `padding_mask`"),
     ("fred", SOFT, "AFTER the softmax"),
-    ("vic", SOFT, "the masked scores still count"),  # its patch changed nothing here
+    ("otto", SOFT, "the masked scores still count"),  # its patch of the checker changed nothing here
     ("sid", PAD, "refused: batch_padding_mask returned a Liar: grading takes plain torch.Tensor values"),
     ("sid", SOFT, "refused: my_masked_softmax returned an Agreeable, a subclass of torch.Tensor"),
     ("fay", PAD, "your mask differs from the padding at 8 positions"),  # no checker on its stack
@@ -320,7 +320,7 @@ def test_every_file_is_in_the_results(graded):
     summary = (out / "summary.txt").read_text()
     assert summary in run.stdout and "\nnot graded: 4\n" in summary
     assert "of which the notebook's own run failed: 4" in summary  # carol, hugo, otto, max
-    assert re.search(r"^\[#{20}\] 19/19  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
+    assert re.search(r"^\[#{20}\] 18/18  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
 
 
 def test_exports(graded):
