@@ -5,10 +5,11 @@ site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page 
 (the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
 ``_build/student/html``, and the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at
 1280 px (desktop) and 390 px (phone; there the colour rules on the pages that show every kind of element the others
-show outside their article, whose colours do not depend on the width: :data:`COLOUR_RULES`); the other editions, whose layout, templates and stylesheets are the full site's
-and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the two rules that judge
-colours alone (:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same stylesheets, byte
-for byte (asserted), checked on the full site in both modes. No violation allowed.
+show outside their article, whose colours do not depend on the width: :data:`COLOUR_RULES`); the other editions,
+whose layout, templates and stylesheets are the full site's and whose content differs (no solutions, Chinese text),
+in light mode at 1280 px, without the two rules that judge colours alone (:data:`COLOUR_RULES`, two thirds of axe's
+time): their colours come from the same stylesheets, byte for byte (asserted), checked on the full site in both
+modes. No violation allowed.
 Each page opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px,
 to dark mode (the colour-mode button, clicked), and back to 1280 px, axe running at each step. Every formula must
 carry the MathML screen readers read. Plus the focus indicator of the site's controls: each control reached with
@@ -269,7 +270,8 @@ def test_the_articles_colours_do_not_depend_on_the_width():
     """Why the colour rules judge the article at the desktop's width alone: the colours the stylesheets set by width
     are WIDTH_COLOURS' (the drawers, the page's sidebar, a margin note's toggle), and no article holds one."""
     full = EDITIONS["full"]
-    found = set().union(*(width_colours(path.read_text(errors="replace")) for path in (full / "_static").rglob("*.css")))
+    sheets = (full / "_static").rglob("*.css")
+    found = set().union(*(width_colours(path.read_text(errors="replace")) for path in sheets))
     assert found and found <= WIDTH_COLOURS, f"colours set by width, not yet judged at the phone's width: " \
                                              f"{sorted(found - WIDTH_COLOURS)}"
     assert width_colours("@media (max-width: 9px) { .a, .b x { color: red } .c { margin: 0 } }") == {".a", ".b x"}

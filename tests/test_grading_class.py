@@ -1,8 +1,9 @@
 """A whole class graded by `make grade` (instructor/grade.py) with nbgrader in the sandbox, in parallel: correct
 work in two styles, classic mistakes, broken work, files that are not what they seem, and students trying ways of
-getting marks without the work (a way per exercise: two ways in one notebook where they are independent). Each gets the marks it earned and the message an instructor needs. The verdicts
-come from the checks re-run apart from each notebook (instructor/verdict.py); a second run with one job gives the
-same rows. Needs the student edition and nbgrader's environment (`make student`)."""
+getting marks without the work (a way per exercise: two ways in one notebook where they are independent). Each gets
+the marks it earned and the message an instructor needs. The verdicts come from the checks re-run apart from each
+notebook (instructor/verdict.py); a second run with one job gives the same rows. Needs the student edition and
+nbgrader's environment (`make student`)."""
 import csv
 import json
 import re
@@ -120,7 +121,8 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
         "bob": dict(GOOD, **{PAD: WRONG_PAD}),
         "carol": dict(GOOD, **{PAD: "import os\nos._exit(1)\n"}),  # crashes the kernel
         "dave": dict(GOOD, **{PAD: "import time\n"  # never returns (asleep: the cores stay with the other tests)
-                                   "def batch_padding_mask(lengths, max_len):\n    while True:\n        time.sleep(1)\n"}),
+                                   "def batch_padding_mask(lengths, max_len):\n"
+                                   "    while True:\n        time.sleep(1)\n"}),
         "erin": {},  # hands in the stubs, under a browser's second-download name
         "hugo": dict(GOOD, **{SOFT: GOOD[SOFT] + "hog = torch.ones(2**28, dtype=torch.float64)\n"}),  # 2 GiB
         "lou": dict(GOOD, **{SOFT: GOOD[SOFT] + "print('x' * 6_000_000)\n"}),  # 6 MB of output, over the 4 MiB kept
