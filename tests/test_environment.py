@@ -76,3 +76,35 @@ def test_the_locks_leave_out_the_iri_checker_that_slows_every_nbformat_import():
     for lock in ("dev.txt", "grader.txt"):
         names = {canonical(m.group(1)) for m in map(LINE.match, (ROOT / "locks" / lock).read_text().splitlines()) if m}
         assert names and not names & {"rfc3987-syntax", "lark"}, f"locks/{lock} lists rfc3987-syntax or lark again"
+
+
+def test_the_book_reads_none_of_the_environments_make_creates():
+    """The environments live in the book's folder: the build must not read their packages' notebooks and pages (after
+    `make test-oldest`, matplotlib's own test notebooks in .venv-oldest/ failed `make book`)."""
+    import yaml
+    from sphinx.util.matching import Matcher
+
+    makefile = (ROOT / "Makefile").read_text()
+    made = {".venv", *re.findall(r"^GRADER\s*:=\s*(\S+)", makefile, re.M)}
+    made |= {f".venv-{target.split('-')[1]}" for target in re.findall(r"^(test-\w+):", makefile, re.M)}
+    assert made >= {".venv", ".venv-grader", ".venv-latest", ".venv-oldest"}, made
+    excluded = Matcher(yaml.safe_load((ROOT / "_config.yml").read_text())["exclude_patterns"])
+    assert all(excluded(folder) for folder in made), [folder for folder in made if not excluded(folder)]
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert all(any(Matcher([p.rstrip("/")])(folder) for p in ignored) for folder in made), "git should ignore them too"
+
+
+def test_a_test_worker_runs_torch_on_one_thread():
+    """conftest.py: under pytest-xdist (a worker per core) torch gets one thread in each worker and in the processes
+    the tests start (they inherit OMP_NUM_THREADS), unless OMP_NUM_THREADS was set before the run."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        pytest.skip("only under pytest-xdist with several workers (make test, make check)")
+    wanted = int(os.environ["OMP_NUM_THREADS"])
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], check=True,
+                           capture_output=True, text=True, timeout=120).stdout
+    assert torch.get_num_threads() == wanted == int(child), (torch.get_num_threads(), wanted, child)

@@ -47,6 +47,19 @@ def test_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_its_own_id(path):
+    """nbformat 4.5 cell ids, unique and stable: without them nbformat warns (an error under the tests' filters, so
+    nbval cannot collect the chapter), and nbgrader and JupyterLab make up random ones on every save."""
+    nb = load(path)
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), f"{path.name}: nbformat {nb['nbformat']}.{nb['nbformat_minor']}"
+    ids = [cell.get("id") for cell in nb["cells"]]
+    missing = [i for i, cell_id in enumerate(ids) if not cell_id]
+    assert not missing, f"{path.name}: cells {missing} have no id (give each one, e.g. 'ch12-07')"
+    twice = sorted({cell_id for cell_id in ids if ids.count(cell_id) > 1})
+    assert not twice, f"{path.name}: ids used by more than one cell: {twice}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_hard_coded_cuda(path):
     source = "".join("".join(c["source"]) for c in load(path)["cells"])
     assert ".cuda(" not in source, f"{path.name}: use the device chosen in the setup cell, not .cuda()"

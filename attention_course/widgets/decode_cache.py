@@ -225,8 +225,9 @@ class DecodeCacheWidget(CourseWidget):
             for j in range(S):
                 inside = j in read
                 fill = kv_fill(g) if inside else OUTSIDE
+                # the hatch is drawn in the edge's colour (no hatchcolor=: matplotlib 3.10 added it)
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor=fill, edgecolor="white", lw=1,
-                                       hatch=None if inside else "///", hatchcolor="white"))
+                                       hatch=None if inside else "///"))
                 if inside:
                     ax.text(j + 0.5, i + 0.5, str(j), ha="center", va="center", fontsize=8,
                             color=text_color_on(fill))
