@@ -487,8 +487,9 @@ def layer_section(args) -> str:
     names = NAMES + (COMPILED_NAMES if args.compile else ())
     x = torch.randn(B, L, D)
     masks = {"none": None, "padding": padding_mask(torch.linspace(L // 2, L, B).long(), L)}
+    threads = torch.get_num_threads()
     lines = [
-        f"B={B}, L={L}, D={D}, heads={h}, float32, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+        f"B={B}, L={L}, D={D}, heads={h}, float32, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}; "
         f"median of {args.repeats} interleaved repeats"
         + (f"; compiled rows: torch.compile(fullgraph=True, backend={args.backend!r})" if args.compile else ""),
         f"{'mask':<9}{'implementation':<37}{'forward ms':>11}{'ratio':>7}{'fwd+bwd ms':>12}{'ratio':>7}",
