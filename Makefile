@@ -6,6 +6,10 @@ PYTHON ?= python3
 # Two jobs at a time where the steps allow it: on a fresh clone, nbgrader's environment is installed while the
 # project's is (the book waits for its own, the student edition for the book).
 MAKEFLAGS += --jobs=2
+# Python writes byte-code in every step, whatever the machine sets (this project's machines set
+# PYTHONDONTWRITEBYTECODE): without it, each pytest process rewrote and compiled its test modules and plugins (hypothesis
+# among them) again, 3 s of each, and every process compiled what no step had compiled before it.
+unexport PYTHONDONTWRITEBYTECODE
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Torch is installed first and pinned here, so an open `torch` requirement never pulls a multi-GB CUDA build on a
