@@ -1,19 +1,20 @@
 """The built website against WCAG 2.1 AA, in a headless Chromium driven by Playwright (see tests/test_site.py).
 
 axe-core (pinned in book/_ext/offline_site.py and fetched by the build into book/_vendor/tests/, never served on the
-site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition
-(the full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in
-``_build/student/html``, and the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at
-1280 px (desktop) and 390 px (phone; there the colour rules on the pages that show every kind of element the others
-show outside their article, whose colours do not depend on the width: :data:`COLOUR_RULES`); the other editions,
-whose layout, templates and stylesheets are the full site's and whose content differs (no solutions, Chinese text),
-in light mode at 1280 px, without the two rules that judge colours alone (:data:`COLOUR_RULES`, two thirds of axe's
-time): their colours come from the same stylesheets, byte for byte (asserted), checked on the full site in both
-modes. No violation allowed.
-Each page opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px,
-to dark mode (the colour-mode button, clicked), and back to 1280 px, axe running at each step. Every formula must
-carry the MathML screen readers read. Plus the focus indicator of the site's controls: each control reached with
-Tab (and Shift+Tab from the end) shows one with a contrast of at least 3:1 against what surrounds it, in both modes.
+site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page of ``_toc.yml``, on every edition (the
+full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in ``_build/student/html``, and
+the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at 1280 px (desktop) and 390 px
+(phone; there the colour rules on the pages that show every kind of element the others show outside their article,
+whose colours do not depend on the width: :data:`COLOUR_RULES`; in dark mode only those pages, since the mode changes
+colours alone: :data:`STATES`), the colours of code on the pages that show every colour of code
+(:func:`code_colour_pages`); the other editions, whose layout, templates and stylesheets are the full site's and whose
+content differs (no solutions, Chinese text), in light mode at 1280 px, without the two rules that judge colours alone
+(:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same stylesheets, byte for byte
+(asserted), checked on the full site in both modes. No violation allowed. Each page opens in light mode (stored as the
+theme's colour-mode button stores it) at 1280 px, then goes to 390 px, to dark mode (the colour-mode button, clicked),
+and back to 1280 px, axe running at each step (see STATES). Every formula must carry the MathML screen readers read.
+Plus the focus indicator of the site's controls: each control reached with Tab (and Shift+Tab from the end) shows one
+with a contrast of at least 3:1 against what surrounds it, in both modes.
 
 One browser; two tabs per edition, sharing the pages, reused from page to page, axe injected into each page; one
 runs axe while the other gets ready. Every run writes the violations it found, per rule and page, to
@@ -56,8 +57,22 @@ EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SIT
             "zh-student": SITE.parent / "student" / "html" / "zh"}
 MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
-# Each page is shown in each mode and at each width, in this order: one change at a time.
+# Each page is shown in each mode and at each width, in this order: one change at a time. But in dark mode at the
+# phone's width, only PHONE_COLOUR_PAGES: the colour mode changes colours alone (asserted: what the stylesheets set by
+# mode), with one exception, the theme's .only-dark images, judged by every rule in dark mode at the desktop's width;
+# so the rules that do not judge colours find at the phone's width in dark mode what they find there in light mode.
 STATES = [("light", "desktop"), ("light", "phone"), ("dark", "phone"), ("dark", "desktop")]
+DARK_PHONE = ("dark", "phone")
+# What the stylesheets may set by colour mode (html[data-theme=...]): colours, and what never hides, shows or names an
+# element. Custom properties (--*) only when they hold a colour (MODE_VARIABLE), or are myst-nb's --light and --dark
+# switches (empty or initial: they pick one of two colours in var() fallbacks).
+MODE_PROPERTIES = {"color", "background", "background-color", "border-color", "border-bottom-color", "box-shadow",
+                   "text-shadow", "filter", "fill", "color-scheme", "font-style", "font-weight", "line-height",
+                   "padding", "padding-left", "padding-right", "border-radius"}
+MODE_VARIABLE = re.compile(r"(#[0-9a-f]{3,8}|rgba?\(|hsla?\(|var\(--|transparent|inherit|none|\b(white|black)\b)", re.I)
+# Code: thousands of highlighted tokens on a chapter, half of what color-contrast judges there. Their colours come
+# from (the box the block is in, the block's kind, the token's class) alone, CODE_COLOURS: color-contrast judges the
+# code of the pages that show every such triple first (code_colour_pages), and leaves out the code of the others.
 REPORT = SITE.parent / "accessibility.json"
 TARGETS_SHOWN = 3  # selectors of offending elements printed per rule and page
 # Violations of the theme that cannot be fixed from this repository: rule -> (upstream issue, the exact number of
@@ -74,9 +89,15 @@ RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]
 # this way it computes the contrast of that text as of any other: a stricter check, three times faster.
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
-START_AXE = """([tags, skip]) => {
+# skipCode: color-contrast leaves out the text of code blocks (div.highlight), whose colours CODE_COLOURS shows
+# elsewhere (the rule's own test of which elements it judges, wrapped).
+START_AXE = """([tags, skip, skipCode]) => {
   const defaults = axe._audit.checks['color-contrast'].options;
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
+  const contrast = axe._audit.rules.find((rule) => rule.id === 'color-contrast');
+  contrast.ownMatches ??= contrast.matches;
+  contrast.matches = skipCode ? function (node, ...rest) { return !node.closest('div.highlight')
+    && this.ownMatches(node, ...rest); } : contrast.ownMatches;
   const rules = Object.fromEntries(skip.map((rule) => [rule, { enabled: false }]));
   window.axeResult = new Promise((start) => setTimeout(start, 0))
     .then(() => axe.run(document, { runOnly: { type: 'tag', values: tags }, rules, resultTypes: ['violations'] }))
@@ -190,10 +211,41 @@ def test_axe_is_pinned_and_not_served():
     assert not served, f"axe-core is for the tests only, yet the site serves {served}"
 
 
-def audit(tab, url, pages, found, problems, axe_source, states, skip=()):
+def code_colours(path) -> set[tuple[str, str, str]]:
+    """(the box a code block is in, the block's kind, a token's class) for every token of every code block of a page:
+    what decides the colours of its code. The box: the classes of the nearest admonition, dropdown or card around the
+    block ("" for none); the kind: its container's classes (a cell's input, an output stream, an error, ...)."""
+    import lxml.html
+
+    found = set()
+    for block in lxml.html.parse(str(path)).xpath('//div[contains(concat(" ", @class, " "), " highlight ")]'):
+        classes = (block.getparent().get("class") or "").split()
+        kind = " ".join(c for c in classes if c not in ("docutils", "container", "notranslate")
+                        and not c.startswith("highlight-"))
+        box = next((" ".join(sorted(a.get("class").split())) for a in block.iterancestors()
+                    if {"admonition", "dropdown", "sd-card", "toggle"} & set((a.get("class") or "").split())), "")
+        found |= {(box, kind, token.get("class") or "") for token in block.iter("span")} | {(box, kind, "")}
+    return found
+
+
+def code_colour_pages(folder, pages) -> list[str]:
+    """The pages whose code color-contrast judges: the page that shows the most (box, kind, token) triples, then the
+    one that adds the most, until every triple any page shows is shown (ties: the toc's order)."""
+    left = {page: code_colours(folder / f"{page}.html") for page in pages}
+    chosen, shown = [], set()
+    while any(triples - shown for triples in left.values()):
+        page = max(left, key=lambda page: len(left[page] - shown))
+        chosen.append(page)
+        shown |= left.pop(page)
+    return chosen
+
+
+def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pages=None):
     """Generator: each page of ``pages`` loaded once in ``tab`` (light mode, desktop width), then shown in every mode
-    and width as a reader would get there (the colour-mode button, a narrower window), axe run on each. It yields
-    while axe runs, so that the other tab can work meanwhile; ``found[(mode, width)][page]``: the violations."""
+    and width as a reader would get there (the colour-mode button, a narrower window), axe run on each; in dark mode
+    at the phone's width only PHONE_COLOUR_PAGES (DARK_PHONE). Code left out of color-contrast on pages outside
+    ``code_pages`` (None: on none). It yields while axe runs, so that the other tab can work meanwhile;
+    ``found[(mode, width)][page]``: the violations."""
     for page in pages:
         tab.set_viewport_size(DESKTOP)
         show(tab, f"{url}{page}.html", MODES[0])
@@ -202,7 +254,10 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=()):
             problems.append(f"{page}: {len(mute)} formula(s) without assistive MathML: {mute[:TARGETS_SHOWN]}")
         tab.add_script_tag(content=axe_source)
         assert tab.evaluate("axe.version") == NPM_PINS["axe-core"]
+        skip_code = code_pages is not None and page not in code_pages
         for mode, width in states:
+            if (mode, width) == DARK_PHONE and page not in PHONE_COLOUR_PAGES:
+                continue
             choose_mode(tab, mode)
             if tab.viewport_size != WIDTHS[width]:
                 tab.set_viewport_size(WIDTHS[width])
@@ -210,7 +265,7 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=()):
                 tab.wait_for_function(STILL)  # the sidebars fold away
             # at the phone's width, the colours of the article are its colours at the desktop's (WIDTH_COLOURS)
             phone = width == "phone" and page not in PHONE_COLOUR_PAGES
-            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip)])
+            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
 
@@ -221,6 +276,7 @@ PLANTED = """<!DOCTYPE html><html lang="en"><head><title>Planted</title></head><
 <div style="background: #ecf3ff"><p>A <a href="#x" style="color: #176de8">link on a tint</a>, 4.29:1.</p></div>
 <button aria-label="Search">Search <kbd>Ctrl</kbd>+<kbd>K</kbd></button>
 <svg role="img" width="20" height="20"><rect width="20" height="20"/></svg>
+<div class="highlight" style="background: #fff"><pre><span style="color: #aaa">faint_code = 1</span></pre></div>
 </main></body></html>"""
 
 
@@ -230,11 +286,67 @@ def test_axe_finds_planted_violations(browser, axe_source):
     try:
         tab.set_content(PLANTED)
         tab.add_script_tag(content=axe_source)
-        tab.evaluate(START_AXE, [TAGS, []])
-        found = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
+        found = {}
+        for skip_code in (False, True):
+            tab.evaluate(START_AXE, [TAGS, [], skip_code])
+            found[skip_code] = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
     finally:
         tab.context.close()
-    assert found == {"color-contrast": 2, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
+    assert found[False] == {"color-contrast": 3, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
+    assert found[True] == dict(found[False], **{"color-contrast": 2}), "skipCode: the faint code left out, only it"
+
+
+def test_the_pages_whose_code_is_judged_show_every_colour_of_code(tmp_path):
+    page = """<html><body><article><div class="cell_input docutils container"><div class="highlight"><pre>
+<span class="k">def</span> <span class="nf">f</span>():</pre></div></div>{more}</article></body></html>"""
+    output = """<div class="admonition solution"><div class="output stream highlight-myst-ansi notranslate">
+<div class="highlight"><pre><span class="-Color -Color-Red">warning</span></pre></div></div></div>"""
+    for name, more in (("a", ""), ("b", output), ("c", "")):
+        (tmp_path / f"{name}.html").write_text(page.format(more=more))
+    assert code_colours(tmp_path / "b.html") == {
+        ("", "cell_input", ""), ("", "cell_input", "k"), ("", "cell_input", "nf"),
+        ("admonition solution", "output stream", ""), ("admonition solution", "output stream", "-Color -Color-Red")}
+    assert code_colour_pages(tmp_path, ["a", "b", "c"]) == ["b"]
+    assert code_colour_pages(tmp_path, ["a", "c"]) == ["a"]
+    full = EDITIONS["full"]
+    if (full / "index.html").exists():
+        chosen = code_colour_pages(full, PAGES)
+        every = set().union(*(code_colours(full / f"{page}.html") for page in PAGES))
+        assert every and set().union(*(code_colours(full / f"{page}.html") for page in chosen)) == every
+        assert len(chosen) < len(PAGES), f"every page's code is judged: {chosen}"
+
+
+def mode_properties(css: str) -> dict[str, set[str]]:
+    """Property -> the selectors that set it in a rule that applies in one colour mode (html[data-theme=...])."""
+    found = {}
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    for selectors, body in re.findall(r"([^{}]*data-theme[^{}]*)\{([^{}]*)\}", css):
+        for declaration in body.split(";"):
+            name, _, value = declaration.partition(":")
+            if name.strip():
+                variable = name.strip().startswith("--")
+                colour = MODE_VARIABLE.search(value) or value.strip() in ("", "initial")
+                key = name.strip() if not variable or colour else "--?"
+                found.setdefault(key, set()).add(" ".join(selectors.split()))
+    return found
+
+
+def test_the_colour_mode_changes_colours_alone():
+    """Why dark mode at the phone's width is audited on PHONE_COLOUR_PAGES alone: what the stylesheets set by colour
+    mode is a colour or something that neither hides, shows nor names an element (MODE_PROPERTIES), but for the
+    theme's .only-light and .only-dark images (display), which dark mode at the desktop's width judges."""
+    found = {}
+    for path in (EDITIONS["full"] / "_static").rglob("*.css"):
+        for name, selectors in mode_properties(path.read_text(errors="replace")).items():
+            found.setdefault(name, set()).update(selectors)
+    assert found.get("color") and found.get("background-color"), "no colour set by mode: is the theme still there?"
+    display = found.pop("display", set())
+    assert all(re.search(r"\.only-(dark|light)", sel) for sel in display), f"shown or hidden by mode: {display}"
+    other = {name: sorted(sel)[:3] for name, sel in found.items() if name not in MODE_PROPERTIES and name[:2] != "--"}
+    assert not other, f"set by colour mode, not yet judged at the phone's width in dark mode: {other}"
+    assert "--?" not in found, f"custom properties set by mode that hold no colour: {sorted(found['--?'])[:3]}"
+    assert mode_properties("html[data-theme=dark] .x { color: red; display: none } .y { display: none }") == \
+        {"color": {"html[data-theme=dark] .x"}, "display": {"html[data-theme=dark] .x"}}
 
 
 @pytest.mark.parametrize("edition", [edition for edition in EDITIONS if edition != "full"])
@@ -302,8 +414,9 @@ def test_wcag21_aa(browser, served, axe_source, edition):
     tabs = [open_tab(browser, MODES[0], DESKTOP) for _ in range(2)]
     # the others: the full edition's layout and stylesheets, other content
     states, skip = (STATES, []) if edition == "full" else (STATES[:1], COLOUR_RULES)
+    code_pages = code_colour_pages(EDITIONS[edition], PAGES) if edition == "full" else None
     found, problems = {state: {} for state in states}, []
-    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip)
+    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip, code_pages)
              for i, tab in enumerate(tabs)]
     try:
         while walks:
