@@ -394,6 +394,7 @@ def figure_problems(figures: list[dict], site: Path) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # a page's ids, read once per run (many links lead to the same pages)
 def ids_in(path: Path) -> frozenset:
     text = path.read_text(errors="replace") if path.exists() else ""
     return frozenset(html.unescape(i) for i in re.findall(r'\sid="([^"]+)"', text))

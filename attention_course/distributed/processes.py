@@ -76,7 +76,8 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, payload: byte
         os.environ.update(env)  # the caller's environment now (the fork server's is that of its start)
         if "GLOO_SOCKET_IFNAME" not in os.environ and _loopback_interface():
             os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # stay on 127.0.0.1, whatever the hostname
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # P workers share the cores
+        # P workers share the cores, each with no more threads than its caller had (OMP_NUM_THREADS kept)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // world_size)))
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))
         # gloo's own limit on a collective lies beyond the caller's, so that a hang ends as the caller's TimeoutError.
