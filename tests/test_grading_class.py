@@ -2,8 +2,9 @@
 work in two styles, classic mistakes, broken work, files that are not what they seem, and students trying ways of
 getting marks without the work (a way per exercise: two ways in one notebook where they are independent). Each gets
 the marks it earned and the message an instructor needs. The verdicts come from the checks re-run apart from each
-notebook (instructor/verdict.py); a second run with one job gives the same rows. Needs the student edition and
-nbgrader's environment (`make student`)."""
+notebook (instructor/verdict.py); a second run with one job gives the same rows. One student hands in the whole
+chapter, the others its exercises alone (WHOLE). Needs the student edition and nbgrader's environment
+(`make student`)."""
 import csv
 import json
 import re
@@ -113,6 +114,19 @@ def fill(nb, answers):
     return nb
 
 
+# Students may delete cells: nbgrader grades the cells it put there. All but WHOLE hand in the chapter without its
+# demonstrations (the setup cell and the exercises' cells kept): each notebook then costs the kernel and the exercises,
+# half the time of the whole chapter. alice hands in the whole chapter (and is graded again with one job).
+WHOLE = {"alice"}
+
+
+def exercises_only(nb):
+    """``nb`` without its code cells but the first (the setup) and those nbgrader grades (their metadata)."""
+    first = next(i for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code")
+    return dict(nb, cells=[cell for i, cell in enumerate(nb["cells"])
+                           if cell["cell_type"] != "code" or i == first or nbgrader(cell)])
+
+
 def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
     """{student: answers}: what each student wrote in the solution cells of chapter 3."""
     return {
@@ -198,7 +212,8 @@ def graded(tmp_path_factory):
     for name, answers in the_class(submissions, gradebook, token).items():
         (submissions / name).mkdir(parents=True)
         file = "03_masks (1).ipynb" if name == "erin" else "03_masks.ipynb"
-        (submissions / name / file).write_text(json.dumps(fill(released, answers)))
+        handed_in = released if name in WHOLE else exercises_only(released)
+        (submissions / name / file).write_text(json.dumps(fill(handed_in, answers)))
     (submissions / "frank").mkdir()  # files that cost no nbgrader run, each reported
     (submissions / "frank" / "03_masks.ipynb").write_text('{"cells": [\n')
     (submissions / "frank" / "notes.txt").write_text("my notes\n")
