@@ -9,7 +9,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+# its models are loaded where a test uses them (transformers.X): not at collection, where every worker would
+# load them, whichever runs this file
 
 from attention_course.decoding import CausalSelfAttention  # noqa: E402
 from attention_course.llama import (LlamaCourseAttention, UnknownLlamaArgument, _key_padding,  # noqa: E402
@@ -24,14 +25,14 @@ def config(**changes):
     settings = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=128, rope_theta=500.0, pad_token_id=0,
                     bos_token_id=None, eos_token_id=None, initializer_range=1.0, attn_implementation="sdpa")
-    return LlamaConfig(**{**settings, **changes})
+    return transformers.LlamaConfig(**{**settings, **changes})
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.float64], ids=["float32", "float64"])
 def models(request):
     """(transformers' model, a deep copy with the course's layers swapped in), in eval mode, in the dtype."""
     torch.manual_seed(0)
-    ref = LlamaForCausalLM(config()).to(request.param).eval()
+    ref = transformers.LlamaForCausalLM(config()).to(request.param).eval()
     return ref, swap_into_llama(copy.deepcopy(ref))
 
 
@@ -53,7 +54,7 @@ def positions_of(mask):
 def greedy(model, ids, mask, use_cache):
     """A greedy loop written out: with the cache, prefill then one token per step; without, the whole sequence
     every step."""
-    cache = DynamicCache(config=model.config) if use_cache else None
+    cache = transformers.DynamicCache(config=model.config) if use_cache else None
     inputs = ids
     for _ in range(NEW_TOKENS):
         positions = positions_of(mask)[:, -inputs.shape[1]:]
@@ -139,7 +140,7 @@ def test_the_course_layer_is_what_runs(models, prompts):
 def test_cache_filled_outside_the_course_layer_is_refused(models, prompts):
     ref, ours = models
     ids, mask = prompts
-    cache = DynamicCache(config=ref.config)
+    cache = transformers.DynamicCache(config=ref.config)
     with torch.no_grad():
         ref(ids, attention_mask=mask, **{cache_keyword(ref): cache}, use_cache=True)  # transformers' layers fill it
         with pytest.raises(RuntimeError, match="filled or changed outside it.*Start from a new cache"):
@@ -153,7 +154,7 @@ def test_cache_filled_outside_the_course_layer_is_refused(models, prompts):
     (dict(attention_dropout=0.1), "attention_dropout=0.1"),
 ])
 def test_models_the_layer_cannot_hold_are_refused(changes, match):
-    model = LlamaForCausalLM(config(num_hidden_layers=1, **changes))
+    model = transformers.LlamaForCausalLM(config(num_hidden_layers=1, **changes))
     with pytest.raises(ValueError, match=match):
         swap_into_llama(model)
 
@@ -168,7 +169,7 @@ def test_other_models_and_masks_are_refused():
     assert _key_padding(allow, 2).tolist() == [[True, True, False, False, False]] * 2
     additive = torch.zeros(1, 1, 3, 5).masked_fill(~allow, torch.finfo(torch.float32).min)
     assert torch.equal(_key_padding(additive, 2), _key_padding(allow, 2))
-    base = LlamaForCausalLM(config(num_hidden_layers=1)).model  # a LlamaModel without the head works too
+    base = transformers.LlamaForCausalLM(config(num_hidden_layers=1)).model  # a LlamaModel without the head works too
     assert type(swap_into_llama(base).layers[0].self_attn) is LlamaCourseAttention
 
 
@@ -183,15 +184,15 @@ def test_the_cache_is_read_under_either_name_and_written(models, prompts):
     positions = positions_of(mask)
     outputs = []
     for name in ("cache", "past_key_values"):
-        cache = DynamicCache(config=ours.config)
+        cache = transformers.DynamicCache(config=ours.config)
         with torch.no_grad():
             out, weights = layer(x, position_ids=positions, **{name: cache})
         assert weights is None and cache.get_seq_length(layer.layer_idx) == 7, name
         outputs.append(out)
     assert torch.equal(*outputs)
     with pytest.raises(TypeError, match="two caches"):
-        layer(x, position_ids=positions, cache=DynamicCache(config=ours.config),
-              past_key_values=DynamicCache(config=ours.config))
+        layer(x, position_ids=positions, cache=transformers.DynamicCache(config=ours.config),
+              past_key_values=transformers.DynamicCache(config=ours.config))
 
 
 @pytest.mark.parametrize("name, value", [("kv_cache", "a cache object"), ("cu_seq_lens_q", torch.tensor([0, 7])),
@@ -223,7 +224,7 @@ def test_the_course_core_through_transformers_attention_interface(prompts):
     ids, mask = prompts
     for dtype in (torch.float32, torch.float64):
         torch.manual_seed(0)
-        ref = LlamaForCausalLM(config()).to(dtype).eval()
+        ref = transformers.LlamaForCausalLM(config()).to(dtype).eval()
         ours = copy.deepcopy(ref)
         ours.set_attn_implementation(name)
         assert ours.config._attn_implementation == "course"
@@ -245,7 +246,7 @@ def test_the_course_core_is_causal_without_padding_too():
 
     name = register_course_attention()
     torch.manual_seed(0)
-    ref = LlamaForCausalLM(config()).double().eval()
+    ref = transformers.LlamaForCausalLM(config()).double().eval()
     ours = copy.deepcopy(ref)
     ours.set_attn_implementation(name)
     ids = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(3))

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from transformers import (ContinuousBatchingConfig, GenerationConfig, GptOssConfig, GptOssForCausalLM,  # noqa: E402
-                          LlamaConfig, LlamaForCausalLM)
+# its models are loaded where a test uses them (transformers.X): not at collection, where every worker would
+# load them, whichever runs this file
 
 from attention_course.llama import swap_into_llama  # noqa: E402
 from attention_course.serving import (PagedKVCache, Request, Scheduler, register_sink_attention,  # noqa: E402
@@ -16,16 +16,17 @@ from attention_course.serving import (PagedKVCache, Request, Scheduler, register
 def test_scheduler_on_a_llama_matches_generate_batch():
     transformers.logging.set_verbosity_error()
     torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).eval()
+    config = transformers.LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).eval()
     prompts, new = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5, 8, 9, 7]], 8
-    greedy = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    greedy = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
     with torch.no_grad():
         alone = [model.generate(torch.tensor([p]), generation_config=greedy)[0, len(p):].tolist() for p in prompts]
         model.set_attn_implementation(paged_implementation())
         out = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=(
-            ContinuousBatchingConfig(page_size=4, num_blocks=16, max_batch_tokens=16)))
+            transformers.ContinuousBatchingConfig(page_size=4, num_blocks=16, max_batch_tokens=16)))
         model.set_attn_implementation("sdpa")
         forward = serve_llama(swap_into_llama(model))
         scheduler = Scheduler(PagedKVCache(12, 4, 2, 8, num_layers=2), max_batch_tokens=6, chunk=3)
@@ -36,19 +37,19 @@ def test_scheduler_on_a_llama_matches_generate_batch():
 
 
 def test_serve_llama_needs_the_course_layers():
-    config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, attn_implementation="sdpa")
+    config = transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, attn_implementation="sdpa")
     with pytest.raises(TypeError, match="swap_into_llama"):
-        serve_llama(LlamaForCausalLM(config))
+        serve_llama(transformers.LlamaForCausalLM(config))
 
 
 def test_course_sink_attention_gives_gpt_oss_logits():
     torch.manual_seed(2)
-    config = GptOssConfig(vocab_size=48, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+    config = transformers.GptOssConfig(vocab_size=48, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
                           num_experts_per_tok=1, sliding_window=3, max_position_embeddings=64,
                           attn_implementation="eager")
-    model = GptOssForCausalLM(config).eval()
+    model = transformers.GptOssForCausalLM(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0.0, 1.0)
