@@ -64,9 +64,10 @@ python-check:
 # The environment: torch first (see TORCH), then uv from the lock (its hash checked by pip), then every locked package,
 # each file checked against the lock's hashes (uv checks every hash given; torch, which has none there, is the one
 # package not hash-checked, as --require-hashes would refuse it), then the course package itself, editable. uv writes the byte-code of every installed
-# module on every core (--compile-bytecode). It must be written here: where PYTHONDONTWRITEBYTECODE is set (as on
-# this project's machines), Python never writes it on import, and every process (each kernel, test worker,
-# sandboxed submission, distributed worker) would compile torch from source again (1.5 s each). uv compiles only what
+# module on every core (--compile-bytecode). It is written here, once, on every core: a sandboxed submission cannot
+# write it, and where PYTHONDONTWRITEBYTECODE is set outside make (as on this project's machines: make itself unsets
+# it) Python never writes it on import, so every process (each kernel, test worker, sandboxed submission, distributed
+# worker) would compile torch from source again (1.5 s each). uv compiles only what
 # it installs: torch and the packages pip installs with it (sympy among them: 2 s a process uncompiled, and
 # torch.testing.assert_close imports it) are compiled by compileall on every core, right after pip, when they are all
 # the environment holds (-j 0; torch's py312_intrinsics.py is Python 3.12 syntax, never imported before 3.12).
