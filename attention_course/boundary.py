@@ -11,7 +11,9 @@ whose comparisons lie, a generator, a lazy object, ...). An exception of the lea
 type's name, its arguments and its text, and is raised here again: as the same type when it is a built-in or torch
 exception, else as a :class:`LearnerError` of the same name. A layer (``nn.Module``) passed as an argument and
 filled in by the learner's function (weights copied into it) gets the learner process's values back, parameter by
-parameter, as plain tensors.
+parameter, as plain tensors. A layer the learner's function returns (a factory's, a class's) stays in the learner
+process and comes back as a :class:`Layer`, a :class:`Remote` of its own: the checker never holds the learner's
+objects, it applies the package's functions to them there.
 
 So whatever the learner's code does in its process (patch the checker's module, rebind ``torch.equal``, walk up
 the stack with ``sys._getframe`` to the caller's locals, undo its patches afterwards), the comparison runs here,
@@ -26,7 +28,11 @@ checkers :class:`Remote` functions; in a learner's own notebook the checkers get
 plain-data result, the same way. Chapter 11's checkers, which run the learner's function in worker processes, use
 it: the learner process ships the function to the workers, launches them and collects what they send back; only
 that, as plain data (their exceptions as :func:`exception_data`, rebuilt here with :func:`rebuilt`), reaches the
-checker, which judges it where no learner code ran. One mechanism for every checker.
+checker, which judges it where no learner code ran. Chapters 6 and 7's checkers, which build the learner's layer,
+load weights into it and run backward through it, use it too: ``probe_layer`` (attention_course/exercises/ch06.py)
+does all of that in the learner process, on the class (or on the :class:`Layer` a factory returned), and sends back
+outputs, weights, gradients, parameter names and exceptions; the checker builds torch's layer and compares here.
+One mechanism for every checker.
 """
 from __future__ import annotations
 
@@ -245,6 +251,10 @@ def _call(namespace: dict, request: dict, guard, used: list) -> dict:
             context.exit()
             used.extend(context.used)
             context.used.clear()
+    if isinstance(result, torch.nn.Module):  # a layer: kept here, for the package's functions (Remote.apply)
+        name = f"__layer_{sum(1 for key in namespace if str(key).startswith('__layer_'))}__"
+        namespace[name] = result
+        return {"kind": "layer", "name": name}
     try:
         value = plain(result, f"{request['name']} returned")
     except Refused as refusal:
@@ -304,7 +314,7 @@ class Learner:
         self.pid, self.inbox, self.outbox, self.memory = pid, inbox, outbox, memory
         self.deadline = float("inf")  # set by the caller: when the current exercise's time is up
         self.used: list[str] = []  # forbidden functions the learner's code called (from the guard)
-        self.alive = True
+        self.alive, self.busy = True, False  # busy: a request is waiting for its answer
         self.base = _statm(pid, 1)
 
     @classmethod
@@ -337,6 +347,7 @@ class Learner:
     def request(self, **request) -> dict:
         if not self.alive:
             raise Stopped("the process running your code was stopped earlier")
+        self.busy = True
         try:
             data = pickle.dumps(request)
             os.write(self.inbox, struct.pack("<Q", len(data)))
@@ -344,6 +355,7 @@ class Learner:
             while view:
                 view = view[os.write(self.inbox, view[:1 << 20]):]
             answer = _read(self.outbox, self.deadline, self.watch)
+            self.busy = False
         except TimeoutError:
             self.kill()
             raise Stopped("timed out: your code ran over the time a check may take") from None
@@ -388,7 +400,10 @@ class Learner:
         return self.answer(self.request(op="apply", function=function, name=name, args=args), ())
 
     def call(self, name: str, args: tuple, kwargs: dict, context=None):
-        return self.answer(self.request(op="call", name=name, args=args, kwargs=kwargs, context=context), args)
+        message = self.request(op="call", name=name, args=args, kwargs=kwargs, context=context)
+        if message["kind"] == "layer" and type(message.get("name")) is str and message["name"].startswith("__layer_"):
+            return Layer(self, message["name"], context)
+        return self.answer(message, args)
 
     def answer(self, message: dict, args: tuple):
         kind = message["kind"]
@@ -474,5 +489,13 @@ class Remote:
         return f"<{self.name}, run in a process of its own>"
 
 
-__all__ = ["DATA", "Learner", "LearnerError", "Refused", "Remote", "Stopped", "decode", "describe", "encode",
+class Layer(Remote):
+    """A layer (``nn.Module``) the learner's function returned, kept in its learner process: the checker applies the
+    package's functions to it there (:meth:`Remote.apply`), and calling it calls the layer there."""
+
+    def __repr__(self) -> str:
+        return f"<a layer kept in the process that runs your code ({self.name})>"
+
+
+__all__ = ["DATA", "Layer", "Learner", "LearnerError", "Refused", "Remote", "Stopped", "decode", "describe", "encode",
            "exception_data", "plain", "rebuilt", "strict"]

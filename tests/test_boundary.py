@@ -331,3 +331,12 @@ def test_an_answer_over_the_limit_is_refused_unread(learner, monkeypatch):
 
 def test_a_process_that_is_gone_reads_as_no_memory():
     assert boundary._statm(2**22 + 1, 1) == 0
+
+
+def test_a_layer_the_learner_returns_stays_in_its_process_and_is_probed_there(learner):
+    """A factory's layer comes back as a boundary.Layer: the package's functions run on it in the learner process."""
+    assert learner.run("def make(n):\n    return torch.nn.Linear(n, n)\n", "<make>") is None
+    layer = Remote(learner, "make")(2)
+    assert isinstance(layer, boundary.Layer) and "make" in learner.names()
+    assert layer.apply("attention_course.boundary:describe").startswith("a torch.nn.modules.linear.Linear")
+    assert Remote(learner, "make")(3).name != layer.name  # each layer kept under a name of its own
