@@ -2,16 +2,27 @@
 
 * :func:`check_combine_masks` -- a key padding mask and an attention mask expanded to one (B, h, L, S) mask;
 * :func:`check_multihead` -- a whole multi-head attention layer against ``nn.MultiheadAttention``.
+
+The layer checkers (here and in chapter 7) never hold the learner's layer: :func:`probe_layer` builds it, loads
+torch's weights, calls it and runs backward through it, and returns plain data (outputs, weights, gradients,
+parameter names, exceptions); the checker builds torch's layer and judges that data. In a notebook the probe runs
+in the notebook's process; in grading, in the process that runs the learner's code (``boundary.Remote.apply``), so
+the comparison, the diagnosis and the message are computed where no learner code ever ran.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
+import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import boundary
 from . import (
     ATOL, DTYPE, ExerciseError, call, close, describe_diff, max_diff, passed, raised, require_tensor, same_error,
 )
@@ -302,12 +313,217 @@ def _broadcast_from_the_right(err: ExerciseError, query, key, kpm) -> bool:
     return False
 
 
-def _forward(layer, query, key, value, setting: str, **kwargs):
-    """(output, weights) of the learner's layer on the CPU, any exception reported with its likely cause."""
+# The learner's layer is touched by probe_layer alone: it builds the layer, loads torch's weights into it, calls it
+# and runs backward through it, in this process in a notebook, in grading in the process that runs the learner's code
+# (boundary.Remote.apply), and sends back plain data. The checkers judge that data; they never hold the layer.
+
+class _Late(ExerciseError):
+    """A call of the learner's code that did not return in time."""
+
+
+def _in_time(fn, what: str, timeout: float | None):
+    """``fn()``, or an ExerciseError if it has not returned after ``timeout`` seconds (None: no limit here; in
+    grading the process running the learner's code is stopped from outside). An endless loop must not hang the
+    notebook: the thread it runs in is left behind, as a daemon (Python cannot stop a thread), so the message says
+    to restart the kernel."""
+    if timeout is None:
+        return fn()
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as err:  # reported below, in the checker's thread
+            result["error"] = err
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise _Late(f"{what} did not return within {timeout:.0f} s: an endless loop? It is still running in the "
+                    f"background and slows down everything after it: restart the kernel once the loop is fixed.")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _step(query, key, value, setting: str, *, mode="eval", dtype=DTYPE, warn=None, loss=None, **kwargs) -> dict:
+    """One call of the learner's layer for :func:`probe_layer`: ``forward(query, key, value, **kwargs)`` in ``mode``
+    and ``dtype``. ``warn``: "ignore" its warnings, or "record" them and what it prints. ``loss``: differentiate
+    instead, "pair": sum(out**2) + sum(weights**2) with key and value one tensor; a (B, L) bool tensor: the sum of
+    squares of those rows of the output, query, key and value one tensor. ``setting`` ends "your layer ...".
+    """
+    return {"args": (query, key, value), "kwargs": kwargs, "setting": setting, "mode": mode, "dtype": dtype,
+            "warn": warn, "loss": loss}
+
+
+def _building(mha: nn.MultiheadAttention, what: str, make=None, from_torch=False) -> dict:
+    """How :func:`probe_layer` gets the learner's layer with ``mha``'s weights: ``make`` = (args, kwargs) to call the
+    learner's class with (None: it is given the layer), then by parameter names, else (``from_torch``) through the
+    class's ``from_torch``."""
+    return {"make": make, "state": dict(mha.state_dict()), "D": mha.embed_dim, "h": mha.num_heads,
+            "bias": mha.in_proj_bias is not None, "from_torch": from_torch, "what": what}
+
+
+def _gradients(layer, query, memory, rows=None, **kwargs) -> dict:
+    """Gradients of sum(out**2) + sum(weights**2) for cross-attention of ``query`` over ``memory``, or (``rows``, a
+    (B, L) bool tensor) of the sum of squares of those output rows for self-attention of ``query``: of "query",
+    "key/value" and of every parameter of ``layer``, by name."""
+    layer.zero_grad()
+    q_in = query.clone().requires_grad_()
+    kv_in = q_in if rows is not None else memory.clone().requires_grad_()
+    out, weights = layer(q_in, kv_in, kv_in, **kwargs)
+    loss = out[rows].pow(2).sum() if rows is not None else out.pow(2).sum() + weights.pow(2).sum()
+    loss.backward()
+    return {"query": q_in.grad, "key/value": None if rows is not None else kv_in.grad,
+            **{n: p.grad for n, p in layer.named_parameters()}}
+
+
+def _call(layer, step: dict):
+    """One step on the layer: (its answer, {"printed", "warnings"} where they are recorded)."""
+    query, key, value = step["args"]
+    if step["loss"] is not None:
+        rows = None if isinstance(step["loss"], str) else step["loss"]
+        run = lambda: _gradients(layer, query, key, rows=rows, **step["kwargs"])  # noqa: E731
+    else:
+        run = lambda: layer(query, key, value, **step["kwargs"])  # noqa: E731
+    if step["warn"] is None:
+        return run(), {}
+    with contextlib.redirect_stdout(io.StringIO()) if step["warn"] == "record" else contextlib.nullcontext() as \
+            printed, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always" if step["warn"] == "record" else "ignore")
+        answer = run()
+    if step["warn"] != "record":
+        return answer, {}
+    return answer, {"printed": printed.getvalue(), "warnings": [[w.category.__name__, str(w.message)]
+                                                                for w in caught]}
+
+
+def probe_layer(target, building: dict, steps: dict, timeout: float | None = None) -> dict:
+    """Build the learner's layer, load torch's weights into it (:func:`_building`) and run ``steps`` (name ->
+    :func:`_step`) on it, in order: what it did, as plain data. ``target``: the learner's class (or factory), or
+    the layer itself. Returns {"setup": {"stage", "error", "type", "params", "from_torch"}, "steps": {name:
+    {"value": ...} or {"error": exception} or {"refused": what it returned}}, "stopped": None or the ExerciseError of
+    a call over ``timeout`` seconds, which ends it, as a failed setup does. In a notebook the checker runs it; in
+    grading the learner process does (:func:`_probed`), where the learner's code may run, and the checker judges
+    what comes back."""
+    setup = {"stage": "make", "error": None, "type": None, "params": {}, "from_torch": False}
+    found = {"setup": setup, "steps": {}, "stopped": None}
+
+    def set_up():
+        make = building["make"]
+        layer = target if make is None else target(*make[0], **make[1])
+        setup.update(stage="move", type=type(layer).__name__)
+        layer = layer.to("cpu", DTYPE)
+        setup.update(stage="load", params={name: tuple(p.shape) for name, p in layer.named_parameters()},
+                     from_torch=hasattr(type(layer), "from_torch"))
+        try:
+            layer.load_state_dict(building["state"])
+        except RuntimeError:
+            if not (building["from_torch"] and setup["from_torch"]):
+                raise
+            setup["stage"] = "from_torch"
+            mha = nn.MultiheadAttention(building["D"], building["h"], bias=building["bias"], batch_first=True,
+                                        dtype=DTYPE)
+            mha.load_state_dict(building["state"])
+            layer = type(layer).from_torch(mha.eval())
+            setup["stage"] = "move"
+            layer = layer.to("cpu", DTYPE)
+        return layer.eval()
+
     try:
-        answer = call(lambda: layer(query, key, value, **kwargs), what=f"your layer {setting}")
+        layer = _in_time(set_up, building["what"], timeout)
+    except _Late as late:
+        setup["error"] = found["stopped"] = late
+        return found
+    except Exception as err:  # noqa: BLE001  (the learner's code may raise anything: judged by the checker)
+        setup["error"] = err
+        return found
+    setup["stage"] = None
+    state = {"mode": "eval", "dtype": DTYPE}
+
+    def run(step):
+        if step["mode"] != state["mode"]:
+            layer.train(step["mode"] == "train")
+            state["mode"] = step["mode"]
+        if step["dtype"] != state["dtype"]:
+            layer.to(step["dtype"])
+            state["dtype"] = step["dtype"]
+        return _call(layer, step)
+
+    for name, step in steps.items():
+        what = f"your layer {step['setting']}"
+        try:
+            answer, extra = _in_time(lambda step=step: run(step), what, timeout)
+        except _Late as late:  # the call is still running, in a thread left behind: nothing more can be asked
+            found["stopped"] = late
+            return found
+        except Exception as err:  # noqa: BLE001
+            found["steps"][name] = {"error": err}
+            continue
+        where = f"backward through {what} gave" if step["loss"] is not None else f"{what} returned"
+        try:
+            found["steps"][name] = {"value": boundary.plain(answer, where), **extra}
+        except boundary.Refused as refusal:
+            found["steps"][name] = {"refused": str(refusal)}
+    return found
+
+
+def _probed(target, building: dict, steps: dict) -> dict:
+    """:func:`probe_layer` in grading's learner process (``boundary.Remote.apply``), its exceptions as
+    ``boundary.exception_data``."""
+    found = probe_layer(target, building, steps)
+    if found["setup"]["error"] is not None:
+        found["setup"]["error"] = boundary.exception_data(found["setup"]["error"])
+    for step in found["steps"].values():
+        if "error" in step:
+            step["error"] = boundary.exception_data(step["error"])
+    return found
+
+
+class Probed:
+    """What :func:`probe_layer` found, for the checker: each step's value, or the message of its failure. The
+    learner's layer runs in the learner's process in grading (``target`` a ``boundary.Remote``: a class, or the
+    ``boundary.Layer`` a factory returned), here in a notebook, within ``timeout`` seconds a call."""
+
+    def __init__(self, target, building: dict, steps: dict, timeout: float | None = None):
+        self.steps = steps
+        if isinstance(target, boundary.Remote):
+            found = target.apply(f"{__name__}:_probed", building, steps)
+            error = found["setup"]["error"]
+            found["setup"]["error"] = boundary.rebuilt(error) if type(error) is dict else error
+            for step in found["steps"].values():
+                if "error" in step:
+                    step["error"] = boundary.rebuilt(step["error"])
+        else:
+            found = probe_layer(target, building, steps, timeout)
+        self.found, self.setup = found, found["setup"]
+
+    def step(self, name: str) -> dict:
+        if name not in self.found["steps"]:  # after a call that did not return: its message
+            raise self.found["stopped"] or ExerciseError(f"your layer gave no answer {self.steps[name]['setting']}.")
+        return self.found["steps"][name]
+
+    def value(self, name: str, what: str):
+        """The step's value; a failure as the learner's code raising (:func:`call`), or as what it returned."""
+        step = self.step(name)
+        if "refused" in step:
+            raise ExerciseError(f"{step['refused']}.")
+        if "error" in step:
+            if isinstance(step["error"], ExerciseError):
+                raise step["error"]
+            raise raised(step["error"], what) from step["error"]
+        return step["value"]
+
+
+def _forward(probed: Probed, name: str):
+    """(output, weights) of the step ``name`` of the learner's layer, any exception reported with its likely cause."""
+    step = probed.steps[name]
+    (query, key, _), setting = step["args"], step["setting"]
+    try:
+        answer = probed.value(name, f"your layer {setting}")
     except ExerciseError as err:
-        if _broadcast_from_the_right(err, query, key, kwargs.get("key_padding_mask")):
+        if _broadcast_from_the_right(err, query, key, step["kwargs"].get("key_padding_mask")):
             raise ExerciseError(
                 f"{str(err).rstrip('.')}. That is the error of a (B, S) key_padding_mask put against the (..., L, S) "
                 f"scores as it is: broadcasting aligns it from the right, as an (L, S) mask of the queries (silently "
@@ -331,15 +547,31 @@ def _forward(layer, query, key, value, setting: str, **kwargs):
     return out, weights
 
 
-def _check_large_logits(ours, mha, params, gen, B, L, D, h) -> None:
+def _case_steps(cases, warn=None) -> dict:
+    """Each forward case (:func:`_layer_cases`) twice: a second call tells dropout from a mistake."""
+    steps = {}
+    for name, query, key, value, kpm, attn_mask, average in cases:
+        for again in ("", " again"):
+            steps[name + again] = _step(query, key, value, f"with {name}", warn=warn, key_padding_mask=kpm,
+                                        attn_mask=attn_mask, average_attn_weights=average)
+    return steps
+
+
+def _large_logits_step(params, gen, B, L, D, h) -> dict:
     """Scores of a few thousand: exp overflows unless the softmax subtracts each row's max first."""
     x = 30.0 * torch.randn(B, L, D, generator=gen, dtype=DTYPE)
     kpm = torch.arange(L)[None, :] >= torch.tensor([L, 2])[:, None]
     q, k = F.linear(x, params["in_proj_weight"][:D]), F.linear(x, params["in_proj_weight"][D:2 * D])
     top = float((q.view(B, L, h, -1).transpose(1, 2) @ k.view(B, L, h, -1).permute(0, 2, 3, 1)).abs().max())
     top /= math.sqrt(D // h)
-    setting = f"with large scores (inputs scaled by 30, |scores| up to {top:.0f})"
-    out, weights = _forward(ours, x, x, x, setting, key_padding_mask=kpm)
+    return _step(x, x, x, f"with large scores (inputs scaled by 30, |scores| up to {top:.0f})", key_padding_mask=kpm)
+
+
+def _check_large_logits(probed: Probed, mha, params, h) -> None:
+    step = probed.steps["large scores"]
+    x, kpm, setting = step["args"][0], step["kwargs"]["key_padding_mask"], step["setting"]
+    B, L, _ = x.shape
+    out, weights = _forward(probed, "large scores")
     with torch.no_grad():
         want_out, want_w = mha(x, x, x, key_padding_mask=kpm)
     scale = float(want_out.abs().max())
@@ -358,15 +590,27 @@ def _check_large_logits(ours, mha, params, gen, B, L, D, h) -> None:
                         f"ordinary inputs: look at how the softmax handles scores in the thousands.")
 
 
-def _check_empty_rows(ours, mha, gen, B, D) -> str:
-    """Queries with no key: torch gives NaN there (with weights), the course's layer zeros. Either is accepted."""
+def _empty_rows_steps(gen, B, D) -> dict:
+    """Queries with no key: left padding and a causal mask; the forward call, then backward from the rows that
+    have keys."""
     L = 4
     x = torch.randn(B, L, D, generator=gen, dtype=DTYPE)
     kpm = torch.tensor([[True, True, False, False], [False] * L])  # 2 pads on the left
     causal = torch.ones(L, L, dtype=torch.bool).triu(1)
-    empty = (kpm[:, None, :] | causal).all(-1)  # (B, L): queries 0 and 1 of sentence 0 see only pads
     setting = "with left padding and a causal mask (queries 0 and 1 of sentence 0 may see no key)"
-    out, weights = _forward(ours, x, x, x, setting, key_padding_mask=kpm, attn_mask=causal)
+    return {"no key": _step(x, x, x, setting, key_padding_mask=kpm, attn_mask=causal),
+            "no key, gradients": _step(x, x, x, f"{setting}, for the gradients", loss=~kpm, key_padding_mask=kpm,
+                                       attn_mask=causal)}
+
+
+def _check_empty_rows(probed: Probed, mha) -> str:
+    """Queries with no key: torch gives NaN there (with weights), the course's layer zeros. Either is accepted."""
+    step = probed.steps["no key"]
+    x, kpm, causal, setting = step["args"][0], step["kwargs"]["key_padding_mask"], step["kwargs"]["attn_mask"], \
+        step["setting"]
+    D = x.shape[-1]
+    empty = (kpm[:, None, :] | causal).all(-1)  # (B, L): queries 0 and 1 of sentence 0 see only pads
+    out, weights = _forward(probed, "no key")
     with torch.no_grad():
         want_out, want_w = mha(x, x, x, key_padding_mask=kpm, attn_mask=causal)
     if not close(out[~empty], want_out[~empty]) or not close(weights[~empty], want_w[~empty]):
@@ -388,13 +632,10 @@ def _check_empty_rows(ours, mha, gen, B, D) -> str:
             f"with torch.isneginf(scores).all(-1, keepdim=True), fill their scores with 0 before the softmax and "
             f"their weights with 0 after."
         )
-    x_in = x.clone().requires_grad_()
-    ours.zero_grad()
-    out, _ = call(lambda: ours(x_in, x_in, x_in, key_padding_mask=kpm, attn_mask=causal),
-                  what=f"your layer {setting}, for the gradients")
-    out[~kpm].pow(2).sum().backward()
-    bad = [n for n, p in ours.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    if not torch.isfinite(x_in.grad).all():
+    grads = probed.value("no key, gradients", f"your layer {setting}, for the gradients")
+    bad = [n for n, g in grads.items() if n not in ("query", "key/value") and g is not None
+           and not torch.isfinite(g).all()]
+    if not torch.isfinite(grads["query"]).all():
         bad.append("the input")
     if bad:
         raise ExerciseError(
@@ -408,15 +649,18 @@ def _check_empty_rows(ours, mha, gen, B, D) -> str:
 
 def _check_dropout(cls, mha, query, kpm, D, h) -> None:
     """A layer built with dropout=0.5, in eval mode, must compute what torch's does (no dropout)."""
-    try:
-        noisy = cls(D, h, dropout=0.5)
-    except TypeError:  # the exercise does not ask for a dropout argument
-        return
-    noisy = noisy.to("cpu", DTYPE).eval()
-    noisy.load_state_dict(mha.state_dict())
     setting = f"with {cls.__name__}({D}, {h}, dropout=0.5) in eval mode"
-    first, _ = _forward(noisy, query, query, query, setting, key_padding_mask=kpm)
-    second, _ = _forward(noisy, query, query, query, setting, key_padding_mask=kpm)
+    steps = {"first": _step(query, query, query, setting, key_padding_mask=kpm),
+             "second": _step(query, query, query, setting, key_padding_mask=kpm)}
+    probed = Probed(cls, _building(mha, f"{cls.__name__}({D}, {h}, dropout=0.5)", make=((D, h), {"dropout": 0.5})),
+                    steps)
+    error = probed.setup["error"]
+    if probed.setup["stage"] == "make" and isinstance(error, TypeError):  # the exercise does not ask for dropout
+        return
+    if error is not None:
+        raise error
+    first, _ = _forward(probed, "first")
+    second, _ = _forward(probed, "second")
     if max_diff(first, second) > 0:
         raise ExerciseError(_dropout_message(setting, max_diff(first, second)))
     want, _ = mha(query, query, query, key_padding_mask=kpm)
@@ -425,25 +669,15 @@ def _check_dropout(cls, mha, query, kpm, D, h) -> None:
                             f"dropout is off, weights are neither dropped nor rescaled by 1 / (1 - p).")
 
 
-def _gradients(layer, query, memory, kpm) -> dict:
-    """Gradients of sum(out**2) + sum(weights**2) for cross-attention of ``query`` over ``memory``: of "query",
-    "key/value" and of every parameter of ``layer``, by name."""
-    layer.zero_grad()
-    q_in, kv_in = query.clone().requires_grad_(), memory.clone().requires_grad_()
-    out, weights = layer(q_in, kv_in, kv_in, key_padding_mask=kpm)
-    (out.pow(2).sum() + weights.pow(2).sum()).backward()
-    return {"query": q_in.grad, "key/value": kv_in.grad, **{n: p.grad for n, p in layer.named_parameters()}}
-
-
-def check_case(ours, mha, params, case, h: int) -> None:
+def check_case(probed: Probed, mha, params, case, h: int) -> None:
     """One forward case against torch's layer ``mha``: shapes, output, weights; a difference is named by rerunning
     the reference with each classic mistake applied. ``case``: (name, query, key, value, key_padding_mask,
-    attn_mask, average_attn_weights)."""
+    attn_mask, average_attn_weights), probed as the steps ``name`` and ``name`` + " again" (:func:`_case_steps`)."""
     name, query, key, value, kpm, attn_mask, average = case
     B, D, d = query.shape[0], query.shape[-1], query.shape[-1] // h
     setting = f"with {name}"
     kwargs = dict(key_padding_mask=kpm, attn_mask=attn_mask, average_attn_weights=average)
-    out, weights = _forward(ours, query, key, value, setting, **kwargs)
+    out, weights = _forward(probed, name)
     if weights is None:
         raise ExerciseError(f"your layer returned None for the weights {setting}; with need_weights=True "
                             f"(the default) torch returns them.")
@@ -471,7 +705,7 @@ def check_case(ours, mha, params, case, h: int) -> None:
     diff_out, diff_w = max_diff(out, want_out), max_diff(weights, want_w)
     if diff_out <= ATOL and diff_w <= ATOL:
         return
-    again, _ = _forward(ours, query, key, value, setting, **kwargs)
+    again, _ = _forward(probed, f"{name} again")
     if max_diff(again, out) > 0:
         raise ExerciseError(_dropout_message(setting, max_diff(again, out)))
     diff = f"(outputs {describe_diff(out, want_out)}, weights {describe_diff(weights, want_w)})"
@@ -593,29 +827,35 @@ def check_multihead(cls) -> None:
     """
     gen = torch.Generator().manual_seed(7)
     B, L, S, D, h = 2, 4, 5, 6, 3
-    d = D // h
     mha = _torch_layer(D, h, gen).eval()
-    try:
-        ours = cls(D, h)
-    except Exception as err:
-        raise raised(err, f"{cls.__name__}({D}, {h})") from err
-    ours = ours.to("cpu", DTYPE).eval()  # where the checker's tensors are; eval: dropout, if any, is off
-    try:
-        ours.load_state_dict(mha.state_dict())
-    except RuntimeError as err:
-        have = {name: tuple(p.shape) for name, p in ours.named_parameters()}
+    params = {name: p.detach() for name, p in mha.named_parameters()}
+    cases = _layer_cases(gen, B, L, S, D)
+    name, query, key, value, kpm, attn_mask, average = cases[-1]  # cross-attention, for the gradients
+    steps = {**_case_steps(cases),
+             "gradients": _step(query, key, value, f"with {name}, for the gradients", loss="pair",
+                                key_padding_mask=kpm),
+             "need_weights=False": _step(query, key, value, "with need_weights=False", key_padding_mask=kpm,
+                                         need_weights=False),
+             "large scores": _large_logits_step(params, gen, B, L, D, h), **_empty_rows_steps(gen, B, D)}
+    what = f"{cls.__name__}({D}, {h})"
+    probed = Probed(cls, _building(mha, what, make=((D, h), {})), steps)  # the layer runs there, is judged here
+    error = probed.setup["error"]
+    if probed.setup["stage"] == "make":
+        raise raised(error, what) from error
+    if probed.setup["stage"] == "load" and isinstance(error, RuntimeError):
+        have = probed.setup["params"]
         want = {name: tuple(p.shape) for name, p in mha.named_parameters()}
         raise ExerciseError(
             f"torch's weights do not load into your layer: it has parameters {have}, torch's layer has {want}. "
             f"Use the same names and shapes (out_proj is an nn.Linear(D, D)), biases included."
-        ) from err
-    params = {name: p.detach() for name, p in mha.named_parameters()}
-    cases = _layer_cases(gen, B, L, S, D)
+        ) from error
+    if error is not None:
+        raise error
     for case in cases:
-        check_case(ours, mha, params, case, h)
+        check_case(probed, mha, params, case, h)
     # Gradients, once forward agrees: of the inputs and of every parameter.
-    name, query, key, value, kpm, attn_mask, average = cases[-1]  # cross-attention
-    grads = {"yours": _gradients(ours, query, key, kpm), "torch": _gradients(mha, query, key, kpm)}
+    grads = {"yours": probed.value("gradients", "backward"),
+             "torch": _gradients(mha, query, key, key_padding_mask=kpm)}
     for what, want in grads["torch"].items():
         got = grads["yours"].get(what)
         if got is None:
@@ -625,14 +865,13 @@ def check_multihead(cls) -> None:
             raise ExerciseError(f"outputs agree but the gradients of {what} differ by {max_diff(got, want):.2g}: "
                                 f"look for .detach(), .data or in-place writes in forward.")
     # need_weights=False
-    out, weights = call(lambda: ours(query, key, value, key_padding_mask=kpm, need_weights=False),
-                        what="your layer with need_weights=False")
+    out, weights = probed.value("need_weights=False", "your layer with need_weights=False")
     if weights is not None:
         raise ExerciseError("with need_weights=False torch returns None for the weights; yours returned a tensor.")
     if max_diff(out, mha(query, key, value, key_padding_mask=kpm, need_weights=False)[0]) > ATOL:
         raise ExerciseError("with need_weights=False your output changes: the flag should only drop the weights.")
-    _check_large_logits(ours, mha, params, gen, B, L, D, h)
-    empty_rows = _check_empty_rows(ours, mha, gen, B, D)
+    _check_large_logits(probed, mha, params, h)
+    empty_rows = _check_empty_rows(probed, mha)
     _check_dropout(cls, mha, *cases[1][1:5:3], D, h)  # query and key_padding_mask of the self-attention case
     passed("outputs, weights and gradients = torch's, to 1e-10 in float64; scores in the thousands are safe."
            + empty_rows)

@@ -4,87 +4,70 @@ Where chapter 6's :func:`~attention_course.exercises.ch06.check_multihead` check
 that chapter, this one takes any implementation with the interface of ``attention_course.MultiheadAttention`` (a
 factory ``factory(embed_dim, num_heads, bias)``; torch's parameter names or a ``from_torch`` constructor) and runs
 every check the chapter's bugs fail, in order, naming the first that fails. A difference is diagnosed by rerunning
-the reference with each classic mistake applied (chapter 6's list), never by reading the learner's code.
+the reference with each classic mistake applied (chapter 6's list), never by reading the learner's code. As in
+chapter 6, the layer runs in :func:`~attention_course.exercises.ch06.probe_layer` alone (in grading, in the process
+that runs the learner's code, on the ``boundary.Layer`` the factory returned there), and the checker judges the
+plain data it sends back.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
-import threading
-import warnings
 
 import torch
 from torch import nn
 
-from . import ATOL, DTYPE, ExerciseError, call, max_diff, passed
+from .. import boundary
+from . import ATOL, DTYPE, ExerciseError, call, max_diff, passed, raised
+from . import ch06
 from .ch06 import (
-    _check_empty_rows, _check_large_logits, _dropout_message, _forward, _gradients, _layer_cases, _torch_layer,
-    check_case,
+    Probed, _building, _case_steps, _check_empty_rows, _check_large_logits, _dropout_message, _empty_rows_steps,
+    _forward, _gradients, _large_logits_step, _layer_cases, _step, _torch_layer, check_case,
 )
 
 TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes milliseconds
 
 
 def _in_time(fn, what: str):
-    """``fn()``, or an ExerciseError if it has not returned after TIMEOUT_S (an endless loop must not hang the
-    checker; the thread it runs in is left behind, as a daemon: Python cannot stop a thread, so the message says
-    to restart the kernel)."""
-    result = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as err:  # reported below, in the checker's thread
-            result["error"] = err
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(TIMEOUT_S)
-    if worker.is_alive():
-        raise ExerciseError(f"{what} did not return within {TIMEOUT_S:.0f} s: an endless loop? It is still running "
-                            f"in the background and slows down everything after it: restart the kernel once the "
-                            f"loop is fixed.")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    """``fn()``, or an ExerciseError after TIMEOUT_S (see ch06._in_time)."""
+    return ch06._in_time(fn, what, TIMEOUT_S)
 
 
-def _build(factory, D: int, h: int, bias: bool, mha: nn.MultiheadAttention) -> nn.Module:
-    """The learner's layer holding ``mha``'s weights: by parameter names, else through ``from_torch``."""
+def _made(factory, D: int, h: int, bias: bool):
+    """The learner's layer from ``factory`` (in grading a ``boundary.Layer``: the layer stays where it was made)."""
     what = f"factory({D}, {h}, bias={bias})"
     layer = _in_time(lambda: call(factory, D, h, bias, what=what), what)
-    if not isinstance(layer, nn.Module):
+    if not isinstance(layer, (nn.Module, boundary.Layer)):
         raise ExerciseError(f"{what} returned {type(layer).__name__}; it must return an nn.Module.")
-    layer = layer.to("cpu", DTYPE)
-    try:
-        layer.load_state_dict(mha.state_dict())
-    except RuntimeError as err:
-        if not hasattr(type(layer), "from_torch"):
-            have = sorted(name for name, _ in layer.named_parameters())
-            want = sorted(name for name, _ in mha.named_parameters())
-            raise ExerciseError(
-                f"torch's weights do not load into {what}: it has parameters {have}, nn.MultiheadAttention has "
-                f"{want}. Use torch's names and shapes, or give the class a from_torch(mha) classmethod."
-            ) from err
-        layer = call(type(layer).from_torch, mha, what=f"{type(layer).__name__}.from_torch").to("cpu", DTYPE)
-    return layer.eval()
+    return layer
 
 
-def _bad_shapes(layer, x, memory, kpm_cross) -> str | None:
+def _probe(layer, mha: nn.MultiheadAttention, what: str, steps: dict) -> Probed:
+    """``steps`` run on ``layer`` holding ``mha``'s weights (by parameter names, else through ``from_torch``); a
+    layer that does not take them is reported."""
+    probed = Probed(layer, _building(mha, what, from_torch=True), steps, TIMEOUT_S)
+    setup, error = probed.setup, probed.setup["error"]
+    if isinstance(error, ExerciseError):
+        raise error
+    if setup["stage"] == "load" and isinstance(error, RuntimeError) and not setup["from_torch"]:
+        have = sorted(setup["params"])
+        want = sorted(name for name, _ in mha.named_parameters())
+        raise ExerciseError(
+            f"torch's weights do not load into {what}: it has parameters {have}, nn.MultiheadAttention has "
+            f"{want}. Use torch's names and shapes, or give the class a from_torch(mha) classmethod."
+        ) from error
+    if setup["stage"] == "from_torch":
+        raise raised(error, f"{setup['type']}.from_torch") from error
+    if error is not None:
+        raise error
+    return probed
+
+
+def _bad_shapes(probed: Probed, tries: dict) -> str | None:
     """A wrong shape must raise, not broadcast: a (B, L) padding mask where (B, S) goes, a query of width D + 1."""
-    B, L, D = x.shape
-    tries = [
-        (f"a key_padding_mask of shape (B, L) = {(B, L)} for keys of length S = {memory.shape[1]}",
-         lambda: layer(x, memory, memory, key_padding_mask=kpm_cross[:, :L])),
-        (f"a query of width D + 1 = {D + 1}", lambda: layer(torch.cat([x, x[..., :1]], -1), memory, memory)),
-    ]
-    for name, attempt in tries:
-        try:
-            _in_time(attempt, f"your layer with {name}")
-        except ExerciseError:
-            raise
-        except Exception:
+    for step, name in tries.items():
+        if "error" in probed.step(step):
+            if isinstance(probed.step(step)["error"], ExerciseError):
+                raise probed.step(step)["error"]
             continue  # raised: right
         return (f"your layer accepted {name} without an error. A shape that does not fit must raise (as torch "
                 f"does): a silently broadcast mask masks the wrong keys.")
@@ -127,20 +110,46 @@ def check_multihead_attention(factory) -> None:
     per_head = torch.rand(B * h, L, L, generator=gen) < 0.3
     per_head[..., 0] = False  # every query keeps a key
     cases.append(("a per-head (B*h, L, S) bool attn_mask", x, x, x, None, per_head, False))
+    plain = nn.MultiheadAttention(D, h, bias=False, batch_first=True, dtype=DTYPE)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=DTYPE))
+    tries = {"wrong padding": f"a key_padding_mask of shape (B, L) = {(B, L)} for keys of length S = {S}",
+             "wrong width": f"a query of width D + 1 = {D + 1}"}
+    # every call of the learner's layer, in the order of the checks; its warnings are the business of "quiet" alone
+    steps = {**_case_steps(cases),
+             "quiet": _step(x, x, x, "with a padding mask", warn="record", key_padding_mask=kpm_self),
+             "need_weights=False": _step(x, memory, memory, "with need_weights=False", key_padding_mask=kpm_cross,
+                                         need_weights=False),
+             "gradients": _step(x, memory, memory, "with cross-attention and padding, for the gradients",
+                                loss="pair", key_padding_mask=kpm_cross),
+             "twice": _step(x, x, x, "in eval mode", key_padding_mask=kpm_self),
+             "twice again": _step(x, x, x, "in eval mode", key_padding_mask=kpm_self),
+             "training mode": _step(x, x, x, "in training mode", mode="train", key_padding_mask=kpm_self),
+             "large scores": _large_logits_step(params, gen, B, L, D, h), **_empty_rows_steps(gen, B, D),
+             "wrong padding": _step(x, memory, memory, f"with {tries['wrong padding']}",
+                                    key_padding_mask=kpm_cross[:, :L]),
+             "wrong width": _step(torch.cat([x, x[..., :1]], -1), memory, memory, f"with {tries['wrong width']}"),
+             "float32": _step(x.float(), memory.float(), memory.float(), "in float32", dtype=torch.float32,
+                              key_padding_mask=kpm_cross),
+             "float16": _step(x.half(), memory.half(), memory.half(), "in float16", dtype=torch.float16,
+                              key_padding_mask=kpm_cross)}
+    for step in steps.values():
+        step["warn"] = step["warn"] or "ignore"
     done = []
 
     def check(name, run):
         try:
-            _in_time(run, f"your layer ({name})")
+            run()
         except ExerciseError as err:
             raise ExerciseError(f"check {len(done) + 1} ({name}) failed: {err}") from err
         done.append(name)
 
-    ours = None
+    probed = None
 
     def build():
-        nonlocal ours
-        ours = _build(factory, D, h, True, mha)
+        nonlocal probed
+        probed = _probe(_made(factory, D, h, True), mha, f"factory({D}, {h}, bias=True)", steps)
 
     check("build the layer and load torch's weights", build)
 
@@ -159,31 +168,24 @@ def check_multihead_attention(factory) -> None:
             f"in __init__ and raise a ValueError that says so.")
 
     check("sizes that do not split into heads are refused", indivisible)
+    for case in cases:
+        check(case[0], lambda case=case: check_case(probed, mha, params, case, h))
 
     def quiet():
-        with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            _forward(ours, x, x, x, "with a padding mask", key_padding_mask=kpm_self)
-        if printed.getvalue():
-            raise ExerciseError(f"your layer prints at every call ({printed.getvalue().strip()[:60]!r}): a debug "
+        _forward(probed, "quiet")
+        printed, caught = probed.step("quiet")["printed"], probed.step("quiet")["warnings"]
+        if printed:
+            raise ExerciseError(f"your layer prints at every call ({printed.strip()[:60]!r}): a debug "
                                 f"print left in forward. Remove it, or use logging at debug level.")
         if caught:
-            raise ExerciseError(f"your layer warns at every call ({caught[0].category.__name__}: "
-                                f"{str(caught[0].message)[:90]}). Warnings at every call hide the ones that matter; "
-                                f"a common cause is a size kept as a tensor: use an int and math.sqrt.")
+            raise ExerciseError(f"your layer warns at every call ({caught[0][0]}: {caught[0][1][:90]}). Warnings at "
+                                f"every call hide the ones that matter; a common cause is a size kept as a tensor: "
+                                f"use an int and math.sqrt.")
 
-    def parity(case):
-        with warnings.catch_warnings():  # the layer's warnings are reported by the check after these
-            warnings.simplefilter("ignore")
-            check_case(ours, mha, params, case, h)
-
-    for case in cases:
-        check(case[0], lambda case=case: parity(case))
     check("no output and no warnings", quiet)
 
     def no_weights():
-        out, weights = call(lambda: ours(x, memory, memory, key_padding_mask=kpm_cross, need_weights=False),
-                            what="your layer with need_weights=False")
+        out, weights = probed.value("need_weights=False", "your layer with need_weights=False")
         if weights is not None:
             raise ExerciseError("with need_weights=False torch returns None for the weights; yours returned them.")
         want = mha(x, memory, memory, key_padding_mask=kpm_cross, need_weights=False)[0]
@@ -193,7 +195,8 @@ def check_multihead_attention(factory) -> None:
     check("need_weights=False", no_weights)
 
     def gradients():
-        grads = {"yours": _gradients(ours, x, memory, kpm_cross), "torch": _gradients(mha, x, memory, kpm_cross)}
+        grads = {"yours": probed.value("gradients", "backward"),
+                 "torch": _gradients(mha, x, memory, key_padding_mask=kpm_cross)}
         mine = grads["yours"]
         named = {n for n in grads["torch"] if n not in ("query", "key/value")}
         # a layer built by from_torch may keep torch's parameters under a prefix (inner.in_proj_weight); one with
@@ -213,8 +216,8 @@ def check_multihead_attention(factory) -> None:
     check("gradients of the inputs and of every parameter", lambda: call(gradients, what="backward"))
 
     def twice():
-        first, _ = _forward(ours, x, x, x, "in eval mode", key_padding_mask=kpm_self)
-        second, _ = _forward(ours, x, x, x, "in eval mode", key_padding_mask=kpm_self)
+        first, _ = _forward(probed, "twice")
+        second, _ = _forward(probed, "twice again")
         if max_diff(first, second) > 0:
             raise ExerciseError(_dropout_message("in eval mode", max_diff(first, second))
                                 + " (Layers created inside forward also change at every call.)")
@@ -222,11 +225,7 @@ def check_multihead_attention(factory) -> None:
     check("two identical calls give the same output", twice)
 
     def training_mode():
-        ours.train()
-        try:
-            out, _ = _forward(ours, x, x, x, "in training mode", key_padding_mask=kpm_self)
-        finally:
-            ours.eval()
+        out, _ = _forward(probed, "training mode")
         want, _ = mha(x, x, x, key_padding_mask=kpm_self)
         if max_diff(out, want) > ATOL:
             raise ExerciseError(f"in training mode, with the default dropout of 0, your output differs by "
@@ -236,37 +235,34 @@ def check_multihead_attention(factory) -> None:
     check("training mode with dropout 0", training_mode)
 
     def without_bias():
-        plain = nn.MultiheadAttention(D, h, bias=False, batch_first=True, dtype=DTYPE)
-        with torch.no_grad():
-            for p in plain.parameters():
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=DTYPE))
-        layer = _build(factory, D, h, False, plain)
-        out, _ = _forward(layer, x, memory, memory, "built with bias=False", key_padding_mask=kpm_cross)
+        layer = _made(factory, D, h, False)
+        built = _probe(layer, plain, f"factory({D}, {h}, bias=False)", {"bias=False": _step(
+            x, memory, memory, "built with bias=False", warn="ignore", key_padding_mask=kpm_cross)})
+        out, _ = _forward(built, "bias=False")
         want, _ = plain.eval()(x, memory, memory, key_padding_mask=kpm_cross)
         if max_diff(out, want) > ATOL:
             raise ExerciseError(f"built with bias=False your output differs by {max_diff(out, want):.2g}: without "
                                 f"biases every projection is x @ W.T alone.")
 
     check("bias=False", without_bias)
-    check("scores in the thousands", lambda: _check_large_logits(ours, mha, params, gen, B, L, D, h))
+    check("scores in the thousands", lambda: _check_large_logits(probed, mha, params, h))
     notes = []
-    check("queries with no key", lambda: notes.append(_check_empty_rows(ours, mha, gen, B, D)))
+    check("queries with no key", lambda: notes.append(_check_empty_rows(probed, mha)))
 
     def shapes():
-        problem = _bad_shapes(ours, x, memory, kpm_cross)
+        problem = _bad_shapes(probed, tries)
         if problem:
             raise ExerciseError(problem)
 
     check("wrong shapes raise", shapes)
 
     def float32():
-        layer32, mha32 = ours.float(), mha.float()
+        out, _ = _forward(probed, "float32")
+        mha32 = mha.float()
         try:
-            out, _ = _forward(layer32, x.float(), memory.float(), memory.float(), "in float32",
-                              key_padding_mask=kpm_cross)
             want, _ = mha32(x.float(), memory.float(), memory.float(), key_padding_mask=kpm_cross)
         finally:
-            ours.double(), mha.double()
+            mha.double()
         if max_diff(out, want) > 1e-4:
             raise ExerciseError(f"in float32 your output differs by {max_diff(out, want):.2g} (torch's agrees with "
                                 f"float64 to about 1e-6): look for a constant or a tensor built in float64.")
@@ -275,9 +271,9 @@ def check_multihead_attention(factory) -> None:
 
     def float16():
         """The layer in float16 keeps its dtype and is as close to float64's answer as torch's float16 layer."""
-        layer16, mha16 = ours.half(), mha.half()  # the last check: both stay in float16 afterwards
+        mha16 = mha.half()  # the last check: it stays in float16 afterwards
         x16, memory16 = x.half(), memory.half()
-        out, _ = _forward(layer16, x16, memory16, memory16, "in float16", key_padding_mask=kpm_cross)
+        out, _ = _forward(probed, "float16")
         with torch.no_grad():
             torch16, _ = mha16(x16, memory16, memory16, key_padding_mask=kpm_cross)
             exact, _ = copy.deepcopy(mha16).double()(x16.double(), memory16.double(), memory16.double(),
@@ -297,4 +293,3 @@ def check_multihead_attention(factory) -> None:
            f"of every kind, both layouts of weights, train and eval, no bias, large scores, bad shapes, float32 and "
            f"float16."
            + (notes[0] if notes else ""))
-
