@@ -4,26 +4,23 @@ It imports nothing of ``instructor/`` (hidden in the sandbox; this one file is b
 lines on its standard input and output, a channel its children cannot reach:
 
 1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
-   "mode": "boundary" or "child", ...}}, "memory": bytes}`` (the sandbox's memory limit): it runs the chapter's
+   ...}}, "memory": bytes}`` (the sandbox's memory limit): it runs the chapter's
    own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
-2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. For an exercise
-   whose checker takes functions (most), the server forks one *learner process* per student
-   (attention_course.boundary), which runs only the *definitions* of the student's solution cells (imports, ``def``,
-   ``class``, simple assignments: nothing else of the notebook), exercise by exercise, up to the exercise checked;
-   then the server runs the exercise's check cell as released, in itself, with the checker taken from the package and
-   a ``boundary.Remote`` for each of the student's names it passes: the checker's calls run in the learner process,
-   and what comes back is plain data (or refused, with what it was). No student code ever runs in this process. A
-   call that runs over the timeout, goes over the memory given to the learner process, or ends it, costs that
-   exercise alone: the next one forks a fresh process. The functions the exercise forbids raise during the student's
-   calls (in the learner process). A checker that runs the student's function in worker processes (chapter 11) has
-   the learner process launch them: only their plain-data results come back. For an exercise of verdict.IN_CHILD (its
-   checker builds and differentiates the student's layer: chapters 6 and 7) it forks a fresh child that runs the
-   definitions and the check cell; there, every value the student's code returns must be a plain tensor or a plain
-   Python value, and after the check the child compares the package's and torch's functions with a snapshot taken
-   before the student's code ran, and refuses a verdict if one changed, or if a thread or a trace hook is left; it
-   reports on a pipe of its own. No child holds this process's channel, and this process is not dumpable (its
-   /proc/<pid>/fd cannot be opened by the children). Between students every other process of the sandbox is killed
-   and the scratch folders are emptied.
+2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. The server
+   forks one *learner process* per student (attention_course.boundary), which runs only the *definitions* of the
+   student's solution cells (imports, ``def``, ``class``, simple assignments: nothing else of the notebook),
+   exercise by exercise, up to the exercise checked; then the server runs the exercise's check cell as released, in
+   itself, with the checker taken from the package and a ``boundary.Remote`` for each of the student's names it
+   passes: the checker's calls run in the learner process, and what comes back is plain data (or refused, with what
+   it was). No student code ever runs in this process. A call that runs over the timeout, goes over the memory given
+   to the learner process, or ends it, costs that exercise alone: the next one forks a fresh process. The functions
+   the exercise forbids raise during the student's calls (in the learner process). A checker that runs the
+   student's function in worker processes (chapter 11) has the learner process launch them, and one that builds,
+   loads and differentiates the student's layer (chapters 6 and 7) has it do that (a layer a student's factory
+   returns stays there, a ``boundary.Layer``): only plain data comes back, and the comparison, the diagnosis and
+   the message are computed here. No learner process holds this process's channel, and this process is not
+   dumpable (its /proc/<pid>/fd cannot be opened by its children). Between students every other process of the
+   sandbox is killed and the scratch folders are emptied.
    Answers ``{"student": s, "verdicts": {label: {"passed": bool, "message": text}}}``.
 """
 from __future__ import annotations
@@ -33,17 +30,14 @@ import ctypes
 import io
 import json
 import os
-import select
 import shutil
 import signal
 import sys
-import threading
 import time
 import traceback
 
 PROTOCOL_IN = PROTOCOL_OUT = DEVNULL = None  # set by main()
 MESSAGE_LIMIT = 4000
-ALLOWED = (int, float, bool, str, bytes, type(None), complex, slice, type(Ellipsis))
 
 
 def send(message: dict) -> None:
@@ -88,51 +82,13 @@ def stub(code: str) -> bool:
     return any(isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node) for node in body)
 
 
-# ---------------------------------------------------------------- plain values
-def plain(value, where: str, seen=None):
-    """Refuse anything but plain tensors and plain Python values (containers of them too)."""
-    import torch
-    from torch import nn
-
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return
-    seen.add(id(value))
-    kind = type(value)
-    if kind in (torch.Tensor, nn.Parameter) or kind in ALLOWED or kind in (torch.dtype, torch.device, torch.Size):
-        return
-    if kind in (tuple, list) or kind.__module__ == "torch.return_types":
-        for item in value:
-            plain(item, where, seen)
-        return
-    if kind is dict:
-        for item in value.values():
-            plain(item, where, seen)
-        return
-    if isinstance(value, nn.Module):  # a layer (e.g. returned by a factory): its tensors must be plain
-        for name, tensor in [*value.named_parameters(), *value.named_buffers()]:
-            if type(tensor) not in (torch.Tensor, nn.Parameter):
-                raise PlainValueError(f"{where}: the layer's {name} is a {type(tensor).__qualname__}, not a plain "
-                                      f"torch.Tensor")
-        return
-    if isinstance(value, torch.Tensor):
-        raise PlainValueError(f"{where} a {kind.__qualname__}, a subclass of torch.Tensor: grading takes plain "
-                              f"torch.Tensor values only (return the tensor itself, not a subclass)")
-    raise PlainValueError(f"{where} a {kind.__qualname__}: grading takes plain tensors and Python numbers only")
-
-
-class PlainValueError(Exception):
-    pass
-
-
 class ForbiddenCall(Exception):
     pass
 
 
 # ---------------------------------------------------------------- the guard around every call into the student's code
 class Guard:
-    """Entered around each call into the student's code: forbidden functions raise, values that come back are
-    checked plain."""
+    """Entered around each call into the student's code, in the learner process: forbidden functions raise."""
 
     def __init__(self, forbidden: list[str], rule: str, namespace: dict):
         self.forbidden, self.rule, self.namespace = [resolve(name) for name in forbidden], rule, namespace
@@ -180,31 +136,6 @@ class Guard:
                 setattr(owner, attr, original)
         self.saved = []
 
-    def wrap(self, fn, name: str):
-        import functools
-
-        from torch import nn
-
-        banned = next((dotted for dotted, _, _, original in self.forbidden if fn is original), None)
-
-        @functools.wraps(fn)
-        def guarded(*args, **kwargs):
-            if banned is not None:  # the student's name is the forbidden function itself
-                self.used.append(banned)
-                raise ForbiddenCall(f"{banned} may not be used in this exercise: it says \u201c{self.rule}\u201d")
-            self.enter()
-            try:
-                result = fn(*args, **kwargs)
-            finally:
-                self.exit()
-            plain(result, f"{name} returned")
-            for arg in args:  # a layer the function was given to fill in (e.g. copying weights into it)
-                if isinstance(arg, nn.Module):
-                    plain(arg, f"after {name}(...)")
-            return result
-        return guarded
-
-
 def compile_stub(name: str, key: str):
     scope = {}
     exec(f"def {name}(*args, **kwargs):\n    return {key}(*args, **kwargs)\n", scope)
@@ -225,98 +156,6 @@ def resolve(dotted: str):
             owner = getattr(owner, attr)
         return dotted, owner, parts[-1], getattr(owner, parts[-1])
     raise ValueError(f"cannot find {dotted}")
-
-
-def guard_names(namespace: dict, before: dict, guard: Guard) -> None:
-    """Put the guard around every function and class the student's definitions made."""
-    from torch import nn
-
-    for name, value in list(namespace.items()):
-        if name in before and before[name] is value or name.startswith("__"):
-            continue
-        if isinstance(value, type) and issubclass(value, nn.Module):
-            forward = value.forward
-            value.forward = guard.wrap(forward, f"{name}.forward")
-            init = value.__init__
-            value.__init__ = guard.wrap(init, f"{name}(...)")
-        elif callable(value) and not isinstance(value, type) and not type(value).__name__ == "module":
-            namespace[name] = guard.wrap(value, name)
-
-
-# ---------------------------------------------------------------- integrity
-def snapshot() -> dict:
-    """The identity of every attribute of torch's and the package's modules and of the classes checks rely on."""
-    import torch
-    from torch import nn
-
-    places = {name: module for name, module in list(sys.modules.items()) if module is not None and (
-        name == "torch" or name.startswith(("torch.nn", "torch.testing", "torch.linalg", "torch.special",
-                                            "attention_course")) or name in ("math", "builtins", "operator",
-                                                                              "functools"))}
-    seen = {}
-    for name, module in places.items():
-        for attr, value in list(vars(module).items()):
-            seen[f"{name}.{attr}"] = id(value)
-            code = getattr(value, "__code__", None)
-            if code is not None:
-                seen[f"{name}.{attr}.__code__"] = id(code)
-                seen[f"{name}.{attr}.__defaults__"] = id(getattr(value, "__defaults__", None))
-    for cls in (torch.Tensor, nn.Module, nn.Linear, nn.MultiheadAttention, nn.Parameter):
-        for attr, value in list(vars(cls).items()):
-            seen[f"{cls.__qualname__}.{attr}"] = id(value)
-    return seen
-
-
-def changed(before: dict) -> list[str]:
-    after = snapshot()
-    return sorted(name for name, ident in before.items() if after.get(name, ident) != ident)
-
-
-# ---------------------------------------------------------------- one exercise, in a child
-def run_check(namespace: dict, label: str, solutions: list, check: dict) -> dict:
-    import torch  # noqa: F401  (the namespace's torch is the setup's)
-
-    before_names = dict(namespace)
-    integrity = snapshot()
-    own_error = None
-    for cell_label, code in solutions:
-        try:
-            kept = definitions(code)
-        except SyntaxError as error:
-            if exercise_of(cell_label) == label and own_error is None:
-                own_error = f"SyntaxError: {error.msg} (line {error.lineno})"
-            continue
-        try:
-            exec(compile(kept, f"<{cell_label}>", "exec"), namespace)
-        except BaseException as error:  # noqa: BLE001  (a student's definitions may raise anything)
-            if exercise_of(cell_label) == label and own_error is None:
-                own_error = f"{type(error).__name__}: {error}"
-    guard = Guard(check.get("forbidden", []), check.get("rule", ""), namespace)
-    guard_names(namespace, before_names, guard)
-    for name in check["trusted"]:  # the checker from the package, whatever the student named
-        namespace[name] = check["trusted"][name]
-    out = sys.stdout = io.StringIO()
-    passed, message = False, ""
-    try:
-        exec(compile(check["check"], f"<{label}-check>", "exec"), namespace)
-        passed = True
-    except BaseException as error:  # noqa: BLE001
-        message = failure(error)
-    finally:
-        sys.stdout = io.StringIO()
-    if passed:
-        message = " ".join(out.getvalue().split()) or "passed"
-    message = explained(message, passed, own_error, label, solutions, check)
-    if guard.used:
-        passed, message = False, (f"not accepted: the exercise says \u201c{check['rule']}\u201d, and your code "
-                                  f"called {guard.used[0]} during the check")
-    moved = changed(integrity)
-    if moved:
-        passed, message = False, ("refused: the submission changed what the check relies on while it ran ("
-                                  + ", ".join(moved[:5]) + (", ..." if len(moved) > 5 else "") + ")")
-    if threading.active_count() > 1 or sys.gettrace() is not None or sys.getprofile() is not None:
-        passed, message = False, "refused: the submission left a thread or a trace hook running after its check"
-    return {"passed": passed, "message": " ".join(message.split())[:MESSAGE_LIMIT]}
 
 
 def explained(message: str, passed: bool, own_error: str | None, label: str, solutions: list, check: dict) -> str:
@@ -341,9 +180,8 @@ def failure(error: BaseException) -> str:
     """The message of an exception that ended a check (the checker's ExerciseError: its text alone)."""
     if type(error).__name__ == "ExerciseError":
         return str(error)
-    if isinstance(error, (PlainValueError, ForbiddenCall)) or isinstance(error.__cause__,
-                                                                         (PlainValueError, ForbiddenCall)):
-        return str(error.__cause__ if isinstance(error.__cause__, (PlainValueError, ForbiddenCall)) else error)
+    if isinstance(error, ForbiddenCall) or isinstance(error.__cause__, ForbiddenCall):
+        return str(error.__cause__ if isinstance(error.__cause__, ForbiddenCall) else error)
     return f"{type(error).__name__}: {error}"
 
 
@@ -417,6 +255,8 @@ def over_boundary(state: dict, namespace: dict, label: str, solutions: list, che
         message = f"refused: {refusal} (grading runs your function in a process of its own and takes back data only)"
     except BaseException as error:  # noqa: BLE001  (the checker's verdict, or the student's exception rebuilt)
         message = failure(error)
+    if learner.busy:  # a call still waited on by a checker's thread that gave up on it (chapter 7's time limit)
+        learner.kill()  # the next exercise forks a fresh process
     if passed:
         message = " ".join(out.getvalue().split()) or "passed"
     message = explained(message, passed, own_error, label, solutions, check)
@@ -424,61 +264,6 @@ def over_boundary(state: dict, namespace: dict, label: str, solutions: list, che
         passed, message = False, (f"not accepted: the exercise says \u201c{check['rule']}\u201d, and your code "
                                   f"called {learner.used[0]} during the check")
     return {"passed": passed, "message": " ".join(message.split())[:MESSAGE_LIMIT]}
-
-
-def in_child(namespace: dict, label: str, solutions: list, check: dict, timeout: float) -> dict:
-    """Fork, run the check in the child, read its report from a pipe of its own."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.close(read)
-            os.setsid()
-            os.dup2(DEVNULL, 0)
-            PROTOCOL_OUT.close()
-            report = run_check(namespace, label, solutions, check)
-        except BaseException as error:  # noqa: BLE001
-            report = {"passed": False, "message": f"the check crashed: {type(error).__name__}: {error}"}
-        os.write(write, (json.dumps(report) + "\n").encode())
-        os._exit(0)
-    os.close(write)
-    chunks, deadline = [], time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([read], [], [], max(left, 0))
-        if not ready:
-            kill_group(pid)
-            os.close(read)
-            os.waitpid(pid, 0)
-            return {"passed": False, "message": f"timed out (the check ran over {timeout:g} s)"}
-        chunk = os.read(read, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        if sum(map(len, chunks)) > 1 << 20:
-            break
-    os.close(read)
-    kill_group(pid)
-    _, status = os.waitpid(pid, 0)
-    lines = b"".join(chunks).decode(errors="replace").splitlines()
-    try:
-        report = json.loads(lines[0]) if len(lines) == 1 else None
-    except ValueError:
-        report = None
-    if not isinstance(report, dict) or set(report) != {"passed", "message"}:
-        code = os.waitstatus_to_exitcode(status)
-        why = (f"the process ended ({'signal ' + str(-code) if code < 0 else 'exit status ' + str(code)}) before "
-               f"the check finished" if not lines else "its report was not the checker's (written to by the "
-                                                       "submission?)")
-        return {"passed": False, "message": f"no verdict: {why}"}
-    return report
-
-
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def clean_sandbox() -> None:
@@ -531,13 +316,7 @@ def main() -> None:
         verdicts, state = {}, {"checks": checks, "memory": setup["memory"]}
         for label, check in checks.items():
             upto = [pair for pair in solutions if labels_before(pair[0], label, list(checks))]
-            if check.get("mode", "boundary") == "boundary":
-                verdicts[label] = over_boundary(state, namespace, label, upto, check, request["timeout"])
-            else:
-                verdicts[label] = in_child(namespace, label, upto, check, request["timeout"])
-                if state.get("learner") is not None:  # cleaning ends it: a later exercise forks a fresh one
-                    state["learner"] = state["learner"].close()
-                clean_sandbox()
+            verdicts[label] = over_boundary(state, namespace, label, upto, check, request["timeout"])
         if state.get("learner") is not None:
             state["learner"].close()
         clean_sandbox()

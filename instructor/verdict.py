@@ -10,8 +10,9 @@ itself, and the checker calls the student's functions in the learner process: wh
 (torch.save there, torch.load(weights_only=True) here), so the comparison, the diagnosis and the message are
 computed where no student code ever ran. A call that runs over its time, goes over its memory, or kills its process
 costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids (:data:`RULES`)
-raise during the student's calls. The exercises of :data:`IN_CHILD` (chapters 6 and 7's layers) still run their
-check in a child beside the student's code, with an integrity check after it. Verdicts come back on the server's
+raise during the student's calls. Every checked exercise is checked so: chapter 11's checkers have the learner
+process launch their worker processes, chapters 6 and 7's have it build, load, call and differentiate the student's
+layer (attention_course.exercises.ch06.probe_layer), and judge what comes back. Verdicts come back on the server's
 standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
 
 What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names
@@ -62,17 +63,6 @@ RULES = {
     "ex-ch12-gather": (["attention_course.serving.gather_blocks", "attention_course.serving.paged.gather_blocks"],
                        "*without* the package's `gather_blocks`"),
 }
-
-# Exercises whose checker still runs in the child, beside the student's code (check_server.in_child), with the
-# integrity check after it: their checkers take a layer class and build, train and differentiate the layer (chapters
-# 6 and 7), which needs the layer's objects and their autograd graph in the checker's process. Every other checker
-# runs in the server, where no student code runs, and calls the student's functions over attention_course.boundary
-# (chapter 11's too: the learner process launches the worker processes, and their results come back as plain data).
-IN_CHILD = {"ex-ch6-layer": "the checker builds the learner's layer class and runs backward through it",
-            "ex-ch7-merge": "the checker builds the learner's layer and runs backward through it",
-            "ex-ch7-padding": "the checker builds the learner's layer and runs backward through it",
-            "ex-ch7-float-mask": "the checker builds the learner's layer and runs backward through it",
-            "ex-ch7-cross": "the checker builds the learner's layer and runs backward through it"}
 
 # Names that code attacking the grading process needs and an attention exercise does not: a solution that uses one
 # and passes is held for review by hand rather than given the points.
@@ -135,8 +125,7 @@ def plan(chapter: str, release: Path) -> Plan:
         arguments = [node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)
                      and node.id not in calls]
         result.checks[exercise.label] = {"check": code, "module": module, "checkers": calls, "arguments": arguments,
-                                         "forbidden": forbidden, "rule": rule,
-                                         "mode": "child" if exercise.label in IN_CHILD else "boundary"}
+                                         "forbidden": forbidden, "rule": rule}
         result.points[exercise.label] = exercise.points
     return result
 
@@ -236,4 +225,4 @@ def verdicts(server: Server, student: str, path: Path, timeout: float) -> dict[s
     return found
 
 
-__all__ = ["Exercise", "IN_CHILD", "Plan", "RULES", "Server", "plan", "solutions", "suspicious", "verdicts"]
+__all__ = ["Exercise", "Plan", "RULES", "Server", "plan", "solutions", "suspicious", "verdicts"]

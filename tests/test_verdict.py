@@ -2,6 +2,7 @@
 instructor's solutions pass when their checks are re-run apart from the notebook and the released stubs do not; a
 forbidden function is unavailable during the student's calls only; what a solution cell keeps; and the rules are
 the exercises' own words. The server runs in the bubblewrap sandbox, as `make grade` runs it."""
+import json
 import re
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from instructor import check_server, sandbox, verdict  # noqa: E402
-from instructor.exercises import chapters, exercises, load, source  # noqa: E402
+from instructor.exercises import NOTEBOOKS, chapters, exercises, load, nbgrader_source, source  # noqa: E402
 from test_boundary import MISBEHAVING  # noqa: E402
 
 RELEASE = ROOT / "_build" / ".student-course" / "release"
@@ -252,8 +253,79 @@ def test_the_strict_reader_refuses_any_object_but_plain_data():
     assert boundary.decode(boundary.encode({"kind": "ok", "value": (1, "a", None)}))["value"] == (1, "a", None)
 
 
-def test_the_exercises_that_still_run_beside_the_students_code_exist():
-    checked = {e.label for path in chapters() for e in exercises(path) if e.checked}
-    assert set(verdict.IN_CHILD) <= checked
-    # only the checkers that build and differentiate a layer: chapter 11's workers are started over the boundary
-    assert all("layer" in why for why in verdict.IN_CHILD.values()) and not any("ch11" in e for e in verdict.IN_CHILD)
+def test_no_check_runs_beside_the_students_code():
+    """Every checker runs in the server over the boundary, the layers of chapters 6 and 7 too: no child that runs a
+    check beside the student's code is left, nor the integrity check it needed."""
+    assert not hasattr(verdict, "IN_CHILD")
+    assert not any(hasattr(check_server, name) for name in ("in_child", "run_check", "snapshot", "guard_names"))
+
+
+# ---------------------------------------------------------------- chapter 7's layers, over the boundary
+@pytest.fixture(scope="module")
+def clinic(tmp_path_factory):
+    """Chapter 7's check server, planned from the notebook nbgrader releases from (instructor.exercises
+    .nbgrader_source: the setup and check cells of the release), so that these tests need no `make student`."""
+    path = tmp_path_factory.mktemp("source") / "07_bug_clinic.ipynb"
+    path.write_text(json.dumps(nbgrader_source(NOTEBOOKS / path.name)))
+    server = verdict.Server(verdict.plan("07_bug_clinic", path), [], 4 * 2**30)
+    server.start()
+    yield server
+    server.stop()
+
+
+# A wrong merge (no transpose) that made itself pass where the check ran beside it: at each call its layer undoes
+# the patches of the call before and makes the checker's comparisons agree; in float16, the last check, it merges
+# right and patches nothing, so after the check everything is as it was.
+PATCHING = """
+import attention_course.exercises.ch06 as grader6
+import attention_course.exercises.ch07 as grader7
+class FixedMerge(BuggyMerge):
+    SAVED = []
+    def merge(self, t):
+        B, h, L, d = t.shape
+        if t.dtype == torch.float16:
+            return t.transpose(1, 2).reshape(B, L, h * d)
+        return t.reshape(B, L, h * d)
+    def forward(self, *args, **kwargs):
+        while self.SAVED:
+            setattr(*self.SAVED.pop())
+        if args[0].dtype != torch.float16:
+            for module, name, fake in ((grader6, "max_diff", lambda *a, **k: 0.0),
+                                       (grader6, "close", lambda *a, **k: True),
+                                       (grader7, "max_diff", lambda *a, **k: 0.0)):
+                self.SAVED.append((module, name, getattr(module, name)))
+                setattr(module, name, fake)
+        return super().forward(*args, **kwargs)
+"""
+
+
+@needs_bwrap
+def test_a_layer_that_patches_the_checker_while_it_is_called_gets_the_checkers_diagnosis(clinic):
+    found = clinic.check("patching", [("ex-ch7-merge", PATCHING)], 60)["ex-ch7-merge"]
+    assert found["passed"] is False, found
+    assert found["message"].startswith("check 3 (self-attention without masks) failed"), found
+    assert "merged without undoing the split's transpose" in found["message"], found
+
+
+@needs_bwrap
+@pytest.mark.parametrize("code, words", [
+    ("class Agreeable(torch.Tensor):\n"  # says it equals anything
+     "    @classmethod\n"
+     "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+     "        out = super().__torch_function__(func, types, args, kwargs or {})\n"
+     "        return True if func.__name__ in ('equal', 'allclose') else out\n"
+     "class FixedMerge(BuggyMerge):\n"
+     "    def forward(self, *args, **kwargs):\n"
+     "        out, weights = super().forward(*args, **kwargs)\n"
+     "        return torch.zeros_like(out).as_subclass(Agreeable), weights\n",
+     "returned an Agreeable, a subclass of torch.Tensor"),
+    ("class FixedMerge(BuggyMerge):\n"
+     "    def forward(self, *args, **kwargs):\n"
+     "        yield super().forward(*args, **kwargs)\n",
+     "returned a generator (the function yields: return the value instead)"),
+], ids=["tensor subclass", "generator"])
+def test_a_layer_that_returns_no_plain_data_is_refused_by_name(clinic, code, words):
+    found = clinic.check("not data", [("ex-ch7-merge", code)], 60)["ex-ch7-merge"]
+    assert found["passed"] is False, found
+    assert found["message"].startswith("check 3 (self-attention without masks) failed: your layer with "
+                                       "self-attention without masks " + words), found
