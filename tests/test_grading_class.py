@@ -7,9 +7,13 @@ chapter, the others its exercises alone (WHOLE). Needs the student edition and n
 (`make student`)."""
 import csv
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -190,10 +194,34 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
     }
 
 
+RUNNING: list[subprocess.Popen] = []  # the gradings under way, stopped (with their processes) if the run ends first
+
+
+def grading(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    command = [str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
+               "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags]
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        RUNNING.append(process)
+        try:
+            stdout, stderr = process.communicate(timeout=900)
+        finally:
+            if process.poll() is None:  # timed out, or the run ends
+                stop(process)
+            RUNNING.remove(process)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """``process`` and every process of its session (nbgrader, the sandboxes), if still running."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def grade(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
-    run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
-                          "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = grading(submissions, out, *flags)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return run
 
@@ -203,13 +231,14 @@ def read(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="session")  # once per run, whatever order the tests run in
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("class")
-    submissions, out = tmp / "submissions", tmp / "grades"
-    gradebook, token = out / "course" / "gradebook.db", f"still-running-{tmp.name}"
+ONE_JOB = "amy"  # graded again alone, with one job
+
+
+def hand_in(tmp: Path) -> None:
+    """The class's submissions (tmp/submissions) and the roster (tmp/roster.csv)."""
+    submissions, gradebook = tmp / "submissions", tmp / "grades" / "course" / "gradebook.db"
     released = load(STUDENT / "notebooks" / "03_masks.ipynb")
-    for name, answers in the_class(submissions, gradebook, token).items():
+    for name, answers in the_class(submissions, gradebook, f"still-running-{tmp.name}").items():
         (submissions / name).mkdir(parents=True)
         file = "03_masks (1).ipynb" if name == "erin" else "03_masks.ipynb"
         handed_in = released if name in WHOLE else exercises_only(released)
@@ -221,14 +250,63 @@ def graded(tmp_path_factory):
     (submissions / "hank").mkdir()  # chapter 2 saved under chapter 3's name
     (submissions / "hank" / "03_masks.ipynb").write_text((STUDENT / "notebooks" / "02_softmax.ipynb").read_text())
     (submissions / "README.txt").write_text("stray\n")
-    roster = tmp / "roster.csv"
-    roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
-                      "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
-    run = grade(submissions, out, "--jobs", "2", "--roster", str(roster), "--canvas-assignment", "03_masks=123")
+    (tmp / "roster.csv").write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
+                                    "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
+    part = tmp / "part" / ONE_JOB
+    part.mkdir(parents=True)
+    (part / "03_masks.ipynb").write_bytes((submissions / ONE_JOB / "03_masks.ipynb").read_bytes())
+
+
+def grade_the_class(tmp: Path) -> None:
+    """Grade the class handed in under ``tmp`` with two jobs (into tmp/grades), then ONE_JOB's notebook again with
+    one job (tmp/one-job). Each run's outcome in tmp/runs.json; its presence says both are over."""
+    runs = {}
+    try:
+        for name, args in {"class": (tmp / "submissions", tmp / "grades", "--jobs", "2", "--roster",
+                                     str(tmp / "roster.csv"), "--canvas-assignment", "03_masks=123"),
+                           "one-job": (tmp / "part", tmp / "one-job", "--jobs", "1")}.items():
+            run = grading(*args)
+            runs[name] = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
+    except Exception as error:  # noqa: BLE001  (said by the tests, in the worker that runs them)
+        runs["error"] = f"{type(error).__name__}: {error}"
+    (tmp / "runs.json").write_text(json.dumps(runs))
+
+
+def grade_ahead(tmp: Path) -> threading.Thread | None:
+    """Under pytest-xdist, the controller grades the class from the start of the run, in a thread of its own
+    (tests/conftest.py): most of its time is spent waiting (a kernel that never returns is waited for until its cell's
+    time is up, twice), which the other tests fill. The worker that runs this file's tests takes the results
+    (``graded``). None where the tests would skip."""
+    if not (STUDENT / "notebooks").exists() or not GRADER_PYTHON.exists():
+        return None
+    hand_in(tmp)
+    thread = threading.Thread(target=grade_the_class, args=(tmp,), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="session")  # once per run, whatever order the tests run in
+def graded(request, tmp_path_factory):
+    ahead = getattr(request.config, "workerinput", {}).get("graded_ahead")
+    if ahead and (Path(ahead) / "submissions").exists():  # the controller is grading it (grade_ahead)
+        tmp = Path(ahead)
+        deadline = time.monotonic() + 1200
+        while not (tmp / "runs.json").exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert (tmp / "runs.json").exists(), f"the class graded ahead, in {tmp}, never finished"
+    else:
+        tmp = tmp_path_factory.mktemp("class")
+        hand_in(tmp)
+        grade_the_class(tmp)
+    runs = json.loads((tmp / "runs.json").read_text())
+    assert "error" not in runs, runs["error"]
+    for run in runs.values():
+        assert run["returncode"] == 0, run["stdout"][-5000:] + run["stderr"][-5000:]
+    out = tmp / "grades"
     table = read(out / "grades.csv")
     rows = {(r["student"], r["exercise"]): r for r in table if r["exercise"]}
-    return dict(submissions=submissions, out=out, run=run, table=table, rows=rows, token=token, roster=roster,
-                tmp=tmp)
+    return dict(submissions=tmp / "submissions", out=out, stdout=runs["class"]["stdout"], table=table, rows=rows,
+                token=f"still-running-{tmp.name}", roster=tmp / "roster.csv", tmp=tmp)
 
 
 def verdict(graded, student, exercise=PAD):
@@ -325,7 +403,7 @@ def test_the_gradebook_and_feedback_carry_the_verdicts(graded):
 
 
 def test_every_file_is_in_the_results(graded):
-    table, run, out = graded["table"], graded["run"], graded["out"]
+    table, stdout, out = graded["table"], graded["stdout"], graded["out"]
     skipped = {r["file"]: r["message"] for r in table if not r["exercise"]}
     assert set(skipped) == {"frank/03_masks.ipynb", "frank/notes.txt", "gina/", "README.txt"}
     assert skipped["frank/03_masks.ipynb"] == ("not graded: not a notebook: invalid JSON at line 2, column 1 "
@@ -335,9 +413,9 @@ def test_every_file_is_in_the_results(graded):
     assert graded["rows"]["erin", PAD]["file"] == "erin/03_masks (1).ipynb"
     assert graded["rows"]["erin", PAD]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
     summary = (out / "summary.txt").read_text()
-    assert summary in run.stdout and "\nnot graded: 4\n" in summary
+    assert summary in stdout and "\nnot graded: 4\n" in summary
     assert "of which the notebook's own run failed: 4" in summary  # carol, hugo, otto, max
-    assert re.search(r"^\[#{20}\] 18/18  \d+ min \d\d s spent, about 0 min 00 s left  graded ", run.stdout, re.M)
+    assert re.search(r"^\[#{20}\] 18/18  \d+ min \d\d s spent, about 0 min 00 s left  graded ", stdout, re.M)
 
 
 def test_exports(graded):
@@ -370,12 +448,6 @@ def test_a_grade_given_by_hand_is_read_back(graded):
 
 def test_one_job_gives_the_same_rows(graded):
     """A student graded again with --jobs 1: the same rows as in the run with two jobs."""
-    part = graded["tmp"] / "part"
-    for student in ("alice",):
-        (part / student).mkdir(parents=True)
-        (part / student / "03_masks.ipynb").write_bytes(
-            (graded["submissions"] / student / "03_masks.ipynb").read_bytes())
-    grade(part, graded["tmp"] / "one-job", "--jobs", "1")
-    again = [r for r in read(graded["tmp"] / "one-job" / "grades.csv")]
-    before = [r for r in graded["table"] if r["student"] == "alice"]
-    assert again == before
+    again = read(graded["tmp"] / "one-job" / "grades.csv")
+    before = [r for r in graded["table"] if r["student"] == ONE_JOB]
+    assert again == before and {r["student"] for r in again} == {ONE_JOB}

@@ -588,14 +588,20 @@ DRAWN_MARKS = """(root) => {
       const b = mark.getBoundingClientRect(), x = b.x + b.width / 2, y = b.y + b.height / 2;
       const s = getComputedStyle(mark), paint = rgba(text ? s.fill : s.stroke);
       const alpha = paint[3] * Number(text ? s.fillOpacity : s.strokeOpacity) * Number(s.opacity);
+      // the first shape drawn after the mark (shapes are in document order): found by bisection
+      let after = 0, end = shapes.length;
+      while (after < end) {
+        const mid = (after + end) >> 1;
+        if (mark.compareDocumentPosition(shapes[mid].node) & Node.DOCUMENT_POSITION_FOLLOWING) end = mid;
+        else after = mid + 1;
+      }
       let bg = card, fg = null;
-      for (const r of shapes) {
-        if (fg === null && (mark.compareDocumentPosition(r.node) & Node.DOCUMENT_POSITION_FOLLOWING))
-          fg = over(paint, alpha, bg);
-        if (x < r.box.left || x > r.box.right || y < r.box.top || y > r.box.bottom) continue;
+      shapes.forEach((r, i) => {
+        if (i === after) fg = over(paint, alpha, bg);
+        if (x < r.box.left || x > r.box.right || y < r.box.top || y > r.box.bottom) return;
         bg = over(r.fill, r.alpha, bg);
         if (fg !== null) fg = over(r.fill, r.alpha, fg);
-      }
+      });
       if (fg === null) fg = over(paint, alpha, bg);
       const cell = mark.closest('g.ac-cell');
       marks.push({ kind: text ? 'text' : 'cross', text: mark.textContent, fg, bg, px: parseFloat(s.fontSize),
