@@ -5,13 +5,13 @@ site) runs its rules tagged wcag2a, wcag2aa, wcag21a and wcag21aa on every page 
 full site, ``_build/html`` or $ATTENTION_COURSE_SITE, the student edition beside it in ``_build/student/html``, and
 the Chinese edition of each in its ``zh/``): the full site in light and dark mode and at 1280 px (desktop) and 390 px
 (phone; there the colour rules on the pages that show every kind of element the others show outside their article,
-whose colours do not depend on the width: :data:`COLOUR_RULES`; in dark mode only those pages, since the mode changes
-colours alone: :data:`STATES`), the colours of code on the pages that show every colour of code
-(:func:`code_colour_pages`); the other editions, whose layout, templates and stylesheets are the full site's and whose
-content differs (no solutions, Chinese text), in light mode at 1280 px, without the two rules that judge colours alone
-(:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same stylesheets, byte for byte
-(asserted), checked on the full site in both modes. No violation allowed. Each page opens in light mode (stored as the
-theme's colour-mode button stores it) at 1280 px, then goes to 390 px, to dark mode (the colour-mode button, clicked),
+whose colours do not depend on the width: :data:`COLOUR_RULES`; in dark mode only those pages, and the colour rules
+alone, since the mode changes colours alone: :data:`STATES`, :data:`BY_MODE`), the colours of code on the pages that
+show every colour of code (:func:`code_colour_pages`); the other editions, whose layout, templates and stylesheets
+are the full site's and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the two
+rules that judge colours alone (:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same
+stylesheets, byte for byte (asserted), checked on the full site in both modes. No violation allowed. Each page
+opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px, to dark mode (the colour-mode button, clicked),
 and back to 1280 px, axe running at each step (see STATES). Every formula must carry the MathML screen readers read.
 Plus the focus indicator of the site's controls: each control reached with Tab (and Shift+Tab from the end) shows one
 with a contrast of at least 3:1 against what surrounds it, in both modes.
@@ -59,10 +59,14 @@ MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
 # Each page is shown in each mode and at each width, in this order: one change at a time. But in dark mode at the
 # phone's width, only PHONE_COLOUR_PAGES: the colour mode changes colours alone (asserted: what the stylesheets set by
-# mode), with one exception, the theme's .only-dark images, judged by every rule in dark mode at the desktop's width;
-# so the rules that do not judge colours find at the phone's width in dark mode what they find there in light mode.
+# mode), with one exception, the theme's .only-dark and .only-light images (BY_MODE); so the rules that do not judge
+# colours find in dark mode what they find in light mode, and run there only on a page that shows such an image.
 STATES = [("light", "desktop"), ("light", "phone"), ("dark", "phone"), ("dark", "desktop")]
 DARK_PHONE = ("dark", "phone")
+# What the theme shows in one colour mode and hides in the other (its images, a logo per mode): a page with one is
+# judged by every rule in dark mode too; on any other, dark mode changes colours alone, and only the colour rules
+# (COLOUR_RULES) run there.
+BY_MODE = ".only-dark, .only-light"
 # What the stylesheets may set by colour mode (html[data-theme=...]): colours, and what never hides, shows or names an
 # element. Custom properties (--*) only when they hold a colour (MODE_VARIABLE), or are myst-nb's --light and --dark
 # switches (empty or initial: they pick one of two colours in var() fallbacks).
@@ -90,8 +94,9 @@ RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
 # skipCode: color-contrast leaves out the text of code blocks (div.highlight), whose colours CODE_COLOURS shows
-# elsewhere (the rule's own test of which elements it judges, wrapped).
-START_AXE = """([tags, skip, skipCode]) => {
+# elsewhere (the rule's own test of which elements it judges, wrapped). only: these rules alone (else: every rule of
+# the tags, but skip).
+START_AXE = """([tags, skip, skipCode, only]) => {
   const defaults = axe._audit.checks['color-contrast'].options;
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
   const contrast = axe._audit.rules.find((rule) => rule.id === 'color-contrast');
@@ -100,7 +105,8 @@ START_AXE = """([tags, skip, skipCode]) => {
     && this.ownMatches(node, ...rest); } : contrast.ownMatches;
   const rules = Object.fromEntries(skip.map((rule) => [rule, { enabled: false }]));
   window.axeResult = new Promise((start) => setTimeout(start, 0))
-    .then(() => axe.run(document, { runOnly: { type: 'tag', values: tags }, rules, resultTypes: ['violations'] }))
+    .then(() => axe.run(document, { runOnly: only ? { type: 'rule', values: only } : { type: 'tag', values: tags },
+      rules, resultTypes: ['violations'] }))
     .then((result) => result.violations.map((v) => ({ rule: v.id, impact: v.impact, help: v.help,
       targets: v.nodes.map((n) => n.target.join(' ')) })));
 }"""
@@ -255,6 +261,7 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
         tab.add_script_tag(content=axe_source)
         assert tab.evaluate("axe.version") == NPM_PINS["axe-core"]
         skip_code = code_pages is not None and page not in code_pages
+        by_mode = tab.evaluate(f"document.querySelector('{BY_MODE}') !== null")
         for mode, width in states:
             if (mode, width) == DARK_PHONE and page not in PHONE_COLOUR_PAGES:
                 continue
@@ -265,7 +272,10 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
                 tab.wait_for_function(STILL)  # the sidebars fold away
             # at the phone's width, the colours of the article are its colours at the desktop's (WIDTH_COLOURS)
             phone = width == "phone" and page not in PHONE_COLOUR_PAGES
-            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code])
+            # in dark mode, the colours alone changed (MODE_PROPERTIES): the colour rules, unless the page shows an
+            # element by colour mode (BY_MODE)
+            only = COLOUR_RULES if mode != MODES[0] and not by_mode else None
+            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code, only])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
 
@@ -287,13 +297,14 @@ def test_axe_finds_planted_violations(browser, axe_source):
         tab.set_content(PLANTED)
         tab.add_script_tag(content=axe_source)
         found = {}
-        for skip_code in (False, True):
-            tab.evaluate(START_AXE, [TAGS, [], skip_code])
-            found[skip_code] = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
+        for skip_code, only in ((False, None), (True, None), (False, COLOUR_RULES)):
+            tab.evaluate(START_AXE, [TAGS, [], skip_code, only])
+            found[skip_code, bool(only)] = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
     finally:
         tab.context.close()
-    assert found[False] == {"color-contrast": 3, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
-    assert found[True] == dict(found[False], **{"color-contrast": 2}), "skipCode: the faint code left out, only it"
+    assert found[False, False] == {"color-contrast": 3, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
+    assert found[True, False] == dict(found[False, False], **{"color-contrast": 2}), "skipCode: the faint code left out"
+    assert found[False, True] == {"color-contrast": 3}, "only: the colour rules alone (as in dark mode)"
 
 
 def test_the_pages_whose_code_is_judged_show_every_colour_of_code(tmp_path):
@@ -332,9 +343,10 @@ def mode_properties(css: str) -> dict[str, set[str]]:
 
 
 def test_the_colour_mode_changes_colours_alone():
-    """Why dark mode at the phone's width is audited on PHONE_COLOUR_PAGES alone: what the stylesheets set by colour
-    mode is a colour or something that neither hides, shows nor names an element (MODE_PROPERTIES), but for the
-    theme's .only-light and .only-dark images (display), which dark mode at the desktop's width judges."""
+    """Why dark mode at the phone's width is audited on PHONE_COLOUR_PAGES alone, and dark mode by the colour rules
+    alone: what the stylesheets set by colour mode is a colour or something that neither hides, shows nor names an
+    element (MODE_PROPERTIES), but for the theme's .only-light and .only-dark images (display, BY_MODE), on whose
+    pages every rule runs in dark mode."""
     found = {}
     for path in (EDITIONS["full"] / "_static").rglob("*.css"):
         for name, selectors in mode_properties(path.read_text(errors="replace")).items():
