@@ -27,8 +27,9 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from test_site import (DESKTOP, PAGES, PHONE, ROOT, SITE, TIMEOUT_MS, contrast, serve, settle,
-                       shared_browser)
+from test_site import (DESKTOP, DESKTOPS, EVERY_SCREENSHOT, PAGES, PHONE, ROOT, SITE, TIMEOUT_MS, contrast,
+                       desktop_problems, page_problems, phone_problems, screenshot, serve, settle, shared_browser, slug,
+                       watch)
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
@@ -55,6 +56,10 @@ WIDTH_COLOURS = {".navbar-expand-sm .offcanvas", ".navbar-expand-md .offcanvas",
 # The Chinese edition of each (book/_ext/i18n.py) lies in its zh/ folder.
 EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SITE / "zh",
             "zh-student": SITE.parent / "student" / "html" / "zh"}
+# The editions whose pages also get the reader's checks (tests/test_site.py's page_problems and phone_problems: links,
+# math, images, buttons, layout), in the same visit; the wider desktop's layout on the full edition's pages alone (the
+# Chinese pages share their layout). The student editions differ from these by what they leave out.
+READER = {"full": "", "zh": "zh/"}
 MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
 # Each page is shown in each mode and at each width, in this order: one change at a time. But in dark mode at the
@@ -147,6 +152,8 @@ def served():
             if edition in ("full", "zh"):
                 pytest.fail(f"no built site in {folder}: run `make book` first")
             pytest.skip(f"no student edition in {folder}: run `make student` first")
+        if edition.startswith("zh"):  # within its English edition's site: its links lead there too
+            return url(edition.removeprefix("zh-") if edition != "zh" else "full") + "zh/"
         if edition not in urls:
             server, host = serve(folder)
             servers.append(server)
@@ -246,18 +253,23 @@ def code_colour_pages(folder, pages) -> list[str]:
     return chosen
 
 
-def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pages=None):
+def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pages=None, reader=None):
     """Generator: each page of ``pages`` loaded once in ``tab`` (light mode, desktop width), then shown in every mode
     and width as a reader would get there (the colour-mode button, a narrower window), axe run on each; in dark mode
     at the phone's width only PHONE_COLOUR_PAGES (DARK_PHONE). Code left out of color-contrast on pages outside
     ``code_pages`` (None: on none). It yields while axe runs, so that the other tab can work meanwhile;
-    ``found[(mode, width)][page]``: the violations."""
+    ``found[(mode, width)][page]``: the violations. ``reader``: (the site's root URL, the edition's folder in it) for
+    the reader's checks (READER) in the same visit, at 1280 px, at the phone's width and (the full edition) at the
+    wider desktop's; what ``tab`` met (console errors, failed or refused requests, tests/test_site.py's ``watch``),
+    ``tab.met``, is a problem of every edition."""
     for page in pages:
+        tab.met.clear()
         tab.set_viewport_size(DESKTOP)
         show(tab, f"{url}{page}.html", MODES[0])
         mute = tab.evaluate(MUTE_MATH)
         if mute:
             problems.append(f"{page}: {len(mute)} formula(s) without assistive MathML: {mute[:TARGETS_SHOWN]}")
+        seen = page_problems(tab, reader[0], reader[1] + page) if reader else []
         tab.add_script_tag(content=axe_source)
         assert tab.evaluate("axe.version") == NPM_PINS["axe-core"]
         skip_code = code_pages is not None and page not in code_pages
@@ -266,10 +278,9 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
             if (mode, width) == DARK_PHONE and page not in PHONE_COLOUR_PAGES:
                 continue
             choose_mode(tab, mode)
-            if tab.viewport_size != WIDTHS[width]:
-                tab.set_viewport_size(WIDTHS[width])
-                tab.evaluate(AFTER_RESIZE)
-                tab.wait_for_function(STILL)  # the sidebars fold away
+            resize(tab, WIDTHS[width])
+            if reader and (mode, width) == (MODES[0], "phone"):
+                seen += phone_problems(tab)
             # at the phone's width, the colours of the article are its colours at the desktop's (WIDTH_COLOURS)
             phone = width == "phone" and page not in PHONE_COLOUR_PAGES
             # in dark mode, the colours alone changed (MODE_PROPERTIES): the colour rules, unless the page shows an
@@ -278,6 +289,27 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
             tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code, only])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
+        if reader and (MODES[0], "phone") not in states:
+            resize(tab, PHONE)
+            seen += phone_problems(tab)
+        if reader and not reader[1]:  # the wider desktop: layout, whatever the mode (it changes colours alone)
+            resize(tab, DESKTOPS[1])
+            seen += desktop_problems(tab, DESKTOPS[1])
+        seen = tab.met + seen
+        if reader and (seen or EVERY_SCREENSHOT):
+            choose_mode(tab, MODES[0])
+            for viewport, name in ((DESKTOP, slug(reader[1] + page)), (PHONE, f"{slug(reader[1] + page)}-phone")):
+                resize(tab, viewport)
+                screenshot(tab, name)
+        problems += [f"{reader[1] if reader else ''}{page}.html: {problem}" for problem in seen]
+
+
+def resize(tab, viewport):
+    """Show the page at ``viewport``, once the theme has answered the resize and the sidebars have folded away."""
+    if tab.viewport_size != viewport:
+        tab.set_viewport_size(viewport)
+        tab.evaluate(AFTER_RESIZE)
+        tab.wait_for_function(STILL)
 
 
 PLANTED = """<!DOCTYPE html><html lang="en"><head><title>Planted</title></head><body><main>
@@ -417,18 +449,24 @@ def test_the_articles_colours_do_not_depend_on_the_width():
 
 
 @pytest.mark.parametrize("edition", EDITIONS)
-def test_wcag21_aa(browser, served, axe_source, edition):
+def test_every_page(browser, served, axe_source, edition):
     """axe's WCAG 2.0/2.1 A and AA rules on every page of the toc, in each colour mode and at each width: nothing
-    beyond KNOWN (counted exactly). And every formula carries its MathML for screen readers (assistive MathML).
+    beyond KNOWN (counted exactly). Every formula carries its MathML for screen readers (assistive MathML). No page
+    meets a console error or a failed request; on the full and Chinese editions, the reader's checks
+    (tests/test_site.py: READER) pass, in the same visit.
 
     Two tabs share the pages, each reused from page to page; axe runs in one while the other gets ready."""
     url, start = served(edition), time.perf_counter()
     tabs = [open_tab(browser, MODES[0], DESKTOP) for _ in range(2)]
+    host = url.split("/")[2]
+    for tab in tabs:
+        tab.met = watch(tab, host)
+    reader = (served("full"), READER[edition]) if edition in READER else None
     # the others: the full edition's layout and stylesheets, other content
     states, skip = (STATES, []) if edition == "full" else (STATES[:1], COLOUR_RULES)
     code_pages = code_colour_pages(EDITIONS[edition], PAGES) if edition == "full" else None
     found, problems = {state: {} for state in states}, []
-    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip, code_pages)
+    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip, code_pages, reader)
              for i, tab in enumerate(tabs)]
     try:
         while walks:

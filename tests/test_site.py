@@ -1,15 +1,17 @@
 """The built website, as a reader sees it: a headless Chromium, driven by Playwright, with no internet.
 
 The site (``_build/html``, or the folder in $ATTENTION_COURSE_SITE) is served on 127.0.0.1; every request to any
-other host is blocked and counted. For every page in ``_toc.yml``: no console or page errors, no failed or
-blocked requests, math typeset, images loaded, internal links and anchors resolve, notebook pages' Colab and
-download buttons point at their notebook, no horizontal overflow at a phone's width; at 1280 px, legible at the
-size shown (every figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code,
-output line or table wider than its box). Plus the site search and the widgets, which must redraw when a
-control moves (no kernel) and stay accessible in light and dark mode (named pictures, drawn text at >= 4.5:1, a focus
-ring at >= 3:1), and a solution's prose (the body of {solution-start}) in its dropdown. Screenshots of a page with a
-problem (of every page with ATTENTION_COURSE_SCREENSHOTS=1, `make test SCREENSHOTS=1`), at desktop and phone widths,
-and a report (``report.json``: pages checked, requests blocked) go to ``_build/screenshots/``.
+other host is refused. For every page in ``_toc.yml``, of the full and the Chinese editions (the checks here, run by
+tests/test_accessibility.py's audit, which opens every page once: :func:`page_problems`, :func:`desktop_problems`,
+:func:`phone_problems`, :func:`watch`): no console or page errors, no failed or refused requests, math typeset,
+images loaded, internal links and anchors resolve, notebook pages' Colab and download buttons point at their notebook,
+no horizontal overflow at a phone's width; at 1280 px, legible at the size shown (every figure's smallest text at
+>= 9 CSS px, from the font sizes the build records in its PNG; no code, output line or table wider than its box).
+Here: the site search and the widgets, which must redraw when a control moves (no kernel) and stay accessible in
+light and dark mode (named pictures, drawn text at >= 4.5:1, a focus ring at >= 3:1), a solution's prose (the body
+of {solution-start}) in its dropdown, the Colab renditions. Screenshots of a page with a problem (of every page with
+ATTENTION_COURSE_SCREENSHOTS=1, `make test SCREENSHOTS=1`), at desktop and phone widths, and a report
+(``report.json``: requests refused) go to ``_build/screenshots/``.
 
 The browser is Chromium: $CHROMIUM, or chromium / chromium-browser / google-chrome, or Playwright's own download;
 without one these tests skip and say how to get one. `make test` builds the site first; run alone, they need `make book`.
@@ -21,7 +23,6 @@ import os
 import re
 import shutil
 import threading
-import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -142,12 +143,12 @@ def serve(folder: Path):
 def site(browser):
     """The site served on 127.0.0.1 and a browser context that blocks (and counts) requests to any other host.
 
-    Yields a dict: ``url`` (the site's root URL), ``context``, ``blocked`` (URLs refused), ``pages`` (checked).
+    Yields a dict: ``url`` (the site's root URL), ``context``, ``blocked`` (URLs refused).
     """
     if not (SITE / "index.html").exists():
         pytest.fail(f"no built site in {SITE}: run `make book` first (or set ATTENTION_COURSE_SITE to a built site).")
     server, host = serve(SITE)
-    state = {"url": f"http://{host}/", "blocked": [], "pages": {}}
+    state = {"url": f"http://{host}/", "blocked": []}
 
     def only_this_site(route):
         url = route.request.url
@@ -165,8 +166,7 @@ def site(browser):
     yield state
     context.close()
     server.shutdown()
-    report = {"site": str(SITE), "pages_checked": state["pages"], "requests_blocked": len(state["blocked"]),
-              "blocked": state["blocked"]}
+    report = {"site": str(SITE), "requests_blocked": len(state["blocked"]), "blocked": state["blocked"]}
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # under pytest-xdist, a report per worker
     (SCREENSHOTS / f"report{'-' + worker if worker else ''}.json").write_text(json.dumps(report, indent=1))
 
@@ -200,12 +200,6 @@ class Visit:
         """Show the page at another size, once the theme's transitions (the sidebars folding away) have ended."""
         self.tab.set_viewport_size(viewport)
         self.tab.wait_for_function("document.getAnimations().every((a) => a.playState !== 'running')")
-
-    def screenshot(self, name):
-        """A full-page picture in the screenshots folder (JPEG: long pages encode several times faster than PNG), of
-        a page with a problem, or of every page when asked for (a third of test_page's time goes into them)."""
-        if EVERY_SCREENSHOT or self.problems:
-            self.tab.screenshot(path=str(SCREENSHOTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=80)
 
     def close(self):
         self.tab.close()
@@ -471,52 +465,73 @@ def slug(page: str) -> str:
     return page.replace("/", "__")
 
 
-@pytest.mark.parametrize("page", EDITION_PAGES)
-def test_page(site, visit, page):
-    """One visit per page (loading and typesetting a page is most of a check's cost), every check on it: errors,
-    requests, math, images, links, buttons; at each desktop width the layout (desktop_problems); at a phone's
-    width no horizontal overflow. The Chinese edition's pages too (zh/...)."""
-    if page.startswith(ZH) and not (SITE / ZH / "index.html").exists():
-        pytest.fail(f"no Chinese edition in {SITE / ZH}: `make book` builds it (book/_ext/zh_edition.py build)")
-    start, blocked_before = time.perf_counter(), len(site["blocked"])
-    v = visit(f"{page}.html")
-    tab, problems = v.tab, v.problems
+# The reader's checks of every page run where the page is open anyway: tests/test_accessibility.py's audit opens
+# each page of the full and Chinese editions once, and runs these (page_problems, desktop_problems, phone_problems)
+# beside axe: loading and typesetting a page is most of what checking it costs.
+def watch(tab, host: str) -> list[str]:
+    """The problems ``tab`` meets, as it meets them: console and page errors, failed requests, HTTP errors, and requests
+    to any host but ``host`` (refused: the site must work offline). The caller empties the list between pages."""
+    problems = []
+
+    def only_this_site(route):
+        if urlsplit(route.request.url).netloc == host:
+            route.continue_()
+        else:
+            problems.append(f"request to another host, refused: {route.request.url}")
+            route.abort("blockedbyclient")
+
+    tab.route("**/*", only_this_site)
+    tab.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    tab.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    tab.on("requestfailed", lambda r: problems.append(f"request failed ({r.failure}): {r.url}"))
+    tab.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+    return problems
+
+
+def page_problems(tab, site_url: str, page: str) -> list[str]:
+    """``page`` (a toc page, zh/... in the Chinese edition), open in ``tab`` at 1280 px on the site served at
+    ``site_url``: math typeset and no raw TeX, images loaded, links and anchors resolve, the notebook buttons, no
+    harness marker, and the layout at 1280 px (desktop_problems)."""
     math = tab.evaluate(UNTYPESET_MATH)
-    problems += [f"math not typeset: {m!r}" for m in math["pending"]]
+    problems = [f"math not typeset: {m!r}" for m in math["pending"]]
     problems += [f"raw TeX left in the text: {m!r}" for m in math["raw"]]
     problems += [f"image did not load: {src}" for src in tab.evaluate(BROKEN_IMAGES)]
-    problems += link_problems(tab, site["url"], f"{page}.html")
+    problems += link_problems(tab, site_url, f"{page}.html")
     problems += notebook_button_problems(tab, page)
     problems += [f"harness marker visible in the page text: {m!r}" for m in tab.evaluate(HARNESS_MARKERS)]
-    for viewport in DESKTOPS if not page.startswith(ZH) else DESKTOPS[:1]:  # the Chinese pages: the same layout
-        problems += desktop_problems(v, viewport)
-    v.screenshot(slug(page))
-    v.resize(PHONE)
+    return problems + desktop_problems(tab, DESKTOP)
+
+
+def phone_problems(tab) -> list[str]:
+    """At a phone's width (the tab shown at PHONE): no horizontal overflow."""
     overflow = tab.evaluate(OVERFLOW, PHONE["width"])
     if overflow["scroll"] > PHONE["width"]:
-        problems.append(f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}")
-    v.screenshot(f"{slug(page)}-phone")
-    site["pages"][page] = {"title": page_title(page), "seconds": round(time.perf_counter() - start, 2),
-                           "problems": len(problems), "blocked": len(site["blocked"]) - blocked_before}
-    assert not problems, f"{page}.html:\n" + "\n".join(problems)
+        return [f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}"]
+    return []
 
 
-def desktop_problems(v, viewport) -> list[str]:
-    """At desktop widths: exactly one visible search box, and no equation or table wider than the text column.
+def screenshot(tab, name: str) -> None:
+    """A full-page picture in the screenshots folder (JPEG: long pages encode several times faster than PNG): of a page
+    with a problem, or of every page when asked for (`make test SCREENSHOTS=1`)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SCREENSHOTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=80)
+
+
+def desktop_problems(tab, viewport) -> list[str]:
+    """At a desktop width (the tab shown at ``viewport``): exactly one visible search box, and no equation or table
+    wider than the text column.
 
     At 1280 px, also legible at the size shown: every figure's smallest text renders at >= MIN_TEXT_CSS_PX CSS px
     (figure_problems: from the font sizes the PNG records, its pixel width and its displayed width), no code, output
     line or table is wider than its box (LEGIBILITY)."""
-    if v.tab.viewport_size != viewport:
-        v.resize(viewport)
     problems = []
-    boxes = v.tab.evaluate(SEARCH_BOXES)
+    boxes = tab.evaluate(SEARCH_BOXES)
     if len(boxes) != 1:
         problems.append(f"{len(boxes)} visible search boxes at {viewport['width']} px, expected 1: {boxes}")
-    problems += [f"wider than the text column at {viewport['width']} px: {w}" for w in v.tab.evaluate(WIDER_THAN_TEXT, 2)]
+    problems += [f"wider than the text column at {viewport['width']} px: {w}" for w in tab.evaluate(WIDER_THAN_TEXT, 2)]
     if viewport == DESKTOP:
-        v.tab.evaluate(BROKEN_IMAGES)  # every image loaded (natural widths known)
-        shown = v.tab.evaluate(LEGIBILITY)
+        tab.evaluate(BROKEN_IMAGES)  # every image loaded (natural widths known)
+        shown = tab.evaluate(LEGIBILITY)
         problems += [f"illegible at {DESKTOP['width']} px: {p}" for p in figure_problems(shown["figures"], SITE)]
         problems += [f"wider than its box at {DESKTOP['width']} px: {w}" for w in shown["clipped"] + shown["tables"]]
     return problems
