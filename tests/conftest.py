@@ -57,7 +57,8 @@ def gathered() -> dict:
 # (a new one) counts as the slowest.
 DURATIONS = Path(__file__).resolve().parents[1] / "_build" / "test-durations.json"
 # test_grading_class.py comes last whatever its time: its class is graded from the start of the run (AHEAD).
-FIRST = ["tests/test_accessibility.py", "tests/test_verdict.py", "tests/test_widgets.py", "tests/test_site.py",
+FIRST = ["tests/test_accessibility.py", "tests/test_accessibility_editions.py", "tests/test_verdict.py", "tests/test_widgets.py",
+         "tests/test_site.py",
          "tests/test_zh.py", "tests/test_distributed.py", "tests/test_dropin.py",
          "tests/test_exercises_ch11.py", "tests/test_parity.py", "tests/test_mutation.py", "tests/test_alt_text.py",
          "tests/test_instructor.py", "tests/test_llama.py", "tests/test_built_pages.py"]

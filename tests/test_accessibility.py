@@ -448,9 +448,14 @@ def test_the_articles_colours_do_not_depend_on_the_width():
     assert not new, f"classes outside the article that PHONE_COLOUR_PAGES do not show: {new}"
 
 
-@pytest.mark.parametrize("edition", EDITIONS)
-def test_every_page(browser, served, axe_source, edition):
-    """axe's WCAG 2.0/2.1 A and AA rules on every page of the toc, in each colour mode and at each width: nothing
+def test_every_page(browser, served, axe_source):
+    """The full edition (every_page); the others in tests/test_accessibility_editions.py, a file of their own: each file's tests run
+    in one process, and each half of the audit takes as long as the rest of a process's share of the tests."""
+    every_page(browser, served, axe_source, "full")
+
+
+def every_page(browser, served, axe_source, edition, pages=PAGES):
+    """axe's WCAG 2.0/2.1 A and AA rules on every page of the toc (``pages``), in each colour mode and at each width: nothing
     beyond KNOWN (counted exactly). Every formula carries its MathML for screen readers (assistive MathML). No page
     meets a console error or a failed request; on the full and Chinese editions, the reader's checks
     (tests/test_site.py: READER) pass, in the same visit.
@@ -466,7 +471,7 @@ def test_every_page(browser, served, axe_source, edition):
     states, skip = (STATES, []) if edition == "full" else (STATES[:1], COLOUR_RULES)
     code_pages = code_colour_pages(EDITIONS[edition], PAGES) if edition == "full" else None
     found, problems = {state: {} for state in states}, []
-    walks = [audit(tab, url, PAGES[i::len(tabs)], found, problems, axe_source, states, skip, code_pages, reader)
+    walks = [audit(tab, url, pages[i::len(tabs)], found, problems, axe_source, states, skip, code_pages, reader)
              for i, tab in enumerate(tabs)]
     try:
         while walks:
@@ -478,7 +483,7 @@ def test_every_page(browser, served, axe_source, edition):
             tab.context.close()
     report = problems[:]
     for (mode, width), violations in found.items():
-        violations = {page: violations[page] for page in PAGES if violations.get(page)}
+        violations = {page: violations[page] for page in pages if violations.get(page)}
         RESULTS[f"{edition}/{mode}/{width}"] = violations
         per_rule, lines = summary(violations)
         wrong = [line for rule, line in lines if rule not in KNOWN]
@@ -490,7 +495,7 @@ def test_every_page(browser, served, axe_source, edition):
                           f"{dict(per_rule)}\n" + "\n".join(wrong))
     write_report()
     seconds = time.perf_counter() - start
-    assert not report, (f"{edition} edition ({len(PAGES)} pages, {len(states)} modes and widths each, {seconds:.0f} s):\n"
+    assert not report, (f"{edition} edition ({len(pages)} pages, {len(states)} modes and widths each, {seconds:.0f} s):\n"
                         + "\n".join(report))
 
 

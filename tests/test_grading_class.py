@@ -200,7 +200,10 @@ RUNNING: list[subprocess.Popen] = []  # the gradings under way, stopped (with th
 def grading(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     command = [str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
                "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags]
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # one torch thread in each of its processes (kernels, check servers), as in a test worker (tests/conftest.py): the
+    # controller, which grades ahead, has no such setting, and idle OpenMP threads spin on cores the tests need
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True) as process:
         RUNNING.append(process)
         try:
