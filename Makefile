@@ -61,7 +61,7 @@ python-check:
 	  sys.exit(0) if v in tested else sys.exit("Python " + v + " (" + sys.executable + ") is not one this course is tested on: " \
 	  + ", ".join(tested) + ". Run make with one of them, e.g.  make book PYTHON=python3.11  (README, \"Versions\").")'
 
-# The environment: uv from the lock (its hash checked by pip), then torch (see TORCH), then every locked package,
+# The environment: torch first (see TORCH), then uv from the lock (its hash checked by pip), then every locked package,
 # each file checked against the lock's hashes (uv checks every hash given; torch, which has none there, is the one
 # package not hash-checked, as --require-hashes would refuse it), then the course package itself, editable. uv writes the byte-code of every installed
 # module on every core (--compile-bytecode). It is written here, once, on every core: a sandboxed submission cannot
@@ -72,16 +72,13 @@ python-check:
 # torch.testing.assert_close imports it) are compiled by compileall on every core, right after pip, when they are all
 # the environment holds (-j 0; torch's py312_intrinsics.py is Python 3.12 syntax, never imported before 3.12).
 venv: $(VENV)/.installed
-# uv first: then nbgrader's environment (its own job) is installed while torch is (pip, one core).
-$(UV): $(LOCK)
+$(VENV)/.installed: pyproject.toml requirements.txt $(LOCK)
 	@$(MAKE) --no-print-directory python-check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	awk '/^uv==/ {p = 1; print; next} p && /^[^ ]/ {exit} p' $(LOCK) > $(VENV)/uv-lock.txt
-	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile --no-deps --require-hashes -r $(VENV)/uv-lock.txt
-	touch $@
-$(VENV)/.installed: pyproject.toml requirements.txt $(LOCK) $(UV)
 	$(BIN)/python -c "import torch" 2>/dev/null || { $(BIN)/python -m pip install --disable-pip-version-check -q --no-compile "$(TORCH)" \
 	  && $(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics' $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null; }
+	awk '/^uv==/ {p = 1; print; next} p && /^[^ ]/ {exit} p' $(LOCK) > $(VENV)/uv-lock.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-compile --no-deps --require-hashes -r $(VENV)/uv-lock.txt
 	$(UV_INSTALL) --python $(BIN)/python -r $(LOCK)
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
@@ -114,7 +111,7 @@ _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js
 	$(PYTHON) -m compileall -q attention_course >/dev/null
 	mkdir -p _build && touch $@
 
-$(GRADER)/.installed: $(GRADER_LOCK) $(UV)
+$(GRADER)/.installed: $(GRADER_LOCK) | $(VENV)/.installed
 	test -x $(GRADER)/bin/python || $(PYTHON) -m venv $(GRADER)
 	$(UV_INSTALL) --python $(GRADER)/bin/python -r $(GRADER_LOCK)
 	touch $@

@@ -1,9 +1,7 @@
 """Shared fixtures: a torch MultiheadAttention and ours holding the same (random, non-zero-bias) weights."""
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # plots draw off-screen in tests
@@ -56,9 +54,8 @@ def gathered() -> dict:
 # fresh clone has none and starts from FIRST, measured on a 2-core machine. After a timed run, a file not timed yet
 # (a new one) counts as the slowest.
 DURATIONS = Path(__file__).resolve().parents[1] / "_build" / "test-durations.json"
-# test_grading_class.py comes last whatever its time: its class is graded from the start of the run (AHEAD).
-FIRST = ["tests/test_accessibility.py", "tests/test_accessibility_editions.py", "tests/test_verdict.py", "tests/test_widgets.py",
-         "tests/test_site.py",
+FIRST = ["tests/test_accessibility.py", "tests/test_grading_class.py", "tests/test_accessibility_editions.py",
+         "tests/test_verdict.py", "tests/test_widgets.py", "tests/test_site.py",
          "tests/test_zh.py", "tests/test_distributed.py", "tests/test_dropin.py",
          "tests/test_exercises_ch11.py", "tests/test_parity.py", "tests/test_mutation.py", "tests/test_alt_text.py",
          "tests/test_instructor.py", "tests/test_llama.py", "tests/test_built_pages.py"]
@@ -71,39 +68,12 @@ def pytest_collection_modifyitems(session, config, items):
         slow = max(last.values(), default=0.0)
     except (OSError, ValueError):
         last, slow = {path: float(len(FIRST) - i) for i, path in enumerate(FIRST)}, 0.0
-    last[GRADED_AHEAD] = -1.0
     items.sort(key=lambda item: -last.get(item.nodeid.split("::")[0], slow))  # stable: a file's own order is kept
 
 
 def whole_run(config) -> bool:
     """Every test, in parallel: ``make test`` (not one file, not ``make check``)."""
     return config.getoption("dist", "no") != "no" and config.args_source == pytest.Config.ArgsSource.TESTPATHS
-
-
-# In a parallel run the controller grades tests/test_grading_class.py's class itself, from the moment a worker has
-# collected that file (test_grading_class.grade_ahead): grading mostly waits (kernels that never return, timed out),
-# and the other tests fill those seconds. The worker that runs the file's tests takes the results from AHEAD's folder.
-AHEAD: dict = {}
-GRADED_AHEAD = "tests/test_grading_class.py"
-
-
-def pytest_configure(config):
-    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
-        AHEAD["folder"] = Path(tempfile.mkdtemp(prefix="graded-class-"))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    if "folder" in AHEAD:
-        node.workerinput["graded_ahead"] = str(AHEAD["folder"])
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    if "folder" in AHEAD and "started" not in AHEAD and any(i.startswith(GRADED_AHEAD + "::") for i in ids):
-        import test_grading_class
-
-        AHEAD["started"] = test_grading_class.grade_ahead(AHEAD["folder"])
 
 
 def pytest_runtest_logreport(report):
@@ -125,15 +95,7 @@ def pytest_sessionfinish(session, exitstatus):
     run (every file collected) keeps each file's seconds for the next run's order."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["tables"] = json.dumps(gathered())
-        return
-    if "folder" in AHEAD:
-        if AHEAD.get("started"):
-            import test_grading_class
-
-            for process in list(test_grading_class.RUNNING):  # the run ended first (a failure with -x, Ctrl-C)
-                test_grading_class.stop(process)
-        shutil.rmtree(AHEAD["folder"], ignore_errors=True)
-    if whole_run(session.config) and SECONDS:
+    elif whole_run(session.config) and SECONDS:
         DURATIONS.parent.mkdir(exist_ok=True)
         DURATIONS.write_text(json.dumps(dict(sorted(SECONDS.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 

@@ -15,7 +15,7 @@ from test_accessibility import EDITIONS, axe_source, browser, every_page, served
 from test_site import PAGES
 
 STUDENT = {"student": "full", "zh-student": "zh"}  # a student edition -> the edition it is made from
-SUFFIX = " (student edition)"  # what instructor/student.py adds to the book's title
+SUFFIXES = (" (student edition)", "（学生版）")  # what instructor/student.py adds to the book's title (book/_ext/i18n.py)
 REFERENCES = ("aria-labelledby", "aria-describedby", "aria-controls", "aria-owns", "aria-activedescendant", "for")
 
 
@@ -26,11 +26,13 @@ def tag_lines(path) -> list[str]:
 
 def left_out(parent: list[str], child: list[str]) -> int | None:
     """How many runs of ``parent``'s lines ``child`` leaves out, when ``child`` is ``parent`` with lines left out and
-    nothing else (the book's title aside: SUFFIX); None when it is not."""
+    nothing else (the book's title aside: SUFFIXES); None when it is not."""
     i, runs = 0, 0
     for line in child:
-        start = i
-        while i < len(parent) and line != parent[i] and line.replace(SUFFIX, "") != parent[i]:
+        start, plain = i, line
+        for suffix in SUFFIXES:
+            plain = plain.replace(suffix, "")
+        while i < len(parent) and line != parent[i] and plain != parent[i]:
             i += 1
         if i == len(parent):
             return None

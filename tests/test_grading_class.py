@@ -12,8 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -194,24 +192,18 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
     }
 
 
-RUNNING: list[subprocess.Popen] = []  # the gradings under way, stopped (with their processes) if the run ends first
 
 
 def grading(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     command = [str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
                "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags]
-    # one torch thread in each of its processes (kernels, check servers), as in a test worker (tests/conftest.py): the
-    # controller, which grades ahead, has no such setting, and idle OpenMP threads spin on cores the tests need
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:
-        RUNNING.append(process)
         try:
             stdout, stderr = process.communicate(timeout=900)
         finally:
             if process.poll() is None:  # timed out, or the run ends
                 stop(process)
-            RUNNING.remove(process)
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
@@ -275,32 +267,11 @@ def grade_the_class(tmp: Path) -> None:
     (tmp / "runs.json").write_text(json.dumps(runs))
 
 
-def grade_ahead(tmp: Path) -> threading.Thread | None:
-    """Under pytest-xdist, the controller grades the class from the start of the run, in a thread of its own
-    (tests/conftest.py): most of its time is spent waiting (a kernel that never returns is waited for until its cell's
-    time is up, twice), which the other tests fill. The worker that runs this file's tests takes the results
-    (``graded``). None where the tests would skip."""
-    if not (STUDENT / "notebooks").exists() or not GRADER_PYTHON.exists():
-        return None
-    hand_in(tmp)
-    thread = threading.Thread(target=grade_the_class, args=(tmp,), daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.fixture(scope="session")  # once per run, whatever order the tests run in
-def graded(request, tmp_path_factory):
-    ahead = getattr(request.config, "workerinput", {}).get("graded_ahead")
-    if ahead and (Path(ahead) / "submissions").exists():  # the controller is grading it (grade_ahead)
-        tmp = Path(ahead)
-        deadline = time.monotonic() + 1200
-        while not (tmp / "runs.json").exists() and time.monotonic() < deadline:
-            time.sleep(1)
-        assert (tmp / "runs.json").exists(), f"the class graded ahead, in {tmp}, never finished"
-    else:
-        tmp = tmp_path_factory.mktemp("class")
-        hand_in(tmp)
-        grade_the_class(tmp)
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("class")
+    hand_in(tmp)
+    grade_the_class(tmp)
     runs = json.loads((tmp / "runs.json").read_text())
     assert "error" not in runs, runs["error"]
     for run in runs.values():

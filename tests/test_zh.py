@@ -26,6 +26,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from test_site import PAGES, SITE
 
@@ -152,6 +153,27 @@ def test_every_box_title_is_translated(page):
     left = [f"{zh_title!r} (English: {en_title!r})" for en_title, zh_title in zip(en_titles, zh_titles)
             if not zh_edition.code_only(named_part(en_title)) and not HAN.search(named_part(zh_title))]
     assert not left, f"zh/{page}.html: {len(left)} titles left in English: " + "; ".join(left[:4])
+
+
+@pytest.mark.parametrize("folder", [ZH, SITE.parent / "student" / "html" / "zh"], ids=["zh", "zh-student"])
+def test_the_book_is_named_in_chinese_on_every_page(folder):
+    """Each page's <title> and the header name the book as the root page's catalog translates its title (the student
+    edition's mark in Chinese too): no English book title in a Chinese page."""
+    if not (folder / "index.html").exists():
+        pytest.skip(f"no {folder}: `make book` (`make student`: the student edition) builds it")
+    import polib
+
+    english = yaml.safe_load((ROOT / "_config.yml").read_text())["title"]
+    chinese = polib.pofile(str(ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "book" / "intro.po")).find(english)
+    assert chinese is not None and chinese.msgstr, f"the root page's catalog translates no title {english!r}"
+    left = {}
+    for page in PAGES:
+        tree = soup(folder / f"{page}.html")
+        names = [tree.title.get_text()] + [t.get_text() for t in tree.select(".logo__title")]
+        if len(names) < 2 or any(english in name or "student edition" in name or chinese.msgstr not in name
+                                 for name in names):
+            left[page] = names
+    assert not left, f"pages of {folder} naming the book in English: {dict(list(left.items())[:3])}"
 
 
 def test_the_exercise_table_is_in_chinese():

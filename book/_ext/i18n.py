@@ -56,11 +56,12 @@ WORDS = {
         "togglebutton_hint_hide": "点击隐藏",
         "列印成 PDF": "打印为 PDF",
         "switch_title": "本页的中文版",
+        " (student edition)": "（学生版）",
         "outputs_note": ("关于本中文版：正文、练习、定理和图的说明都已译成中文；代码与英文版完全相同，"
                          "代码运行时打印的内容（检查器的消息、打印出的表格）目前仍是英文。"
                          "搜索中文时，可以直接输入词语，如“掩码”或“填充掩码”；词语之间用空格隔开也可以。"),
     },
-    "en": {"Proof.": "Proof.", "switch_title": "This page in English"},
+    "en": {"Proof.": "Proof.", "switch_title": "This page in English", " (student edition)": " (student edition)"},
 }
 
 
@@ -74,6 +75,19 @@ def words(config) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- configuration
+def book_title(title: str, lang: str, w: dict) -> str:
+    """The book's title (each page's <title>, the header's) in ``lang``: as the root page's catalog translates it
+    (its first heading is the title), with the student edition's mark (instructor/student.py) in words of ``lang``."""
+    import polib
+
+    student = title.endswith(WORDS["en"][" (student edition)"])
+    english = title.removesuffix(WORDS["en"][" (student edition)"])
+    catalog = ROOT / LOCALE_DIR / lang / "LC_MESSAGES" / "book" / "intro.po"
+    found = polib.pofile(str(catalog)).find(english) if catalog.exists() else None
+    translated = found.msgstr if found is not None and found.msgstr and not found.fuzzy else english
+    return translated + (w[" (student edition)"] if student else "")
+
+
 def configure(app, config) -> None:
     config.locale_dirs = [str(ROOT / LOCALE_DIR)]
     config.gettext_compact = False
@@ -86,6 +100,7 @@ def configure(app, config) -> None:
         options["article_header_end"] = ["language-switch.html", *ends]
     if language(config) != "en":
         w = words(config)
+        config.html_title = book_title(config.html_title, language(config), w)
         options["search_bar_text"] = w["search_bar_text"]
         config.togglebutton_hint = w["togglebutton_hint"]
         config.togglebutton_hint_hide = w["togglebutton_hint_hide"]
