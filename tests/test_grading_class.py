@@ -7,9 +7,7 @@ chapter, the others its exercises alone (WHOLE). Needs the student edition and n
 (`make student`)."""
 import csv
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +116,7 @@ def fill(nb, answers):
 
 # Students may delete cells: nbgrader grades the cells it put there. All but WHOLE hand in the chapter without its
 # demonstrations (the setup cell and the exercises' cells kept): each notebook then costs the kernel and the exercises,
-# half the time of the whole chapter. alice hands in the whole chapter (and is graded again with one job).
+# half the time of the whole chapter. alice hands in the whole chapter; amy (ONE_JOB) is graded again with one job.
 WHOLE = {"alice"}
 
 
@@ -194,29 +192,10 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
 
 
 
-def grading(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
-    command = [str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
-               "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags]
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=900)
-        finally:
-            if process.poll() is None:  # timed out, or the run ends
-                stop(process)
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-def stop(process: subprocess.Popen) -> None:
-    """``process`` and every process of its session (nbgrader, the sandboxes), if still running."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 def grade(submissions: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
-    run = grading(submissions, out, *flags)
+    run = subprocess.run([str(GRADER_PYTHON), "-m", "instructor.grade", str(submissions), "--out", str(out),
+                          "--cell-timeout", "20", "--notebook-timeout", "90", "--memory", "1500M", *flags],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return run
 
@@ -252,34 +231,18 @@ def hand_in(tmp: Path) -> None:
     (part / "03_masks.ipynb").write_bytes((submissions / ONE_JOB / "03_masks.ipynb").read_bytes())
 
 
-def grade_the_class(tmp: Path) -> None:
-    """Grade the class handed in under ``tmp`` with two jobs (into tmp/grades), then ONE_JOB's notebook again with
-    one job (tmp/one-job). Each run's outcome in tmp/runs.json; its presence says both are over."""
-    runs = {}
-    try:
-        for name, args in {"class": (tmp / "submissions", tmp / "grades", "--jobs", "2", "--roster",
-                                     str(tmp / "roster.csv"), "--canvas-assignment", "03_masks=123"),
-                           "one-job": (tmp / "part", tmp / "one-job", "--jobs", "1")}.items():
-            run = grading(*args)
-            runs[name] = {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}
-    except Exception as error:  # noqa: BLE001  (said by the tests, in the worker that runs them)
-        runs["error"] = f"{type(error).__name__}: {error}"
-    (tmp / "runs.json").write_text(json.dumps(runs))
-
-
 @pytest.fixture(scope="session")  # once per run, whatever order the tests run in
 def graded(tmp_path_factory):
+    """The class graded with two jobs (tmp/grades), then ONE_JOB's notebook again with one job (tmp/one-job)."""
     tmp = tmp_path_factory.mktemp("class")
     hand_in(tmp)
-    grade_the_class(tmp)
-    runs = json.loads((tmp / "runs.json").read_text())
-    assert "error" not in runs, runs["error"]
-    for run in runs.values():
-        assert run["returncode"] == 0, run["stdout"][-5000:] + run["stderr"][-5000:]
+    run = grade(tmp / "submissions", tmp / "grades", "--jobs", "2", "--roster", str(tmp / "roster.csv"),
+                "--canvas-assignment", "03_masks=123")
+    grade(tmp / "part", tmp / "one-job", "--jobs", "1")
     out = tmp / "grades"
     table = read(out / "grades.csv")
     rows = {(r["student"], r["exercise"]): r for r in table if r["exercise"]}
-    return dict(submissions=tmp / "submissions", out=out, stdout=runs["class"]["stdout"], table=table, rows=rows,
+    return dict(submissions=tmp / "submissions", out=out, stdout=run.stdout, table=table, rows=rows,
                 token=f"still-running-{tmp.name}", roster=tmp / "roster.csv", tmp=tmp)
 
 
