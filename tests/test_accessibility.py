@@ -8,9 +8,11 @@ the Chinese edition of each in its ``zh/``): the full site in light and dark mod
 whose colours do not depend on the width: :data:`COLOUR_RULES`; in dark mode only those pages, and the colour rules
 alone, since the mode changes colours alone: :data:`STATES`, :data:`BY_MODE`), the colours of code on the pages that
 show every colour of code (:func:`code_colour_pages`); the other editions, whose layout, templates and stylesheets
-are the full site's and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the two
-rules that judge colours alone (:data:`COLOUR_RULES`, two thirds of axe's time): their colours come from the same
-stylesheets, byte for byte (asserted), checked on the full site in both modes. No violation allowed. Each page
+are the full site's and whose content differs (no solutions, Chinese text), in light mode at 1280 px, without the rule
+that judges colours alone (:data:`COLOUR_RULES`, half of axe's time): their colours come from the same stylesheets,
+byte for byte (asserted), checked on the full site in both modes, once per key of what decides an element's contrast
+(:data:`COLOURS_OF`). axe's rule on links in text is replaced by a stricter check, on every page of every edition: each
+link in running text is underlined (:data:`LINKS_NOT_UNDERLINED`). No violation allowed. Each page
 opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px, to dark mode (the colour-mode button, clicked),
 and back to 1280 px, axe running at each step (see STATES). Every formula must carry the MathML screen readers read.
 Plus the focus indicator of the site's controls: each control reached with Tab (and Shift+Tab from the end) shows one
@@ -35,15 +37,32 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from offline_site import AXE, NPM_INTEGRITY, NPM_PINS  # noqa: E402
 
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
-# Rules that judge the colours the stylesheets give (text against its background, a link against the text around it),
-# two thirds of axe's time: run on the full site only, in each mode; the other editions serve the same stylesheets.
+# The rule that judges the colours the stylesheets give (text against its background), half of axe's time: run on the
+# full site only, in each mode; the other editions serve the same stylesheets.
 # At the phone's width they run on PHONE_COLOUR_PAGES, which show every kind of element the others show outside their
 # article (asserted: a chapter, a page of prose, a formula and code in the page's contents), for
 # what that width shows and the desktop's does not (the header's buttons, the drawers): the article's colours do not
 # depend on the width, since the only colours the stylesheets set by width are those of WIDTH_COLOURS (asserted),
 # none of them in an article. (axe judges a colour against the grid of the whole page: a run on the page outside the
 # article costs nearly as much as a run on all of it.)
-COLOUR_RULES = ["color-contrast", "link-in-text-block"]
+COLOUR_RULES = ["color-contrast"]
+# axe's link-in-text-block (a link in running text told apart from it by more than colour: a style of its own, or a
+# contrast of 3:1 with the text) is replaced by a stricter check of our own, LINKS_NOT_UNDERLINED: every such link is
+# underlined. Underlines come from the stylesheets alone, set neither by width nor by colour mode (MODE_PROPERTIES,
+# WIDTH_COLOURS): one run per page, in light mode at 1280 px, on every edition. The rule took a third of axe's time on
+# the full edition (it lays out each block around a link); the check takes milliseconds.
+LINK_RULE = "link-in-text-block"
+# Running text: neither a heading (its permalink, #) nor a navigation list (nav), whose entries are links alone.
+RUNNING_TEXT = "p, li, dd, dt, td, th, blockquote, figcaption, caption"
+LINKS_NOT_UNDERLINED = """() => [...document.querySelectorAll('a[href]')].filter((a) => {
+  const text = a.textContent.trim();
+  if (!text || !a.getClientRects().length || a.closest('nav')
+      || getComputedStyle(a).textDecorationLine.includes('underline')) return false;
+  let block = a.parentElement;
+  while (block && getComputedStyle(block).display.startsWith('inline')) block = block.parentElement;
+  return block !== null && block.matches('""" + RUNNING_TEXT + """')
+    && block.textContent.replace(/\\s+/g, '').length > text.replace(/\\s+/g, '').length;
+}).map((a) => `${a.closest('[id]')?.id ?? ''} ${a.outerHTML.slice(0, 120)}`)"""
 PHONE_COLOUR_PAGES = ["notebooks/02_softmax", "notebooks/03_masks", "book/intro"]
 ARTICLE = "article.bd-article"
 WIDTH_COLOURS = {".navbar-expand-sm .offcanvas", ".navbar-expand-md .offcanvas", ".navbar-expand-lg .offcanvas",
@@ -96,19 +115,54 @@ RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]
 # color-contrast with ignorePseudo: by default axe gives up on text with a sizeable ::before or ::after behind it
 # ("needs review", never a violation) after checking every ancestor's pseudo-elements, two thirds of its time here;
 # this way it computes the contrast of that text as of any other: a stricter check, three times faster.
+# What decides the contrast color-contrast finds for an element's text: its colour, size, weight and shadow; every
+# ancestor up to the first opaque background (its tag, classes, background colour and image, positioning: what is
+# painted behind the text); and any ancestor's opacity, filter or blending. Elements of one key have one contrast:
+# color-contrast judges the first of each key (in each mode and at each width, over every page), not the thousands of
+# paragraphs, list items and code tokens that repeat it.
+COLOURS_OF = """(node) => {
+  const own = getComputedStyle(node);
+  const key = [own.color, own.fontSize, own.fontWeight, own.textShadow];
+  let behind = true;
+  for (let e = node; e; e = e.parentElement) {
+    const s = getComputedStyle(e);
+    if (behind) {
+      const box = `${e.localName}.${e.getAttribute('class') ?? ''}`;
+      key.push(`${box} ${s.backgroundColor} ${s.backgroundImage} ${s.position}`);
+      behind = !(/^rgb\\(/.test(s.backgroundColor) || /, 1\\)$/.test(s.backgroundColor));
+    }
+    if (s.opacity !== '1' || s.filter !== 'none' || s.mixBlendMode !== 'normal') {
+      key.push(`${e.localName} ${s.opacity} ${s.filter} ${s.mixBlendMode}`);
+    }
+  }
+  return key.join(' | ');
+}"""
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
 # skipCode: color-contrast leaves out the text of code blocks (div.highlight), whose colours CODE_COLOURS shows
 # elsewhere (the rule's own test of which elements it judges, wrapped). only: these rules alone (else: every rule of
-# the tags, but skip).
-START_AXE = """([tags, skip, skipCode, only]) => {
+# the tags, but skip and LINK_RULE, which LINKS_NOT_UNDERLINED replaces). seen: null, or the COLOURS_OF keys that
+# color-contrast judged already (on the pages before, in this mode and at this width): it judges the first element of
+# each key only, and leaves the keys it judged in window.axeJudged.
+START_AXE = """([tags, skip, skipCode, only, seen]) => {
   const defaults = axe._audit.checks['color-contrast'].options;
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
   const contrast = axe._audit.rules.find((rule) => rule.id === 'color-contrast');
   contrast.ownMatches ??= contrast.matches;
-  contrast.matches = skipCode ? function (node, ...rest) { return !node.closest('div.highlight')
-    && this.ownMatches(node, ...rest); } : contrast.ownMatches;
-  const rules = Object.fromEntries(skip.map((rule) => [rule, { enabled: false }]));
+  const coloursOf = """ + COLOURS_OF + """;
+  const judged = new Set(seen ?? []);
+  window.axeJudged = [];
+  contrast.matches = function (node, ...rest) {
+    if ((skipCode && node.closest('div.highlight')) || !this.ownMatches(node, ...rest)) return false;
+    if (!seen) return true;
+    const key = coloursOf(node);
+    if (judged.has(key)) return false;
+    judged.add(key);
+    window.axeJudged.push(key);
+    return true;
+  };
+  const off = [...skip, '""" + LINK_RULE + """'];
+  const rules = Object.fromEntries(off.map((rule) => [rule, { enabled: false }]));
   window.axeResult = new Promise((start) => setTimeout(start, 0))
     .then(() => axe.run(document, { runOnly: only ? { type: 'rule', values: only } : { type: 'tag', values: tags },
       rules, resultTypes: ['violations'] }))
@@ -253,7 +307,7 @@ def code_colour_pages(folder, pages) -> list[str]:
     return chosen
 
 
-def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pages=None, reader=None):
+def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pages=None, reader=None, judged=None):
     """Generator: each page of ``pages`` loaded once in ``tab`` (light mode, desktop width), then shown in every mode
     and width as a reader would get there (the colour-mode button, a narrower window), axe run on each; in dark mode
     at the phone's width only PHONE_COLOUR_PAGES (DARK_PHONE). Code left out of color-contrast on pages outside
@@ -261,7 +315,8 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
     ``found[(mode, width)][page]``: the violations. ``reader``: (the site's root URL, the edition's folder in it) for
     the reader's checks (READER) in the same visit, at 1280 px, at the phone's width and (the full edition) at the
     wider desktop's; what ``tab`` met (console errors, failed or refused requests, tests/test_site.py's ``watch``),
-    ``tab.met``, is a problem of every edition."""
+    ``tab.met``, is a problem of every edition. ``judged``: None, or {(mode, width): the COLOURS_OF keys judged}, shared
+    by the tabs: color-contrast judges each key once per mode and width."""
     for page in pages:
         tab.met.clear()
         tab.set_viewport_size(DESKTOP)
@@ -269,6 +324,10 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
         mute = tab.evaluate(MUTE_MATH)
         if mute:
             problems.append(f"{page}: {len(mute)} formula(s) without assistive MathML: {mute[:TARGETS_SHOWN]}")
+        bare = tab.evaluate(LINKS_NOT_UNDERLINED)
+        if bare:
+            problems.append(f"{page}: {len(bare)} link(s) in running text without an underline (WCAG 1.4.1: told "
+                            f"apart by colour alone): {bare[:TARGETS_SHOWN]}")
         seen = page_problems(tab, reader[0], reader[1] + page) if reader else []
         tab.add_script_tag(content=axe_source)
         assert tab.evaluate("axe.version") == NPM_PINS["axe-core"]
@@ -286,9 +345,12 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
             # in dark mode, the colours alone changed (MODE_PROPERTIES): the colour rules, unless the page shows an
             # element by colour mode (BY_MODE)
             only = COLOUR_RULES if mode != MODES[0] and not by_mode else None
-            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code, only])
+            before = sorted(judged[mode, width]) if judged is not None else None
+            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code, only, before])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
+            if judged is not None:
+                judged[mode, width].update(tab.evaluate("window.axeJudged"))
         if reader and (MODES[0], "phone") not in states:
             resize(tab, PHONE)
             seen += phone_problems(tab)
@@ -315,28 +377,44 @@ def resize(tab, viewport):
 PLANTED = """<!DOCTYPE html><html lang="en"><head><title>Planted</title></head><body><main>
 <h1>Planted violations</h1>
 <p style="color: #999; background: #fff">Grey on white, 2.8:1.</p>
+<p style="color: #999; background: #fff">Grey on white again: the same colours, judged once where keys are kept.</p>
 <div style="background: #ecf3ff"><p>A <a href="#x" style="color: #176de8">link on a tint</a>, 4.29:1.</p></div>
 <button aria-label="Search">Search <kbd>Ctrl</kbd>+<kbd>K</kbd></button>
 <svg role="img" width="20" height="20"><rect width="20" height="20"/></svg>
 <div class="highlight" style="background: #fff"><pre><span style="color: #aaa">faint_code = 1</span></pre></div>
+<p>Told apart by colour alone: <a id="bare" href="#y" style="text-decoration: none">a bare link</a> in a sentence.</p>
+<ul><li><a href="#z" style="text-decoration: none">A link alone in its item</a></li></ul>
 </main></body></html>"""
 
 
 def test_axe_finds_planted_violations(browser, axe_source):
-    """axe, configured as the tests configure it, finds the violations this site had: a test that can fail."""
+    """axe, configured as the tests configure it, finds the violations this site had, and LINKS_NOT_UNDERLINED a link
+    told apart from its sentence by colour alone: a test that can fail."""
     tab = open_tab(browser, MODES[0], DESKTOP)
     try:
         tab.set_content(PLANTED)
         tab.add_script_tag(content=axe_source)
         found = {}
         for skip_code, only in ((False, None), (True, None), (False, COLOUR_RULES)):
-            tab.evaluate(START_AXE, [TAGS, [], skip_code, only])
+            tab.evaluate(START_AXE, [TAGS, [], skip_code, only, None])
             found[skip_code, bool(only)] = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
+        bare = tab.evaluate(LINKS_NOT_UNDERLINED)
+        keyed = []
+        for seen in ([], None):  # COLOURS_OF keys: none judged before, then those the first run judged
+            tab.evaluate(START_AXE, [TAGS, [], False, COLOUR_RULES, seen if seen is not None else keyed[0]])
+            keyed.append(tab.evaluate("window.axeJudged"))
+            found["keyed", len(keyed)] = {v["rule"]: len(v["targets"]) for v in tab.evaluate("window.axeResult")}
     finally:
         tab.context.close()
-    assert found[False, False] == {"color-contrast": 3, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
-    assert found[True, False] == dict(found[False, False], **{"color-contrast": 2}), "skipCode: the faint code left out"
-    assert found[False, True] == {"color-contrast": 3}, "only: the colour rules alone (as in dark mode)"
+    assert found[False, False] == {"color-contrast": 4, "label-content-name-mismatch": 1, "svg-img-alt": 1}, found
+    assert found[True, False] == dict(found[False, False], **{"color-contrast": 3}), "skipCode: the faint code left out"
+    assert found[False, True] == {"color-contrast": 4}, "only: the colour rules alone (as in dark mode)"
+    # one element of each key judged: the second grey paragraph is the first's key; a second page of the same keys
+    # has nothing left to judge
+    assert found["keyed", 1] == {"color-contrast": 3} and len(keyed[0]) == len(set(keyed[0])), (found, keyed)
+    assert found["keyed", 2] == {} and keyed[1] == [], (found, keyed)
+    # LINK_RULE's replacement: the bare link in a sentence, not the underlined ones nor the one alone in its item
+    assert len(bare) == 1 and 'id="bare"' in bare[0], bare
 
 
 def test_the_pages_whose_code_is_judged_show_every_colour_of_code(tmp_path):
@@ -471,7 +549,8 @@ def every_page(browser, served, axe_source, edition, pages=PAGES):
     states, skip = (STATES, []) if edition == "full" else (STATES[:1], COLOUR_RULES)
     code_pages = code_colour_pages(EDITIONS[edition], PAGES) if edition == "full" else None
     found, problems = {state: {} for state in states}, []
-    walks = [audit(tab, url, pages[i::len(tabs)], found, problems, axe_source, states, skip, code_pages, reader)
+    judged = {state: set() for state in states} if edition == "full" else None  # the others judge no colour
+    walks = [audit(tab, url, pages[i::len(tabs)], found, problems, axe_source, states, skip, code_pages, reader, judged)
              for i, tab in enumerate(tabs)]
     try:
         while walks:
