@@ -5,7 +5,9 @@ own inputs (output and input gradient). Then the implementations run interleaved
 table gives the median time of each and its ratio to the median time of torch's ``need_weights=False`` (ratio < 1:
 faster than torch; the ratio of the two medians shown, so it can be checked against them). "forward" runs in eval
 mode under ``torch.no_grad()``; "fwd+bwd" runs in training mode (dropout 0) and backpropagates the sum of the output
-into the input and every parameter.
+into the input and every parameter. Every section runs on one device, chosen once: the GPU where there is one, else
+the CPU (``--device cpu`` or ``--device cuda`` to choose); a GPU is waited for (synchronized) before and after each
+timed call.
 
 The compiled rows (``torch.compile(layer, fullgraph=True)``, torch's layer and ours; ``--no-compile`` leaves them
 out) are checked like the others; their first calls compile, in the parity check and the warm-up, so the times are
@@ -123,12 +125,15 @@ def check_parity(funcs, x: torch.Tensor, names=NAMES) -> None:
 def _time_once(f, x: torch.Tensor, backward: bool) -> float:
     if backward:
         x = x.detach().requires_grad_()
+        _sync(x.device)
         start = time.perf_counter()
         f(x).sum().backward()
     else:
+        _sync(x.device)
         start = time.perf_counter()
         with torch.no_grad():
             f(x)
+    _sync(x.device)  # a GPU runs what was asked of it later: wait for it
     return time.perf_counter() - start
 
 
@@ -480,16 +485,17 @@ def decode_bench(D=256, h=8, h_kv=2, lengths=(128, 256, 512, 1024, 2048), repeat
 
 def layer_section(args) -> str:
     """The layers: ours against nn.MultiheadAttention, forward and fwd+bwd, with and without key padding."""
-    B, L, D, h = args.batch, args.length, args.dim, args.heads
-    ref, ours = make_layers(D, h)
-    fused_qkv = FusedQKV(ref)
+    B, L, D, h, device = args.batch, args.length, args.dim, args.heads, torch.device(args.device)
+    ref, ours = (layer.to(device) for layer in make_layers(D, h))
+    fused_qkv = FusedQKV(ref).to(device)
     compiled = [torch.compile(m, fullgraph=True, backend=args.backend) for m in (ref, ours)] if args.compile else []
     names = NAMES + (COMPILED_NAMES if args.compile else ())
-    x = torch.randn(B, L, D)
-    masks = {"none": None, "padding": padding_mask(torch.linspace(L // 2, L, B).long(), L)}
+    x = torch.randn(B, L, D).to(device)
+    masks = {"none": None, "padding": padding_mask(torch.linspace(L // 2, L, B).long(), L).to(device)}
     threads = torch.get_num_threads()
     lines = [
-        f"B={B}, L={L}, D={D}, heads={h}, float32, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}; "
+        f"B={B}, L={L}, D={D}, heads={h}, float32, on {device}, {threads} CPU thread{'s' * (threads != 1)}, "
+        f"torch {torch.__version__}; "
         f"median of {args.repeats} interleaved repeats"
         + (f"; compiled rows: torch.compile(fullgraph=True, backend={args.backend!r})" if args.compile else ""),
         f"{'mask':<9}{'implementation':<37}{'forward ms':>11}{'ratio':>7}{'fwd+bwd ms':>12}{'ratio':>7}",
@@ -533,6 +539,8 @@ def main(argv=None) -> str:
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave out the compiled rows (and flex_attention)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where every section runs (default: the GPU where there is one, else the CPU)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.length, args.dim, args.heads, args.repeats = 2, 64, 64, 4, 3
@@ -547,11 +555,11 @@ def main(argv=None) -> str:
     if args.section in ("all", "core"):
         sections.append(attention_core(
             args.core_batch, args.core_heads, args.core_length, args.core_dim, args.block_size, args.core_repeats,
-            flex=args.compile, backend=args.backend, targets=True,
+            flex=args.compile, backend=args.backend, device=args.device, targets=True,
         )[0])
     if args.section in ("all", "decode"):
         sections.append(decode_bench(args.decode_dim, args.decode_heads, args.decode_kv_heads, args.decode_lengths,
-                                     args.decode_repeats)[0])
+                                     args.decode_repeats, device=args.device)[0])
     sections.append(
         f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
         f"(a load above the CPU count means other processes shared them: expect noisier ratios)"
