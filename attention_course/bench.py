@@ -507,7 +507,7 @@ def layer_section(args) -> str:
         both, both_ratio = measure(funcs, (ref, ours, fused_qkv), x, backward=True, repeats=args.repeats)
         for row in zip(names, fwd, fwd_ratio, both, both_ratio):
             name, t_fwd, r_fwd, t_both, r_both = row
-            lines.append(f"{mask_name:<9}{name:<37}{1e3 * t_fwd:>11.1f}{r_fwd:>7.2f}{1e3 * t_both:>12.1f}{r_both:>7.2f}")
+            lines.append(f"{mask_name:<9}{name:<37}{_ms(t_fwd):>11}{r_fwd:>7.2f}{_ms(t_both):>12}{r_both:>7.2f}")
     lines.append("parity with nn.MultiheadAttention (output, input gradient) checked before timing: ok")
     return "\n".join(lines)
 
