@@ -44,6 +44,7 @@ Run with nbgrader's environment (``make`` creates it): ``.venv-grader/bin/python
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import json
 import os
@@ -60,7 +61,7 @@ from nbgrader.api import Gradebook, MissingEntry
 
 from . import export
 from .accounting import Entry, account, summary
-from . import sandbox, verdict
+from . import forks, sandbox, verdict
 from .exercises import ROOT, chapters, exercises, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "grades"
@@ -106,29 +107,45 @@ def nbgrader(course: Path, out: Path, *args: str, timeout: float | None = None,
     env = {**os.environ, "PATH": f"{NBGRADER.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
            "JUPYTER_PATH": str(out)}  # finds the grading kernel
     command = [str(NBGRADER), *args, f"--CourseDirectory.root={course}", "--log-level=WARN"]
-    if runtime is None:  # no kernel
-        return subprocess.run(command, env=env, cwd=course, capture_output=True, text=True, timeout=timeout)
-    env["JUPYTER_RUNTIME_DIR"] = str(runtime)  # the kernel's connection file and sockets, in a folder of its own
-    return run_until_dead(command, env, course, timeout)
+    if runtime is not None:
+        env["JUPYTER_RUNTIME_DIR"] = str(runtime)  # the kernel's connection file and sockets, in a folder of its own
+    return run_until_dead(command, env, course, timeout, zygote=zygote())
 
 
 DEATH = "Kernel died"  # what nbgrader logs when the kernel under a cell has gone
 AFTER_DEATH = 5.0  # seconds nbgrader gets to finish after that
 
 
+_ZYGOTE: list[forks.Zygote] = []
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def zygote() -> forks.Zygote:
+    """The process that forks each nbgrader run (instructor/forks.py), started once, on first use."""
+    with _ZYGOTE_LOCK:
+        if not _ZYGOTE:
+            _ZYGOTE.append(forks.Zygote())
+            atexit.register(_ZYGOTE[0].stop)
+        return _ZYGOTE[0]
+
+
 def run_until_dead(command: list[str], env: dict, cwd: Path, timeout: float | None,
-                   grace: float = AFTER_DEATH) -> subprocess.CompletedProcess:
+                   grace: float = AFTER_DEATH, zygote: forks.Zygote | None = None) -> subprocess.CompletedProcess:
     """Run nbgrader, but stop it a few seconds after it logged the kernel's death: jupyter_client can then hang for
     good, joining a heartbeat thread blocked sending to the dead kernel (a submission that scribbles on its file
     descriptors and exits does it), and the notebook's outcome is known already (its kernel died)."""
     with tempfile.TemporaryDirectory(prefix="nbgrader-") as logs:  # outside the runtime folder the kernel sees
-        return _run_until_dead(command, env, cwd, Path(logs), timeout, grace)
+        return _run_until_dead(command, env, cwd, Path(logs), timeout, grace, zygote)
 
 
-def _run_until_dead(command, env, cwd, logs: Path, timeout, grace):
+def _run_until_dead(command, env, cwd, logs: Path, timeout, grace, zygote):
+    """``command`` (nbgrader's, forked by ``zygote`` when one is given) to its end, or its kill."""
     log, err = logs / "stdout", logs / "stderr"
     with log.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
+        if zygote is None:
+            process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
+        else:
+            process = zygote.run(command[1:], env, cwd, log, err)
         start, died = time.monotonic(), None
         while process.poll() is None:
             now = time.monotonic()
@@ -394,27 +411,35 @@ def grade_all(args, course: Path, submissions: list[Entry]) -> tuple[dict, dict]
     time; the results do not depend on the number of jobs. Returns (failures, verdicts) by (student, chapter)."""
     plans = {chapter: verdict.plan(chapter, course / "release" / chapter / f"{chapter}.ipynb")
              for chapter in sorted({entry.chapter for entry in submissions})}
-    local, servers, lock = threading.local(), [], threading.Lock()
+    idle, servers, lock = {chapter: [] for chapter in plans}, [], threading.Lock()
     hide = [args.submissions, args.out]
 
-    def server(chapter: str) -> verdict.Server:
-        own = local.__dict__.setdefault("servers", {})
-        if chapter not in own:
-            own[chapter] = verdict.Server(plans[chapter], hide, to_bytes(args.memory), not args.no_sandbox)
-            with lock:
-                servers.append(own[chapter])
-        return own[chapter]
+    # A chapter's check servers: one serves every job while its checks (a fraction of a second) never overlap; a job
+    # that finds none idle (another job's check is running, or timing out) starts one more. Each costs the chapter's
+    # setup, seconds.
+    def take(chapter: str) -> verdict.Server:
+        with lock:
+            if idle[chapter]:
+                return idle[chapter].pop()
+            servers.append(verdict.Server(plans[chapter], hide, to_bytes(args.memory), not args.no_sandbox))
+            return servers[-1]
+
+    def give_back(chapter: str, each: verdict.Server) -> None:
+        with lock:
+            idle[chapter].append(each)
 
     def one(entry: Entry):
         start = time.monotonic()
         failure = grade_one(course, args.out, entry.student, entry.chapter, args.cell_timeout,
                             args.notebook_timeout, args.output_limit)
         ran = time.monotonic()
+        server = take(entry.chapter)
         try:
-            result = verdict.verdicts(server(entry.chapter), entry.student, args.submissions / entry.path,
-                                      args.cell_timeout)
+            result = verdict.verdicts(server, entry.student, args.submissions / entry.path, args.cell_timeout)
         except RuntimeError as error:  # the chapter's own setup does not run in the sandbox: nobody can be graded
             result = {label: {"passed": False, "message": f"no verdict: {error}"} for label in plans[entry.chapter].checks}
+        finally:
+            give_back(entry.chapter, server)
         saved = args.out / "verdicts" / entry.student / f"{entry.chapter}.json"
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"notebook": failure, "checks": result}, indent=1) + "\n")

@@ -218,6 +218,8 @@ def test_decoder_layer_matches_torch(mode, batch_first):
 
 # --- compile, export, vmap, trace -------------------------------------------------------------------------------
 
+# torch's compiler, exporter and tracer run with the coverage tracer paused (tests/conftest.py: NOT_MEASURED)
+@pytest.mark.no_cover
 @pytest.mark.parametrize("need_weights", [True, False])
 # one mask in `make check` (each compile takes seconds); every mask in `make test`
 @pytest.mark.parametrize("masks", [pytest.param(m, marks=() if i == 0 else pytest.mark.slow)
@@ -241,6 +243,7 @@ def test_compiles_with_fullgraph_and_no_graph_breaks(masks, need_weights):
         torch.testing.assert_close(weights, ref_weights)
 
 
+@pytest.mark.no_cover
 def test_compiled_fully_masked_rows_keep_zeros_and_finite_gradients():
     torch._dynamo.reset()
     _, ours = make_pair(D, H, dtype=torch.float32)
@@ -260,6 +263,7 @@ def test_compiled_fully_masked_rows_keep_zeros_and_finite_gradients():
 
 
 @pytest.mark.slow
+@pytest.mark.no_cover
 def test_compiles_with_inductor_in_both_layouts():
     """One compile with the default backend (generated C++ on the CPU) per layout, against eager numbers."""
     for batch_first in (True, False):
@@ -282,6 +286,7 @@ class SelfAttention(nn.Module):
         return self.attention(x, x, x, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
 
 
+@pytest.mark.no_cover
 @pytest.mark.parametrize("kpm", [kpm_bool(), ignore_to_additive(kpm_bool((L, 3, 0)))], ids=["bool", "float"])
 def test_exports_with_masks(kpm):
     _, ours = make_pair(D, H, dtype=torch.float32)
@@ -292,6 +297,7 @@ def test_exports_with_masks(kpm):
         torch.testing.assert_close(actual, expected)
 
 
+@pytest.mark.no_cover
 def test_traces_and_the_trace_works_for_other_sizes():
     _, ours = make_pair(D, H, dtype=torch.float32)
     model = SelfAttention(ours).eval()

@@ -328,6 +328,38 @@ print(died, fine.returncode, fine.stdout.strip())
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")
+def test_nbgrader_forked_by_the_zygote_runs_as_its_command_line(tmp_path):
+    """instructor/forks.py: each nbgrader run is a fork of a process that imported nbgrader once. A run writes to the
+    output files it is given and ends with nbgrader's exit status, as the command line does (its folder and
+    environment: tests/test_grading_class.py, where nbgrader finds the grading kernel through them); runs asked for
+    one after the other run side by side; a run can be killed; the zygote ends when its caller stops it."""
+    probe = f"""import json, os, sys, time
+from pathlib import Path
+from instructor.forks import Zygote
+out = Path({str(tmp_path)!r})
+z = Zygote()
+env = dict(os.environ)
+version = z.run(['--version'], env, out, out / 'v.out', out / 'v.err')
+wrong = z.run(['autograde'], env, out, out / 'w.out', out / 'w.err')  # no assignment named
+hold = z.run(['autograde', '--help-all'], env, out, out / 'h.out', out / 'h.err')
+hold.kill()
+codes = [version.wait(60), wrong.wait(60), hold.wait(60)]
+print(json.dumps({{"codes": codes, "version": (out / 'v.out').read_text(), "wrong": (out / 'w.err').read_text()[-300:],
+                  "zygote": z.process.pid}}))
+z.stop()
+"""
+    run = subprocess.run([str(GRADER_PYTHON), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    assert found["codes"][0] == 0 and "nbgrader version" in found["version"], found
+    assert found["codes"][1] == 1 and "An assignment id must be specified" in found["wrong"], found  # as the CLI
+    assert found["codes"][2] in (0, -9), found  # killed, unless it had printed its help and ended first
+    assert not Path(f"/proc/{found['zygote']}").exists() or "instructor.forks" not in command_line(
+        Path(f"/proc/{found['zygote']}"))
+
+
+@pytest.mark.slow
 def test_the_watchdog_stops_a_kernel_over_its_memory_or_time(tmp_path):
     verdict = sandbox.verdict_of(tmp_path / "runtime")
     hog = [sys.executable, "-c", "import time\nx = b'x' * (400 * 2**20)\ntime.sleep(60)"]

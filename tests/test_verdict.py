@@ -262,15 +262,19 @@ def test_no_check_runs_beside_the_students_code():
 
 # ---------------------------------------------------------------- chapter 7's layers, over the boundary
 @pytest.fixture(scope="module")
-def clinic(tmp_path_factory):
-    """Chapter 7's check server, planned from the notebook nbgrader releases from (instructor.exercises
-    .nbgrader_source: the setup and check cells of the release), so that these tests need no `make student`."""
+def clinic(server, tmp_path_factory):
+    """Chapter 7's check server: the one the tests above share where nbgrader released the chapter (`make student`);
+    else one planned from the notebook nbgrader releases from (instructor.exercises.nbgrader_source: the setup and
+    check cells of the release), so that these tests need no `make student`."""
+    if (RELEASE / "07_bug_clinic").exists():
+        yield server("07_bug_clinic")
+        return
     path = tmp_path_factory.mktemp("source") / "07_bug_clinic.ipynb"
     path.write_text(json.dumps(nbgrader_source(NOTEBOOKS / path.name)))
-    server = verdict.Server(verdict.plan("07_bug_clinic", path), [], 4 * 2**30)
-    server.start()
-    yield server
-    server.stop()
+    own = verdict.Server(verdict.plan("07_bug_clinic", path), [], 4 * 2**30)
+    own.start()
+    yield own
+    own.stop()
 
 
 # A wrong merge (no transpose) that made itself pass where the check ran beside it: at each call its layer undoes
