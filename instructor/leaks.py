@@ -10,6 +10,7 @@ solutions.
 """
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import re
@@ -134,7 +135,8 @@ def find(edition: Path, prints: list[str] | None = None, words: set[str] | None 
     """Every place in ``edition`` where solution text appears: "file: the line"."""
     prints = fingerprints() if prints is None else prints
     words = solution_words() if words is None else words
-    found = []
+    found, searched = [], {}  # the lines found in each content searched: a file's copies (each edition's _static/,
+    # the English and Chinese sites' shared assets) are searched once
     for path in sorted(p for p in Path(edition).rglob("*") if p.is_file()):
         if path.suffix in {".png", ".jpg", ".jpeg", ".gif", ".woff", ".woff2", ".ttf", ".eot", ".ico", ".svgz"}:
             continue
@@ -142,8 +144,11 @@ def find(edition: Path, prints: list[str] | None = None, words: set[str] | None 
             leaked = sorted(search_terms(path) & stems(words))
             found += [f"{path}: search term {term!r}" for term in leaked]
             continue
-        text = text_of(path)
-        found += [f"{path}: {line}" for line in prints if line in text]
+        content = hashlib.sha256(path.read_bytes()).hexdigest()
+        if content not in searched:
+            text = text_of(path)
+            searched[content] = [line for line in prints if line in text]
+        found += [f"{path}: {line}" for line in searched[content]]
     return found
 
 
