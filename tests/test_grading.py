@@ -390,3 +390,35 @@ def test_outputs_over_the_limit_are_cut_with_a_note(tmp_path):
     assert "[cut by the grader: this notebook's outputs went over 1000 characters" in cut["text"]
     assert kept["ename"] == "ValueError" and len(kept["traceback"]) == 20  # an error stays: grading reads it
     assert cells[2]["outputs"] == [] and "outputs" not in cells[3]
+
+
+@pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")
+def test_the_feedback_batches_split_the_class_once_and_evenly():
+    """instructor/grade.py's batches: the globs nbgrader's generate_feedback runs take, ``jobs`` at a time. Every
+    student is matched by exactly one glob (fnmatch: nbgrader's glob of a folder name), the groups differ in size by
+    at most the largest group of one last character, and a name a glob's brackets would misread gives one run for all."""
+    import fnmatch
+    import random
+
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
+    classes = [[f"student{n:04d}" for n in range(200)], ["alice", "bob", "carol", "x-"], ["ann"],
+               ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(60)],
+               ["alice", "bob*", "carl"], ["zoë", "anna"]]
+    probe = ("import json, sys\nfrom instructor.grade import batches\n"
+             "print(json.dumps([[batches(c, jobs) for jobs in (1, 2, 3)] for c in json.loads(sys.argv[1])]))\n")
+    run = subprocess.run([str(GRADER_PYTHON), "-c", probe, json.dumps(classes)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    assert found[0][1] == ["*[02468]", "*[13579]"]
+    for students, by_jobs in zip(classes, found):
+        assert by_jobs[0] == ["*"]
+        for jobs, globs in zip((1, 2, 3), by_jobs):
+            assert len(globs) <= jobs
+            for student in students:
+                assert sum(fnmatch.fnmatchcase(student, glob) for glob in globs) == 1, (student, globs)
+            sizes = [sum(fnmatch.fnmatchcase(s, glob) for s in students) for glob in globs]
+            largest = max(sum(s[-1] == c for s in students) for c in {s[-1] for s in students})
+            assert max(sizes) - min(sizes) <= largest, (globs, sizes)
+    assert found[4][1] == found[5][1] == ["*"]  # "*" and "ë" end names: one run

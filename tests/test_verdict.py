@@ -16,7 +16,9 @@ from instructor.exercises import NOTEBOOKS, chapters, exercises, load, nbgrader_
 from test_boundary import MISBEHAVING  # noqa: E402
 
 RELEASE = ROOT / "_build" / ".student-course" / "release"
-CHECKED = [path for path in chapters() if any(e.checked for e in exercises(path))]
+# Chapter 3 is graded whole in tests/test_grading_class.py (correct work in two styles passes, the stubs do not, through
+# the same server): not again here.
+CHECKED = [path for path in chapters() if any(e.checked for e in exercises(path)) and path.stem != "03_masks"]
 needs_release = pytest.mark.skipif(not RELEASE.exists(), reason="run `make student` first (the released notebooks)")
 needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason="needs bubblewrap (apt-get install bubblewrap)")
 
