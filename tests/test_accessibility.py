@@ -119,23 +119,30 @@ RESULTS: dict[str, dict] = {}  # "edition/mode/width" -> {page: [violation, ...]
 # ancestor up to the first opaque background (its tag, classes, background colour and image, positioning: what is
 # painted behind the text); and any ancestor's opacity, filter or blending. Elements of one key have one contrast:
 # color-contrast judges the first of each key (in each mode and at each width, over every page), not the thousands of
-# paragraphs, list items and code tokens that repeat it.
-COLOURS_OF = """(node) => {
-  const own = getComputedStyle(node);
-  const key = [own.color, own.fontSize, own.fontWeight, own.textShadow];
-  let behind = true;
-  for (let e = node; e; e = e.parentElement) {
-    const s = getComputedStyle(e);
-    if (behind) {
-      const box = `${e.localName}.${e.getAttribute('class') ?? ''}`;
-      key.push(`${box} ${s.backgroundColor} ${s.backgroundImage} ${s.position}`);
-      behind = !(/^rgb\\(/.test(s.backgroundColor) || /, 1\\)$/.test(s.backgroundColor));
-    }
-    if (s.opacity !== '1' || s.filter !== 'none' || s.mixBlendMode !== 'normal') {
-      key.push(`${e.localName} ${s.opacity} ${s.filter} ${s.mixBlendMode}`);
-    }
-  }
-  return key.join(' | ');
+# paragraphs, list items and code tokens that repeat it. COLOURS_OF makes the function that gives a node's key, for one
+# axe run (the colours of a mode): each element's part of its descendants' keys is read from its style once, not once
+# per descendant (a chapter holds some 11,000 elements with text, 15 levels deep).
+COLOURS_OF = """() => {
+  const memo = new WeakMap();  // element -> [its own and its ancestors' part, as a node's ancestor: while behind the
+                               // text (no opaque background below it), and once behind an opaque one]
+  const join = (a, b) => (a && b ? `${a} | ${b}` : a || b);
+  const chain = (e) => {
+    if (!e) return ['', ''];
+    let found = memo.get(e);
+    if (found) return found;
+    const s = getComputedStyle(e), up = chain(e.parentElement);
+    const effect = s.opacity !== '1' || s.filter !== 'none' || s.mixBlendMode !== 'normal'
+      ? `${e.localName} ${s.opacity} ${s.filter} ${s.mixBlendMode}` : '';
+    const box = `${e.localName}.${e.getAttribute('class') ?? ''} ${s.backgroundColor} ${s.backgroundImage} ${s.position}`;
+    const opaque = /^rgb\\(/.test(s.backgroundColor) || /, 1\\)$/.test(s.backgroundColor);
+    found = [join(join(box, effect), opaque ? up[1] : up[0]), join(effect, up[1])];
+    memo.set(e, found);
+    return found;
+  };
+  return (node) => {
+    const own = getComputedStyle(node);
+    return join([own.color, own.fontSize, own.fontWeight, own.textShadow].join(' | '), chain(node)[0]);
+  };
 }"""
 # (axe.configure replaces a check's options whole: the defaults are carried over, or the check fails on every node
 # and says "needs review".)
@@ -149,14 +156,16 @@ START_AXE = """([tags, skip, skipCode, only, seen]) => {
   axe.configure({ checks: [{ id: 'color-contrast', options: { ...defaults, ignorePseudo: true } }] });
   const contrast = axe._audit.rules.find((rule) => rule.id === 'color-contrast');
   contrast.ownMatches ??= contrast.matches;
-  const coloursOf = """ + COLOURS_OF + """;
+  const coloursOf = (""" + COLOURS_OF + """)();
   const judged = new Set(seen ?? []);
   window.axeJudged = [];
+  // the key first: axe's own test of an element (visible? text? ...) is the costly part, and an element of a key
+  // judged already is left out whatever it says
   contrast.matches = function (node, ...rest) {
-    if ((skipCode && node.closest('div.highlight')) || !this.ownMatches(node, ...rest)) return false;
-    if (!seen) return true;
+    if (skipCode && node.closest('div.highlight')) return false;
+    if (!seen) return this.ownMatches(node, ...rest);
     const key = coloursOf(node);
-    if (judged.has(key)) return false;
+    if (judged.has(key) || !this.ownMatches(node, ...rest)) return false;
     judged.add(key);
     window.axeJudged.push(key);
     return true;
