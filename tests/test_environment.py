@@ -53,21 +53,26 @@ def test_the_installed_packages_are_the_locked_ones():
     assert not extra, f"installed but not in locks/dev.txt: {sorted(extra)}"
 
 
-# Imported by every kernel, test worker, graded submission and distributed worker: without byte-code (where
-# PYTHONDONTWRITEBYTECODE is set, Python never writes it) each process compiles them from source again, 2 s for
-# sympy alone (torch.testing.assert_close imports it). The Makefile's venv step writes it for what pip and uv install.
+# Imported by every kernel, test worker, graded submission and distributed worker: without byte-code (a sandboxed
+# submission cannot write it) each process compiles them from source again, 2 s for sympy alone
+# (torch.testing.assert_close imports it). `make venv` compiles nothing: the book's kernels write the byte-code of
+# what they import (make unsets PYTHONDONTWRITEBYTECODE), before any test or graded submission runs.
 COMPILED = ["torch", "torch.distributed.tensor", "sympy", "sympy.polys.rings", "mpmath", "networkx", "jinja2",
             "numpy", "matplotlib.pyplot", "transformers", "ipykernel.kernelapp"]
+BOOK = ROOT / "_build" / "html" / "index.html"
+INSTALLED = ROOT / ".venv" / ".installed"
 
 
 @pytest.mark.skipif(os.environ.get("ATTENTION_COURSE_ENV", "locked") != "locked",
                     reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
+@pytest.mark.skipif(not (BOOK.exists() and INSTALLED.exists() and BOOK.stat().st_mtime > INSTALLED.stat().st_mtime),
+                    reason="the book was not built with this environment (`make book` writes the byte-code)")
 @pytest.mark.parametrize("module", COMPILED)
 def test_the_modules_every_process_imports_have_their_byte_code(module):
     from importlib.util import cache_from_source, find_spec
     origin = find_spec(module).origin
     assert Path(cache_from_source(origin)).exists(), (
-        f"{origin} has no byte-code: every process compiles it again; run `rm -rf .venv && make venv`")
+        f"{origin} has no byte-code: every process compiles it again; was PYTHONDONTWRITEBYTECODE set in `make book`?")
 
 
 def test_the_locks_leave_out_the_iri_checker_that_slows_every_nbformat_import():
