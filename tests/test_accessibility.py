@@ -160,10 +160,15 @@ START_AXE = """([tags, skip, skipCode, only, seen]) => {
   const judged = new Set(seen ?? []);
   window.axeJudged = [];
   // the key first: axe's own test of an element (visible? text? ...) is the costly part, and an element of a key
-  // judged already is left out whatever it says
+  // judged already is left out whatever it says. Before the key, what that test asks first of all: a text node of
+  // the element's own that is not blank, or a form field (the flattened tree's children are the DOM's but for a
+  // shadow host or a slot: those go to the test)
+  const ownText = (node) => /^(INPUT|SELECT|TEXTAREA|SLOT)$/.test(node.tagName) || node.shadowRoot
+    || [...node.childNodes].some((c) => c.nodeType === 3 && /\\S/.test(c.nodeValue));
   contrast.matches = function (node, ...rest) {
     if (skipCode && node.closest('div.highlight')) return false;
     if (!seen) return this.ownMatches(node, ...rest);
+    if (!ownText(node)) return false;
     const key = coloursOf(node);
     if (judged.has(key) || !this.ownMatches(node, ...rest)) return false;
     judged.add(key);

@@ -714,12 +714,69 @@ def test_every_widget_of_the_package_is_tested_on_the_site():
     assert exported == set(WIDGETS.values())
 
 
+@pytest.fixture(scope="module")
+def widget_page(site):
+    """page -> a Visit of it, shared by the two widget tests below: each page that shows a widget is loaded once,
+    judged as it loads (test_widgets_are_accessible_on_the_site), then its controls moved
+    (test_widget_redraws_without_a_kernel). Each test reads the problems the tab met while it ran (``drain``)."""
+    opened = {}
+
+    def get(page):
+        if page not in opened or opened[page].tab.is_closed():
+            opened[page] = Visit(site, f"{page}.html")
+        return opened[page]
+
+    yield get
+    for v in opened.values():
+        if not v.tab.is_closed():
+            v.tab.close()
+
+
+def drain(v) -> list[str]:
+    """The problems ``v``'s tab met since the last call (console errors, failed requests)."""
+    problems, v.problems[:] = v.problems[:], []
+    return problems
+
+
 @pytest.mark.parametrize("widget", WIDGETS)
-def test_widget_redraws_without_a_kernel(site, visit, widget):
+def test_widgets_are_accessible_on_the_site(widget_page, widget):
+    """Every widget view on the site, in the theme's light and dark modes: each picture is an image with a name, the
+    controls' group named by its visible label, every drawn label at >= 4.5:1 against its cell and every cross at
+    >= 3:1 (greyed rows included), and a focus ring at >= 3:1 on every control, Tab after Tab."""
     pages = pages_showing(widget)
     assert pages, f"no page in _toc.yml displays the {widget} widget: a widget of the package is shown in a chapter"
     for page in pages:
-        v = visit(f"{page}.html")
+        v = widget_page(page)
+        shown = v.tab.evaluate("document.documentElement.dataset.theme")
+        views = v.tab.locator(f".ac-widget[data-ac-widget={widget}]")
+        views.first.wait_for()
+        problems = []
+        for mode in ("light", "dark"):
+            v.tab.evaluate("(mode) => { document.documentElement.dataset.theme = mode; }", mode)
+            for n in range(views.count()):
+                words = picture_words(views.nth(n))
+                problems += [f"view {n}: a picture without a role img and a name: {w}" for w in words["pictures"]
+                             if w[0] != "img" or len(w[1].split()) < 5]
+                for group in views.nth(n).locator("[role=group], [role=radiogroup]").all():
+                    label = " ".join(v.tab.locator(f"#{i}").inner_text() for i in
+                                     (group.get_attribute("aria-labelledby") or "").split())
+                    if not label.strip():
+                        problems.append(f"view {n}: a group with no visible label: {group.inner_text()!r}")
+            low, marks = low_contrast_marks(v.tab)
+            problems += [f"{mode}: {p}" for p in low]
+            assert marks, f"{page}: no drawn text found in the {widget} pictures"
+            problems += focus_ring_problems(v.tab, views.first, mode)
+        v.tab.evaluate("(mode) => { document.documentElement.dataset.theme = mode; }", shown)
+        problems += drain(v)
+        assert not problems, f"{page}.html, {widget}:\n" + "\n".join(problems[:40])
+
+
+@pytest.mark.parametrize("widget", WIDGETS)
+def test_widget_redraws_without_a_kernel(widget_page, widget):
+    pages = pages_showing(widget)
+    assert pages, f"no page in _toc.yml displays the {widget} widget: a widget of the package is shown in a chapter"
+    for page in pages:
+        v = widget_page(page)
         view = v.tab.locator(f".ac-widget[data-ac-widget={widget}]").first
         view.wait_for()
         picture = view.locator(".ac-picture")
@@ -752,38 +809,7 @@ def test_widget_redraws_without_a_kernel(site, visit, widget):
         assert after_words["pictures"] != words["pictures"], f"{page}: the {widget} pictures' names did not change"
         assert len(after_words["live"]) == 1 and after_words["live"] != words["live"], (words["live"], after_words["live"])
         view.screenshot(path=str(SCREENSHOTS / f"widget-{widget}.png"))
-        assert not v.close()
-
-
-@pytest.mark.parametrize("widget", WIDGETS)
-def test_widgets_are_accessible_on_the_site(site, visit, widget):
-    """Every widget view on the site, in the theme's light and dark modes: each picture is an image with a name, the
-    controls' group named by its visible label, every drawn label at >= 4.5:1 against its cell and every cross at
-    >= 3:1 (greyed rows included), and a focus ring at >= 3:1 on every control, Tab after Tab."""
-    pages = pages_showing(widget)
-    assert pages, f"no page in _toc.yml displays the {widget} widget: a widget of the package is shown in a chapter"
-    for page in pages:
-        v = visit(f"{page}.html")
-        views = v.tab.locator(f".ac-widget[data-ac-widget={widget}]")
-        views.first.wait_for()
-        problems = []
-        for mode in ("light", "dark"):
-            v.tab.evaluate("(mode) => { document.documentElement.dataset.theme = mode; }", mode)
-            for n in range(views.count()):
-                words = picture_words(views.nth(n))
-                problems += [f"view {n}: a picture without a role img and a name: {w}" for w in words["pictures"]
-                             if w[0] != "img" or len(w[1].split()) < 5]
-                for group in views.nth(n).locator("[role=group], [role=radiogroup]").all():
-                    label = " ".join(v.tab.locator(f"#{i}").inner_text() for i in
-                                     (group.get_attribute("aria-labelledby") or "").split())
-                    if not label.strip():
-                        problems.append(f"view {n}: a group with no visible label: {group.inner_text()!r}")
-            low, marks = low_contrast_marks(v.tab)
-            problems += [f"{mode}: {p}" for p in low]
-            assert marks, f"{page}: no drawn text found in the {widget} pictures"
-            problems += focus_ring_problems(v.tab, views.first, mode)
-        problems += v.close()
-        assert not problems, f"{page}.html, {widget}:\n" + "\n".join(problems[:40])
+        assert not drain(v)
 
 
 # ------------------------------------------------------------------------------------------------ Colab renditions
