@@ -510,7 +510,7 @@ def browser():
 @pytest.fixture(scope="module")
 def tab(browser):
     """One tab for this file's tests, recording the errors it meets. (A new context and page per test cost Chromium
-    about 1 CPU-s each, mostly the widget's module compiled again: 104 CPU-s for the file, 37 with one tab.)"""
+    about 1 CPU-s each: 104 CPU-s for the file, 37 with one tab.)"""
     tab = browser.new_page(viewport={"width": 900, "height": 900})
     tab.errors = []
     tab.on("pageerror", lambda error: tab.errors.append(str(error)))
