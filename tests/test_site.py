@@ -205,6 +205,11 @@ class Visit:
         self.tab.close()
         return self.problems
 
+    def drain(self) -> list[str]:
+        """The problems the tab met since the last call (console errors, failed requests); the tab stays open."""
+        problems, self.problems[:] = self.problems[:], []
+        return problems
+
 
 @pytest.fixture
 def visit(site):
@@ -718,7 +723,7 @@ def test_every_widget_of_the_package_is_tested_on_the_site():
 def widget_page(site):
     """page -> a Visit of it, shared by the two widget tests below: each page that shows a widget is loaded once,
     judged as it loads (test_widgets_are_accessible_on_the_site), then its controls moved
-    (test_widget_redraws_without_a_kernel). Each test reads the problems the tab met while it ran (``drain``)."""
+    (test_widget_redraws_without_a_kernel). Each test reads the problems the tab met while it ran (``Visit.drain``)."""
     opened = {}
 
     def get(page):
@@ -730,12 +735,6 @@ def widget_page(site):
     for v in opened.values():
         if not v.tab.is_closed():
             v.tab.close()
-
-
-def drain(v) -> list[str]:
-    """The problems ``v``'s tab met since the last call (console errors, failed requests)."""
-    problems, v.problems[:] = v.problems[:], []
-    return problems
 
 
 @pytest.mark.parametrize("widget", WIDGETS)
@@ -767,7 +766,7 @@ def test_widgets_are_accessible_on_the_site(widget_page, widget):
             assert marks, f"{page}: no drawn text found in the {widget} pictures"
             problems += focus_ring_problems(v.tab, views.first, mode)
         v.tab.evaluate("(mode) => { document.documentElement.dataset.theme = mode; }", shown)
-        problems += drain(v)
+        problems += v.drain()
         assert not problems, f"{page}.html, {widget}:\n" + "\n".join(problems[:40])
 
 
@@ -809,7 +808,7 @@ def test_widget_redraws_without_a_kernel(widget_page, widget):
         assert after_words["pictures"] != words["pictures"], f"{page}: the {widget} pictures' names did not change"
         assert len(after_words["live"]) == 1 and after_words["live"] != words["live"], (words["live"], after_words["live"])
         view.screenshot(path=str(SCREENSHOTS / f"widget-{widget}.png"))
-        assert not drain(v)
+        assert not v.drain()
 
 
 # ------------------------------------------------------------------------------------------------ Colab renditions
