@@ -428,18 +428,21 @@ def grade_all(args, course: Path, submissions: list[Entry]) -> tuple[dict, dict]
         with lock:
             idle[chapter].append(each)
 
+    def checks(entry: Entry) -> dict:
+        server = take(entry.chapter)
+        try:
+            return verdict.verdicts(server, entry.student, args.submissions / entry.path, args.cell_timeout)
+        except RuntimeError as error:  # the chapter's own setup does not run in the sandbox: nobody can be graded
+            return {label: {"passed": False, "message": f"no verdict: {error}"} for label in plans[entry.chapter].checks}
+        finally:
+            give_back(entry.chapter, server)
+
     def one(entry: Entry):
         start = time.monotonic()
         failure = grade_one(course, args.out, entry.student, entry.chapter, args.cell_timeout,
                             args.notebook_timeout, args.output_limit)
         ran = time.monotonic()
-        server = take(entry.chapter)
-        try:
-            result = verdict.verdicts(server, entry.student, args.submissions / entry.path, args.cell_timeout)
-        except RuntimeError as error:  # the chapter's own setup does not run in the sandbox: nobody can be graded
-            result = {label: {"passed": False, "message": f"no verdict: {error}"} for label in plans[entry.chapter].checks}
-        finally:
-            give_back(entry.chapter, server)
+        result = checks(entry) if plans[entry.chapter].checks else {}  # open exercises alone: nothing to re-run
         saved = args.out / "verdicts" / entry.student / f"{entry.chapter}.json"
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps({"notebook": failure, "checks": result}, indent=1) + "\n")

@@ -108,9 +108,12 @@ class Plan:
 
 
 def plan(chapter: str, release: Path) -> Plan:
-    """The plan of ``chapter`` from the notebook nbgrader released (``release``: its path)."""
+    """The plan of ``chapter`` from the notebook nbgrader released (``release``: its path). A chapter whose exercises
+    are all open (graded by hand, chapter 1's) has nothing to check: no setup, no server."""
     nb = load(release)
     checked = [e for e in exercises(ROOT / "notebooks" / f"{chapter}.ipynb") if e.checked]
+    if not checked:
+        return Plan(chapter, [])
     grade_ids = {nbgrader(cell).get("grade_id"): index for index, cell in enumerate(nb["cells"])}
     last = max(grade_ids[f"{e.label}-check"] for e in checked)
     setup = [source(cell) for index, cell in enumerate(nb["cells"][:last])

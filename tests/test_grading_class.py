@@ -221,8 +221,8 @@ def hand_in(tmp: Path) -> None:
     (submissions / "frank" / "03_masks.ipynb").write_text('{"cells": [\n')
     (submissions / "frank" / "notes.txt").write_text("my notes\n")
     (submissions / "gina").mkdir()
-    (submissions / "hank").mkdir()  # chapter 2 saved under chapter 3's name
-    (submissions / "hank" / "03_masks.ipynb").write_text((STUDENT / "notebooks" / "02_softmax.ipynb").read_text())
+    (submissions / "hank").mkdir()  # chapter 1 (open exercises alone: no checks to run) under chapter 3's name
+    (submissions / "hank" / "03_masks.ipynb").write_text((STUDENT / "notebooks" / "01_scores.ipynb").read_text())
     (submissions / "README.txt").write_text("stray\n")
     (tmp / "roster.csv").write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
                                     "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
@@ -346,7 +346,8 @@ def test_every_file_is_in_the_results(graded):
     assert skipped["frank/03_masks.ipynb"] == ("not graded: not a notebook: invalid JSON at line 2, column 1 "
                                                "(Expecting value)")
     hank = [r for r in table if r["student"] == "hank"]
-    assert {r["notebook"] for r in hank} == {"02_softmax"} and "graded as 02_softmax" in hank[0]["note"]
+    assert {r["notebook"] for r in hank} == {"01_scores"} and "graded as 01_scores" in hank[0]["note"]
+    assert {r["passed"] for r in hank} == {"manual"} and len(hank) == 3  # open exercises: to grade by hand
     assert graded["rows"]["erin", PAD]["file"] == "erin/03_masks (1).ipynb"
     assert graded["rows"]["erin", PAD]["note"] == "renamed copy of 03_masks.ipynb, graded as it"
     summary = (out / "summary.txt").read_text()
@@ -362,7 +363,7 @@ def test_exports(graded):
     assert wide["nora"]["total"] == "1" and wide["mallory"]["total"] == wide["trudy"]["total"] == "0"
     assert wide["alice"]["ex-ch3-cross"] == "" and wide["alice"]["to grade by hand"] == "1"
     canvas = list(csv.reader((out / "canvas.csv").open()))
-    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_softmax", "03_masks (123)"]
+    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "01_scores", "03_masks (123)"]
     assert canvas[1][-1] == "4"  # Canvas's Points Possible: 2 checked exercises and 2 open ones
     assert canvas[2][-1] == "2" and canvas[3][-1] == "1" and canvas[4] == ["Zoe Z", "9", "s9", "zoe", "B", "", ""]
 

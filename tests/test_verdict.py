@@ -56,6 +56,15 @@ def test_solutions_pass_and_stubs_do_not_when_the_checks_are_re_run(server, path
         assert re.search(r"stub|NotImplementedError", stubs[label]["message"]), stubs[label]
 
 
+@needs_release
+def test_a_chapter_of_open_exercises_alone_has_nothing_to_check():
+    """Chapter 1's exercises are all graded by hand: its plan holds no setup and no check, and grading starts no server
+    for it (tests/test_grading_class.py grades such a notebook)."""
+    assert not any(e.checked for e in exercises(ROOT / "notebooks" / "01_scores.ipynb"))
+    found = verdict.plan("01_scores", RELEASE / "01_scores" / "01_scores.ipynb")
+    assert (found.setup, found.checks, found.points) == ([], {}, {})
+
+
 SOFTMAX = "def my_softmax(scores, dim=-1):\n    {body}\n"
 
 
