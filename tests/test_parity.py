@@ -132,7 +132,9 @@ def test_assert_close_report_shapes_dtypes_and_nans():
 def test_bench_quick_runs_and_prints(capsys):
     from attention_course import bench
 
-    report = bench.main(["--quick", "--repeats", "1", "--backend", "aot_eager"])  # aot_eager: compiles fast
+    # backend "eager": dynamo's tracing alone, the fastest compile (the script's run, not the compilers, is under test
+    # here: inductor and aot_eager are tested in tests/test_dropin.py). 9 s here, against 13 s with aot_eager.
+    report = bench.main(["--quick", "--repeats", "1", "--backend", "eager"])
     printed = capsys.readouterr().out
     assert report in printed
     for name in bench.NAMES + bench.COMPILED_NAMES:
