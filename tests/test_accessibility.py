@@ -13,8 +13,11 @@ that judges colours alone (:data:`COLOUR_RULES`, half of axe's time): their colo
 byte for byte (asserted), checked on the full site in both modes, once per key of what decides an element's contrast
 (:data:`COLOURS_OF`). axe's rule on links in text is replaced by a stricter check, on every page of every edition: each
 link in running text is underlined (:data:`LINKS_NOT_UNDERLINED`). No violation allowed. Each page
-opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to 390 px, to dark mode (the colour-mode button, clicked),
-and back to 1280 px, axe running at each step (see STATES). Every formula must carry the MathML screen readers read.
+opens in light mode (stored as the theme's colour-mode button stores it) at 1280 px, then goes to dark mode (the
+colour-mode button, clicked), to 390 px, and back to light mode, axe running at each step (see STATES); at 390 px,
+outside the pages that show every kind of element the others show outside their article, only the rule that judges
+the layout (:data:`LAYOUT_RULES`; the others judge elements, and no rule set by width hides, shows or names one in an
+article: :data:`WIDTH_LAYOUT`). Every formula must carry the MathML screen readers read.
 Plus the focus indicator of the site's controls: each control reached with Tab (and Shift+Tab from the end) shows one
 with a contrast of at least 3:1 against what surrounds it, in both modes.
 
@@ -64,6 +67,14 @@ LINKS_NOT_UNDERLINED = """() => [...document.querySelectorAll('a[href]')].filter
     && block.textContent.replace(/\\s+/g, '').length > text.replace(/\\s+/g, '').length;
 }).map((a) => `${a.closest('[id]')?.id ?? ''} ${a.outerHTML.slice(0, 120)}`)"""
 PHONE_COLOUR_PAGES = ["notebooks/02_softmax", "notebooks/03_masks", "book/intro"]
+# At the phone's width, outside PHONE_COLOUR_PAGES (where every rule runs, for the header's buttons and the drawers),
+# the rules whose verdict depends on the layout alone: what scrolls, and so needs a tab stop, depends on the width.
+# The others judge elements (names, roles, attributes, what is hidden from whom), and no rule set by width hides,
+# shows, names or colours an element an article holds: what the stylesheets set by width there is WIDTH_LAYOUT
+# (asserted), so those rules find at 390 px what they found at 1280 px. (color-contrast: COLOUR_RULES, above.)
+LAYOUT_RULES = ["scrollable-region-focusable"]
+WIDTH_LAYOUT = {"padding", "padding-left", "padding-right", "padding-top", "padding-bottom", "margin", "max-width",
+                "font-size", "overflow-wrap", "white-space"}
 ARTICLE = "article.bd-article"
 WIDTH_COLOURS = {".navbar-expand-sm .offcanvas", ".navbar-expand-md .offcanvas", ".navbar-expand-lg .offcanvas",
                  ".navbar-expand-xl .offcanvas", ".offcanvas-sm", ".offcanvas-sm .offcanvas-body", ".offcanvas-md",
@@ -81,11 +92,12 @@ EDITIONS = {"full": SITE, "student": SITE.parent / "student" / "html", "zh": SIT
 READER = {"full": "", "zh": "zh/"}
 MODES = ["light", "dark"]
 WIDTHS = {"desktop": DESKTOP, "phone": PHONE}
-# Each page is shown in each mode and at each width, in this order: one change at a time. But in dark mode at the
-# phone's width, only PHONE_COLOUR_PAGES: the colour mode changes colours alone (asserted: what the stylesheets set by
+# Each page is shown in each mode and at each width, in this order: one change at a time, the width changed twice
+# (to the phone's, then to the wider desktop's for the reader's checks; a resize costs twice a change of mode). But in
+# dark mode at the phone's width, only PHONE_COLOUR_PAGES: the colour mode changes colours alone (asserted: what the stylesheets set by
 # mode), with one exception, the theme's .only-dark and .only-light images (BY_MODE); so the rules that do not judge
 # colours find in dark mode what they find in light mode, and run there only on a page that shows such an image.
-STATES = [("light", "desktop"), ("light", "phone"), ("dark", "phone"), ("dark", "desktop")]
+STATES = [("light", "desktop"), ("dark", "desktop"), ("dark", "phone"), ("light", "phone")]
 DARK_PHONE = ("dark", "phone")
 # What the theme shows in one colour mode and hides in the other (its images, a logo per mode): a page with one is
 # judged by every rule in dark mode too; on any other, dark mode changes colours alone, and only the colour rules
@@ -354,13 +366,14 @@ def audit(tab, url, pages, found, problems, axe_source, states, skip=(), code_pa
             resize(tab, WIDTHS[width])
             if reader and (mode, width) == (MODES[0], "phone"):
                 seen += phone_problems(tab)
-            # at the phone's width, the colours of the article are its colours at the desktop's (WIDTH_COLOURS)
+            # at the phone's width, the article shows the elements it shows at the desktop's, in the same colours
+            # (WIDTH_COLOURS, WIDTH_LAYOUT): outside PHONE_COLOUR_PAGES, the rules that judge the layout alone
             phone = width == "phone" and page not in PHONE_COLOUR_PAGES
             # in dark mode, the colours alone changed (MODE_PROPERTIES): the colour rules, unless the page shows an
             # element by colour mode (BY_MODE)
-            only = COLOUR_RULES if mode != MODES[0] and not by_mode else None
+            only = LAYOUT_RULES if phone else COLOUR_RULES if mode != MODES[0] and not by_mode else None
             before = sorted(judged[mode, width]) if judged is not None else None
-            tab.evaluate(START_AXE, [TAGS, COLOUR_RULES if phone else list(skip), skip_code, only, before])
+            tab.evaluate(START_AXE, [TAGS, list(skip), skip_code, only, before])
             yield
             found[(mode, width)][page] = tab.evaluate("window.axeResult")
             if judged is not None:
@@ -538,6 +551,78 @@ def test_the_articles_colours_do_not_depend_on_the_width():
     shown = set().union(*(outside[page] for page in PHONE_COLOUR_PAGES))
     new = {page: sorted(names - shown) for page, names in outside.items() if names - shown}
     assert not new, f"classes outside the article that PHONE_COLOUR_PAGES do not show: {new}"
+
+
+def width_properties(css: str) -> dict[str, set[str]]:
+    """Selector -> the properties set by the rules inside an @media query on the width."""
+    found, start = {}, 0
+    while (media := re.compile(r"@media[^{]*width[^{]*\{").search(css, start)) is not None:
+        depth, end = 1, media.end()
+        while depth and end < len(css):
+            depth += {"{": 1, "}": -1}.get(css[end], 0)
+            end += 1
+        for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css[media.end():end - 1]):
+            names = {d.partition(":")[0].strip() for d in body.split(";") if ":" in d}
+            for selector in selectors.split(","):
+                found.setdefault(" ".join(selector.split()), set()).update(names)
+        start = end
+    return found
+
+
+def in_article(selector: str, held: tuple[set, set, set], anywhere: set[str]) -> bool:
+    """Whether ``selector`` may select an element an article holds (``held``: the tags, classes and ids found in the
+    articles, the article's own among them; ``anywhere``: every class of the pages): its last compound's tag, classes
+    and ids are held by some article, and so are those of a compound it must be a child or sibling of (>, +, ~); an
+    ancestor's classes (a space) are found on some page. Pseudo-classes and attributes are not read: it may, where
+    they would not."""
+    tags, classes, ids = held
+    compounds = re.findall(r"([>+~]?)\s*([^\s>+~]+)", selector)
+
+    def fits(compound: str, have_classes: set[str]) -> bool:
+        tag = re.match(r"[a-zA-Z][\w-]*", compound)
+        return ((tag is None or tag.group(0).lower() in tags) and set(re.findall(r"\.([\w-]+)", compound)) <= have_classes
+                and set(re.findall(r"#([\w-]+)", re.sub(r"\(.*?\)", "", compound))) <= ids)
+
+    inside = True  # the compound in hand must be held by the article (the last, and what it is a child or sibling of)
+    for combinator, compound in reversed(compounds):
+        if not fits(compound, classes if inside else anywhere):
+            return False
+        inside = inside and combinator in (">", "+", "~")
+    return True
+
+
+def test_the_articles_elements_do_not_depend_on_the_width():
+    """Why every rule but LAYOUT_RULES judges the article at the desktop's width alone: what the stylesheets set by
+    width on anything an article holds (any page) is WIDTH_LAYOUT, spacing and the size and wrapping of text; nothing
+    that hides, shows or names an element (display, visibility, content, ...) nor colours it."""
+    full = EDITIONS["full"]
+    tags, classes, ids, anywhere = set(), set(), set(), set()
+    for page in PAGES:
+        text = (full / f"{page}.html").read_text()
+        article = re.search(r'<article class="bd-article".*?</article>', text, re.S)
+        assert article, f"{page}: no {ARTICLE}"
+        tags |= {t.lower() for t in re.findall(r"<([a-zA-Z][\w-]*)", article.group(0))}
+        classes |= {name for value in re.findall(r'class="([^"]*)"', article.group(0)) for name in value.split()}
+        ids |= set(re.findall(r'id="([^"]*)"', article.group(0)))
+        anywhere |= {name for value in re.findall(r'class="([^"]*)"', text) for name in value.split()}
+    assert {"p", "pre", "h1", "img"} <= tags and {"highlight", "admonition"} <= classes, "not an article as expected"
+    found = {}
+    for path in (full / "_static").rglob("*.css"):
+        css = re.sub(r"/\*.*?\*/", "", path.read_text(errors="replace"), flags=re.S)
+        for selector, names in width_properties(css).items():
+            if in_article(selector, (tags, classes, ids), anywhere):
+                found.setdefault(selector, set()).update(names)
+    assert found, "nothing set by width on an article's elements: is the theme still there?"
+    other = {selector: sorted(names - WIDTH_LAYOUT) for selector, names in found.items() if names - WIDTH_LAYOUT}
+    assert not other, f"set by width on what an article holds, beyond WIDTH_LAYOUT (not judged at the phone's width " \
+                      f"outside PHONE_COLOUR_PAGES): {other}"
+    assert width_properties("@media (max-width: 9px) { .a, b x { display: none; margin: 0 } }") == \
+        {".a": {"display", "margin"}, "b x": {"display", "margin"}}
+    held = ({"article", "div", "p"}, {"bd-article", "x"}, {"s1"})
+    assert in_article(".bd-main .bd-content p", held, {"bd-main", "bd-content"}) and in_article("#s1 > p.x", held, set())
+    assert in_article("article.bd-article > :not(svg)", held, set()) and in_article(".x:hover", held, set())
+    assert not in_article(".bd-main > p", held, {"bd-main"}) and not in_article("#top", held, set())
+    assert not in_article(".cols-1 > *", held, set()) and not in_article("nav.bd-links", held, {"bd-links"})
 
 
 def test_every_page(browser, served, axe_source):
