@@ -113,3 +113,44 @@ def test_a_test_worker_runs_torch_on_one_thread():
     child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], check=True,
                            capture_output=True, text=True, timeout=120).stdout
     assert torch.get_num_threads() == wanted == int(child), (torch.get_num_threads(), wanted, child)
+
+
+# What a test file that runs beside the build (make test's EARLY_TESTS) must not name: the build's outputs, the site,
+# the student edition, the graded course, or a test module that reads them.
+READS_THE_BUILD = re.compile(r"\b_build\b|ATTENTION_COURSE_SITE|\bSITE\b|\bSTUDENT\b|student-course|jupyter_execute"
+                             r"|\bfrom (test_site|test_accessibility\w*|test_zh|test_alt_text|test_built_pages"
+                             r"|test_instructor|test_grading_class|test_verdict) import")
+
+
+def make_variable(name: str) -> list[str]:
+    """The words of a variable of the Makefile, as make expands it."""
+    import subprocess
+
+    run = subprocess.run(["make", "--no-print-directory", "-s", "-f", "Makefile", "-f", "-", "print-variable"],
+                         input=f"print-variable:\n\t@echo $({name})\n", capture_output=True, text=True, cwd=ROOT,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+def test_the_tests_that_run_beside_the_build_read_none_of_it():
+    """make test starts EARLY_TESTS before the book is built (it may be half written): none of them, nor a test
+    module they import, names what the build makes; everything else runs after the build (test-book ignores exactly
+    these files), this file among them."""
+    early = make_variable("EARLY_TESTS")
+    assert early and "tests/test_environment.py" not in early and "tests/test_site.py" not in early
+    assert {"tests/test_dropin.py", "tests/test_distributed.py", "tests/test_mutation.py"} <= set(early)
+    found, read = [], set()
+    todo = [ROOT / path for path in early]
+    while todo:
+        path = todo.pop()
+        if path in read:
+            continue
+        read.add(path)
+        text = path.read_text()
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for m in READS_THE_BUILD.finditer(text)]
+        todo += [ROOT / "tests" / f"{name}.py" for name in re.findall(r"^\s*(?:from|import) (test_\w+|mutants)\b", text, re.M)
+                 if (ROOT / "tests" / f"{name}.py").exists()]
+    assert not found, f"tests run beside the build name what it makes: {found}"
+    assert READS_THE_BUILD.search("from test_site import SITE") and READS_THE_BUILD.search("ROOT / \"_build\"")
+    assert not READS_THE_BUILD.search("SITES = 1") and not READS_THE_BUILD.search("def test_is_causal_builds_it")
