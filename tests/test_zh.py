@@ -461,3 +461,24 @@ def test_a_changed_english_sentence_is_untranslated_until_updated(tmp_path):
     shown = (book / "html" / "index.html").read_text()
     assert "A padding mask hides the keys that are only padding." in shown and "掩码遮住" not in shown
     assert "掩码" in shown  # the heading, unchanged, keeps its translation
+
+
+def test_a_document_from_defaults_parsed_once_is_the_one_myst_makes():
+    """book/_ext/i18n.py's defaults_computed_once: myst-parser's make_document, with the default settings parsed once
+    per parser class, gives a document whose settings are the defaults, a fresh copy each time."""
+    import subprocess
+
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import i18n\n"
+              "from myst_parser.mdit_to_docutils import base\n"
+              "before = base.make_document('x')\n"
+              "i18n.defaults_computed_once(); i18n.defaults_computed_once()\n"
+              "one, two = base.make_document('x'), base.make_document('y')\n"
+              "same = lambda d: {k: v for k, v in vars(d.settings).items() if k != 'record_dependencies'}\n"
+              "assert base.make_document.defaults_once and same(one) == same(two) == same(before)\n"
+              "assert one.settings is not two.settings and two['source'] == 'y'\n"
+              "one.settings.tab_width = 99\n"
+              "assert base.make_document('z').settings.tab_width == before.settings.tab_width\n"
+              "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", script, str(ROOT / "book" / "_ext")], capture_output=True, text=True,
+                         timeout=120)
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]

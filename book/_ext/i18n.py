@@ -468,7 +468,36 @@ def jieba_cut(text: str) -> list[str]:
     return list(jieba.cut_for_search(text))
 
 
+def defaults_computed_once() -> None:
+    """myst-parser's renderer makes a docutils document with default settings each time it renders, even when it is
+    handed one (its ``options.get("document", make_document())`` evaluates the default first): 2 ms of option
+    parsing per render. Sphinx renders each translated message apart, some 2,100 per Chinese build. The same
+    document, its default settings parsed once per parser class and copied: about 4 s of each Chinese build here.
+    Left alone where myst-parser's function is not the one this was written for."""
+    import copy
+    import inspect
+
+    from docutils.frontend import get_default_settings
+    from docutils.utils import new_document
+    from myst_parser.mdit_to_docutils import base
+
+    made = getattr(base, "make_document", None)
+    if made is None or getattr(made, "defaults_once", False) or \
+            list(inspect.signature(made).parameters) != ["source_path", "parser_cls"]:
+        return
+    parser, defaults = inspect.signature(made).parameters["parser_cls"].default, {}
+
+    def make_document(source_path="notset", parser_cls=parser):
+        if parser_cls not in defaults:
+            defaults[parser_cls] = get_default_settings(parser_cls)
+        return new_document(source_path, settings=copy.deepcopy(defaults[parser_cls]))
+
+    make_document.defaults_once = True
+    base.make_document = make_document
+
+
 def setup(app):
+    defaults_computed_once()
     app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
