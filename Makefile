@@ -3,10 +3,9 @@
 # exactly the versions in the lock file locks/dev.txt (README, "Versions").
 
 PYTHON ?= python3
-# Several steps at a time where they allow it: on a fresh clone, nbgrader's environment is installed while the
-# project's is (the book waits for its own, the student edition for the book); `make test`'s early tests run beside
-# the build (test:, below): three jobs, then, on a machine's cores.
-MAKEFLAGS += --jobs=3
+# Two jobs at a time where the steps allow it: on a fresh clone, nbgrader's environment is installed while the
+# project's is (the book waits for its own, the student edition for the book).
+MAKEFLAGS += --jobs=2
 # Python writes byte-code in every step, whatever the machine sets (this project's machines set
 # PYTHONDONTWRITEBYTECODE): without it, each pytest process rewrote and compiled its test modules and plugins (hypothesis
 # among them) again, 3 s of each, and every process compiled what no step had compiled before it.
@@ -20,7 +19,8 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 JB_FLAGS := -W -n --keep-going
 SITE   := _build/html
-# `make test` reports the package's line coverage over both of its sets (test:) and fails below 95%.
+# `make test` reports the package's line coverage and fails below 95%.
+COVERAGE := --cov=attention_course --cov-report=term-missing:skip-covered --cov-fail-under=95
 
 GRADER := .venv-grader
 # nbgrader pins its own Jupyter versions: it lives in an environment of its own (submissions still run in .venv),
@@ -38,7 +38,7 @@ UV_INSTALL  := $(UV) pip install --quiet --no-deps
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
-.PHONY: book book-en book-zh test test-early test-book check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations
+.PHONY: book book-en book-zh test check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
@@ -151,35 +151,16 @@ STUDENTS ?= 200
 grade-bench: student
 	$(GRADER)/bin/python -m instructor.bench --students $(STUDENTS) $(if $(JOBS),--jobs $(JOBS))
 
-# `make test` runs the tests in two sets, each as soon as what it needs exists, and adds their coverage up.
-# EARLY_TESTS need neither the book nor the student edition (the package's tests, the checkers' tests and their mutants,
-# grading's bookkeeping, compiling, launching workers, the notebooks' sources): they start once the environments are
-# installed, in one process beside the build (test-early), which keeps on average 1.6 of 2 cores busy (measured on a
-# fresh clone). The others (the site in a browser, its accessibility, the built pages of both editions, the student
-# edition, a graded class, the environment the build used) start once both editions and the student edition are
-# built (test-book), in parallel (pytest-xdist), a file's tests in one worker (--dist loadfile): a notebook's cells run
-# in order in one kernel, and a file's expensive fixture (grading a class, a browser) is made once. A worker per core:
+# Tests run in parallel (pytest-xdist), a file's tests in one worker (--dist loadfile): a notebook's cells run in
+# order in one kernel, and a file's expensive fixture (grading a class, a browser) is made once. A worker per core:
 # four workers on two cores ran no faster (the tests keep the cores busy) and pushed the graded class's notebooks
-# past their cell limit. tests/conftest.py hands out the longest files first (as timed in the last run), not the
-# ones with the most tests. Each set lists its slowest tests, so that a slow one is seen the day it lands; the early
-# set's report is printed at the end (_build/test-early.log).
+# past their 8 s cell limit. tests/conftest.py hands out the longest files first (as timed in the last run), not the
+# ones with the most tests. The slowest tests are listed at the end, so that a slow one is seen the day it lands.
 # `make test SCREENSHOTS=1`: a screenshot of every page (by default, only of a page with a problem).
 PYTEST_FAST := -n auto --dist loadfile --no-loadscope-reorder --durations=15
-PYTEST_EARLY := --durations=10
-EARLY_LOG := _build/test-early.log
-test: test-early test-book
-	@echo; echo "The early tests (beside the build; their whole report: $(EARLY_LOG)):"; tail -n 1 $(EARLY_LOG)
-	$(BIN)/python -m coverage combine --quiet --data-file=.coverage _build/.coverage-early _build/.coverage-book
-	$(BIN)/python -m coverage report --data-file=.coverage --show-missing --skip-covered --fail-under=95
-test-early: venv $(GRADER)/.installed
-	mkdir -p _build && rm -f _build/.coverage-early
-	COVERAGE_FILE=_build/.coverage-early OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_EARLY) \
-	  --cov=attention_course --cov-report= $(EARLY_TESTS) > $(EARLY_LOG) 2>&1 \
-	  || { cat $(EARLY_LOG); echo "The early tests failed (above; also in $(EARLY_LOG))."; exit 1; }
-test-book: book student
-	rm -f _build/.coverage-book
-	COVERAGE_FILE=_build/.coverage-book ATTENTION_COURSE_SITE=$(SITE) $(if $(SCREENSHOTS),ATTENTION_COURSE_SCREENSHOTS=1) \
-	  $(BIN)/python -m pytest $(PYTEST_FAST) --cov=attention_course --cov-report= $(foreach t,$(EARLY_TESTS),--ignore=$(t))
+test: book student
+	ATTENTION_COURSE_SITE=$(SITE) $(if $(SCREENSHOTS),ATTENTION_COURSE_SCREENSHOTS=1) \
+	  $(BIN)/python -m pytest $(PYTEST_FAST) $(COVERAGE)
 
 # The quick loop while changing the package or a checker (well under a minute): unit and property tests of the
 # package, the checkers' tests and their mutation scores, grading's bookkeeping. No book, no browser, no notebook
@@ -191,14 +172,6 @@ QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/te
 	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py tests/test_zh.py,$(wildcard tests/test_*.py))
 check: venv
 	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
-
-# The early set of `make test` (test-early): the quick loop's files but test_environment.py (it checks the environment
-# the build used, and the threads of a worker of several), with their slow tests, and the other files that need no
-# build: transformers, the figures' text, the notebooks' sources and prose. tests/test_environment.py asserts that none
-# of them reads the build.
-EARLY_TESTS := $(filter-out tests/test_environment.py,$(QUICK_TESTS)) tests/test_llama.py \
-	tests/test_serving_transformers.py tests/test_figure_text.py tests/test_claims.py tests/test_intro.py \
-	tests/test_notebooks.py
 
 # The locks, made again with the newest versions the ranges allow today. One resolution for every Python tested
 # (--universal: a package may have a version per Python), torch held at $(TORCH) and left out with its CUDA libraries
