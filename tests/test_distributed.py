@@ -231,17 +231,22 @@ def test_launch_returns_results_in_rank_order(battery_results):
 
 
 GRADING_LIKE = """
-import os, shutil, sys
+import os, shutil, sys, threading
 from multiprocessing import util
 from attention_course import distributed as D
 from test_distributed import square
 
+def a_thread():  # a second thread, as a kernel has: workers then start from a fork server
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+
 if __name__ == "__main__":
+    a_thread()
     assert [r[1] for r in D.launch(1, square, 3)] == [3.0]
     for student in range(2):  # a child per student, the parent's scratch emptied in between
         pid = os.fork()
         if pid == 0:
             try:
+                a_thread()
                 ok = [r[1] for r in D.launch(2, square, 4)] == [12.0, 12.0]  # (1 + 2) * 4
             except BaseException as error:  # noqa: BLE001
                 print(repr(error), file=sys.stderr)
@@ -262,6 +267,37 @@ def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0 and "both children launched" in run.stdout, run.stderr[-3000:]
+
+
+def parent_pid(rank, world_size):
+    return os.getppid()
+
+
+STARTS = """
+import os, sys, threading
+from attention_course import distributed as D
+from test_distributed import parent_pid
+
+if __name__ == "__main__":
+    alone = D.launch(2, parent_pid)  # one thread here: the workers are forks of this process
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+    # two: forks of a fork server (launched so in tests/test_distributed.py's other tests, from the test runner's
+    # threads, and in GRADING_LIKE)
+    print(alone == [os.getpid()] * 2, D.processes._context().get_start_method() == "forkserver")
+"""
+
+
+@pytest.mark.slow
+def test_workers_fork_from_a_caller_of_one_thread_and_from_a_server_otherwise(tmp_path):
+    """launch forks its workers from the caller where it runs one thread (a script, a grading server's child: no
+    fork server to start, seconds each time), and from a fork server where a fork could copy another thread's
+    lock (a kernel)."""
+    script = tmp_path / "starts.py"
+    script.write_text(STARTS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0 and run.stdout.split() == ["True", "True"], run.stdout + run.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -347,8 +383,9 @@ def test_worker_body_reports_results_and_errors_through_its_pipe():
 
     store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
     for args, kind in (((square, (3.0,)), "ok"), ((record_pid_then, ("/nonexistent", "x")), "error")):
-        here, there = multiprocessing.Pipe(duplex=False)
-        D.processes._worker(0, 1, store.port, 30.0, pickle.dumps((dict(os.environ), *args)), there)
+        here, there = multiprocessing.Pipe()
+        here.send(store.port)  # what launch sends each worker once the store is up
+        D.processes._worker(0, 1, 30.0, pickle.dumps((dict(os.environ), *args)), there)
         assert here.recv() == ("ready",)
         message = here.recv()
         assert message[0] == kind

@@ -65,12 +65,15 @@ def _end_with(caller: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _worker(rank: int, world_size: int, port: int, timeout: float, payload: bytes, conn, caller=None) -> None:
-    """Runs in each worker process: join the process group, say ("ready",), run fn, send back ("ok", result)
-    or ("error", message, traceback)."""
+def _worker(rank: int, world_size: int, timeout: float, payload: bytes, conn, caller=None) -> None:
+    """Runs in each worker process: take the rendezvous's port from the caller, join the process group, say
+    ("ready",), run fn, send back ("ok", result) or ("error", message, traceback)."""
     if caller is not None:
         _end_with(caller)
     try:
+        if not conn.poll(START_TIMEOUT):
+            raise TimeoutError(f"the caller sent no rendezvous port in {START_TIMEOUT:g} s")
+        port = conn.recv()
         env, fn, args = pickle.loads(payload)  # imports fn's module here, in the worker
         os.environ.clear()
         os.environ.update(env)  # the caller's environment now (the fork server's is that of its start)
@@ -133,11 +136,26 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_the_fork_server)
 
 
+def _one_thread() -> bool:
+    """Whether this process runs a single thread (counted by Linux: /proc/self/task) and has not started CUDA: then
+    a fork copies all it needs and nothing half done (a lock another thread held, a GPU context)."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux, or no /proc: unknown
+        return False
+    return threads == 1 and not (torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
 def _context():
-    """Where the start method allows it, workers fork from a server process that imported torch and this package
-    once (``forkserver``): later launches start in a fraction of a second instead of seconds. Else ``spawn``."""
+    """How workers start. From a process that runs one thread (a script, a grading server's child for a student:
+    :func:`_one_thread`), they fork from it (``fork``): they have torch and everything it imported at once. From one
+    with several (a notebook's kernel, a test runner), where a fork could copy a lock another thread holds, they fork
+    from a server process that imported torch and this package once (``forkserver``): later launches start in a
+    fraction of a second instead of seconds. Else (Windows) ``spawn``."""
     if "forkserver" not in mp.get_all_start_methods():  # Windows
         return mp.get_context("spawn")
+    if _one_thread():
+        return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     # torch.distributed.tensor (parallelize_module, DeviceMesh) too: seconds to import, once here instead of in
     # every worker of a head-parallel launch.
@@ -163,8 +181,10 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
     ``START_TIMEOUT``.) No process is left behind either way, nor when this process itself is killed: each worker
     ends within a second or so of its caller.
 
-    The first launch starts a server process that imports torch and this package once (seconds); workers fork
-    from it, so later launches start in a fraction of a second (``forkserver``; ``spawn`` where there is no fork).
+    From a process that runs one thread (a script), the workers fork from it. From one with several (a notebook's
+    kernel), the first launch starts a server process that imports torch and this package once (seconds); workers
+    fork from it, so later launches start in a fraction of a second (``forkserver``; ``spawn`` where there is no
+    fork).
     """
     world_size = check_positive_int(world_size, "world_size")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -174,20 +194,22 @@ def launch(world_size: int, fn, *args, timeout: float = 120.0) -> list:
         payload = pickle.dumps((dict(os.environ), fn, args))
     except Exception as exc:  # noqa: BLE001
         raise TypeError(f"the arguments of launch must be picklable to reach the workers: {exc}") from exc
-    # The rendezvous: a key-value store the workers meet at. Port 0: the system picks a free one, no race.
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=START_TIMEOUT))
-    ctx = _context()
-    procs, conns = [], []
+    ctx = _context()  # before the store, whose server is a thread of this process
+    procs, conns, store = [], [], None
     try:
         for rank in range(world_size):
-            here, there = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(rank, world_size, store.port, timeout, payload, there, os.getpid()),
-                            daemon=True)
+            here, there = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(rank, world_size, timeout, payload, there, os.getpid()), daemon=True)
             p.start()
             there.close()  # the worker's end stays open in the worker only
             procs.append(p)
             conns.append(here)
+        # The rendezvous: a key-value store the workers meet at, its port sent to each. Port 0: the system picks a
+        # free one, no race.
+        store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=START_TIMEOUT))
+        for conn in conns:
+            conn.send(store.port)
         return _collect(procs, conns, world_size, timeout)
     finally:
         for p in procs:  # stop whatever still runs (after a failure, a timeout or an interrupt), and reap it
