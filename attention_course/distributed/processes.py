@@ -9,6 +9,7 @@ written in a notebook cell, send it by value: :mod:`attention_course.distributed
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import pickle
 import sys
@@ -136,6 +137,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_the_fork_server)
 
 
+# What a worker imports before it runs fn, once for all: torch.distributed.tensor (parallelize_module, DeviceMesh)
+# too, seconds to import, once in the caller (fork) or the fork server instead of in every worker of a head-parallel
+# launch.
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor.parallel", "torch.distributed.tensor.debug",
+           "attention_course.distributed"]
+
+
 def _one_thread() -> bool:
     """Whether this process runs a single thread (counted by Linux: /proc/self/task) and has not started CUDA: then
     a fork copies all it needs and nothing half done (a lock another thread held, a GPU context)."""
@@ -155,12 +163,12 @@ def _context():
     if "forkserver" not in mp.get_all_start_methods():  # Windows
         return mp.get_context("spawn")
     if _one_thread():
-        return mp.get_context("fork")
+        for module in PRELOAD:  # imported once here, not in every worker (a no-op once imported)
+            importlib.import_module(module)
+        if _one_thread():
+            return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
-    # torch.distributed.tensor (parallelize_module, DeviceMesh) too: seconds to import, once here instead of in
-    # every worker of a head-parallel launch.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.tensor.parallel",
-                                "torch.distributed.tensor.debug", "attention_course.distributed"])
+    ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
