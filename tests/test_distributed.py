@@ -300,6 +300,23 @@ def test_workers_fork_from_a_caller_of_one_thread_and_from_a_server_otherwise(tm
     assert run.returncode == 0 and run.stdout.split() == ["True", "True"], run.stdout + run.stderr[-3000:]
 
 
+def test_the_start_method_follows_the_callers_threads(monkeypatch):
+    """In process (the subprocess test above is not measured): one thread, fork, with PRELOAD imported first; several,
+    the fork server; /proc unreadable, not known to run one thread."""
+    P = D.processes
+    monkeypatch.setattr(P, "_one_thread", lambda: True)
+    assert P._context().get_start_method() == "fork" and all(module in sys.modules for module in P.PRELOAD)
+    monkeypatch.setattr(P, "_one_thread", lambda: False)
+    assert P._context().get_start_method() == "forkserver"
+    monkeypatch.undo()
+
+    def unreadable(path):
+        raise PermissionError(path)
+
+    monkeypatch.setattr(os, "listdir", unreadable)
+    assert P._one_thread() is False
+
+
 @pytest.mark.slow
 def test_a_worker_error_names_its_rank_and_traceback_and_stops_the_others(tmp_path):
     with pytest.raises(D.WorkerError, match=r"worker rank 1 of 2 failed: KeyError: 'no such head'") as info:
