@@ -511,20 +511,26 @@ def test_the_editions_serve_the_full_sites_stylesheets(edition):
     assert not differ, f"the {edition} edition's stylesheets differ from the full site's: {differ}"
 
 
-def width_colours(css: str) -> set[str]:
-    """Selectors of the rules that set a colour (color, background, opacity) inside an @media query on the width."""
-    found, start = set(), 0
+def width_properties(css: str) -> dict[str, set[str]]:
+    """Selector -> the properties set by the rules inside an @media query on the width."""
+    found, start = {}, 0
     while (media := re.compile(r"@media[^{]*width[^{]*\{").search(css, start)) is not None:
         depth, end = 1, media.end()
         while depth and end < len(css):
             depth += {"{": 1, "}": -1}.get(css[end], 0)
             end += 1
-        block = css[media.end():end - 1]
-        for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", block):
-            if re.search(r"(?<![-\w])(color|background(-color)?|opacity)\s*:", body):
-                found |= {" ".join(sel.split()) for sel in selectors.split(",")}
+        for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css[media.end():end - 1]):
+            names = {d.partition(":")[0].strip() for d in body.split(";") if ":" in d}
+            for selector in selectors.split(","):
+                found.setdefault(" ".join(selector.split()), set()).update(names)
         start = end
     return found
+
+
+def width_colours(css: str) -> set[str]:
+    """Selectors of the rules that set a colour (color, background, opacity) inside an @media query on the width."""
+    colours = {"color", "background", "background-color", "opacity"}
+    return {selector for selector, names in width_properties(css).items() if names & colours}
 
 
 def test_the_articles_colours_do_not_depend_on_the_width():
@@ -551,22 +557,6 @@ def test_the_articles_colours_do_not_depend_on_the_width():
     shown = set().union(*(outside[page] for page in PHONE_COLOUR_PAGES))
     new = {page: sorted(names - shown) for page, names in outside.items() if names - shown}
     assert not new, f"classes outside the article that PHONE_COLOUR_PAGES do not show: {new}"
-
-
-def width_properties(css: str) -> dict[str, set[str]]:
-    """Selector -> the properties set by the rules inside an @media query on the width."""
-    found, start = {}, 0
-    while (media := re.compile(r"@media[^{]*width[^{]*\{").search(css, start)) is not None:
-        depth, end = 1, media.end()
-        while depth and end < len(css):
-            depth += {"{": 1, "}": -1}.get(css[end], 0)
-            end += 1
-        for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css[media.end():end - 1]):
-            names = {d.partition(":")[0].strip() for d in body.split(";") if ":" in d}
-            for selector in selectors.split(","):
-                found.setdefault(" ".join(selector.split()), set()).update(names)
-        start = end
-    return found
 
 
 def in_article(selector: str, held: tuple[set, set, set], anywhere: set[str]) -> bool:
