@@ -246,7 +246,8 @@ if __name__ == "__main__":
         pid = os.fork()
         if pid == 0:
             try:
-                a_thread()
+                if student == 0:  # a kernel's child: its own fork server; the next, a server's one-thread child: forks
+                    a_thread()
                 ok = [r[1] for r in D.launch(2, square, 4)] == [12.0, 12.0]  # (1 + 2) * 4
             except BaseException as error:  # noqa: BLE001
                 print(repr(error), file=sys.stderr)
@@ -261,7 +262,9 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path):
     """As grading does: a check server launches, then forks a child per student, which launches too, while the
-    server's scratch folder (where multiprocessing keeps its sockets) is emptied between students."""
+    server's scratch folder (where multiprocessing keeps its sockets) is emptied between students. The first child
+    runs a second thread, so its workers come from a fork server of its own (the parent's is reset in it); the
+    second runs one, as a check server's child does, and forks them."""
     script = tmp_path / "grading_like.py"
     script.write_text(GRADING_LIKE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
