@@ -134,9 +134,14 @@ $(GRADER)/.installed: $(GRADER_LOCK) | $(VENV)/.installed
 STUDENT_SOURCES := $(wildcard notebooks/*.ipynb) _config.yml _toc.yml $(wildcard instructor/*.py) \
 	$(shell find book -path book/_vendor -prune -o -type f -print)
 student: book-en _build/.student-stamp
+# The notebooks first (nbgrader); then the English and the Chinese student sites at once (the Chinese one is copied
+# into the English one's folder once both are built); a failure of either leaves no student site.
 _build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed | book-en
-	$(BIN)/python -m instructor.student
-	$(BIN)/python book/_ext/zh_edition.py build --student
+	$(BIN)/python -m instructor.student --no-site
+	$(BIN)/python book/_ext/zh_edition.py build --student --no-publish & zh=$$!; \
+	  $(BIN)/python -m instructor.student --site-only; en=$$?; wait $$zh; zh=$$?; \
+	  test $$en = 0 -a $$zh = 0 || { rm -rf _build/student/html; echo "The student edition failed: _build/student/html removed."; exit 1; }
+	$(BIN)/python book/_ext/zh_edition.py publish --student
 	touch $@
 
 # make grade SUBMISSIONS=<dir> [GRADE_FLAGS="--cell-timeout 60 --notebook-timeout 600 --memory 4G"]

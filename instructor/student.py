@@ -96,9 +96,18 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m instructor.student", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-site", dest="site", action="store_false", help="the notebooks only")
+    parser.add_argument("--site-only", dest="notebooks", action="store_false",
+                        help="the website only, from the student notebooks an earlier --no-site released (make student "
+                             "builds it while the Chinese one is built)")
     args = parser.parse_args(argv)
-    shutil.rmtree(args.out, ignore_errors=True)
-    notebooks = release(ROOT / "_build" / ".student-course", args.out / "notebooks")
+    if args.notebooks:
+        shutil.rmtree(args.out, ignore_errors=True)
+        notebooks = release(ROOT / "_build" / ".student-course", args.out / "notebooks")
+    else:
+        notebooks = [args.out / "notebooks" / path.name for path in chapters()]
+        missing = [str(path) for path in notebooks if not path.exists()]
+        if missing:
+            raise SystemExit(f"--site-only: no student notebooks {missing[:3]}: run with --no-site first")
     if args.site:
         build_site(args.out / "html", notebooks)
     print(f"student notebooks in {args.out / 'notebooks'}" + (f", website in {args.out / 'html'}" if args.site else ""))

@@ -5,7 +5,9 @@
         notebook's code changed since), -W -n --keep-going; into _build/zh/html (its doctrees and executed copies
         beside it, in _build/zh/), then copied to _build/html/zh/ where the English pages link to it.
         --student: the student edition (``student_edition = True``, no Colab button), into _build/zh/student/html,
-        copied to _build/student/html/zh/. --all: write every page (as jupyter-book's --all).
+        copied to _build/student/html/zh/. --all: write every page (as jupyter-book's --all). --no-publish: not
+        copied; ``publish [--student]`` copies it later (make student builds it while the English student edition is
+        built, which replaces _build/student/html whole).
     python book/_ext/zh_edition.py translations [--check]   extract the messages of every page (Sphinx's gettext
         builder into _build/gettext), update the catalogs of book/locale with sphinx-intl (a changed English sentence
         becomes a new, untranslated message, or a fuzzy one where gettext finds the old one close), and list per file
@@ -42,10 +44,29 @@ def sphinx(builder: str, out: Path, doctrees: Path, overrides: dict, config: Pat
     return result
 
 
-def build(student: bool, force_all: bool = False) -> int:
-    start = time.perf_counter()
+def edition(student: bool) -> tuple[Path, Path]:
+    """Where the Chinese (student) edition is built, and where it is published, beside its English edition."""
     where = BUILD / "zh" / ("student" if student else "")
-    out, published = where / "html", BUILD / ("student" if student else "") / "html" / "zh"
+    return where / "html", BUILD / ("student" if student else "") / "html" / "zh"
+
+
+def publish(student: bool) -> int:
+    """The built Chinese (student) edition copied beside its English edition (its pages link there)."""
+    out, published = edition(student)
+    if not (out / "index.html").exists():
+        print(f"no Chinese edition in {out}: build it first (zh_edition.py build{' --student' if student else ''})")
+        return 1
+    shutil.rmtree(published, ignore_errors=True)
+    shutil.copytree(out, published, ignore=shutil.ignore_patterns("reports"))
+    return 0
+
+
+def build(student: bool, force_all: bool = False, published: bool = True) -> int:
+    """The Chinese (student) edition into _build/zh/(student/)html, then, if ``published``, beside its English one
+    (the English student edition's site must be built by then: make student builds both at once, then publishes)."""
+    start = time.perf_counter()
+    out, beside = edition(student)
+    where = out.parent
     config = ROOT / "_config.yml"
     if student:  # the English student edition's configuration (instructor/student.py): no solutions, no Colab
         sys.path.insert(0, str(ROOT))
@@ -66,9 +87,11 @@ def build(student: bool, force_all: bool = False) -> int:
             translated, _ = translate_notebook(notebook, catalog_for(f"notebooks/{path.stem}", LANGUAGE, LOCALE))
             (out / "_sources" / "notebooks" / path.name).write_text(
                 json.dumps(translated, indent=1, ensure_ascii=False) + "\n")
-    shutil.rmtree(published, ignore_errors=True)
-    shutil.copytree(out, published, ignore=shutil.ignore_patterns("reports"))
-    print(f"The Chinese edition is in {out}, and in {published} beside the English one "
+    if not published:
+        print(f"The Chinese edition is in {out} ({time.perf_counter() - start:.0f} s).")
+        return 0
+    publish(student)
+    print(f"The Chinese edition is in {out}, and in {beside} beside the English one "
           f"({time.perf_counter() - start:.0f} s).")
     return 0
 
@@ -152,7 +175,9 @@ def translations(check: bool) -> int:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["build"]:
-        sys.exit(build("--student" in args, "--all" in args))
+        sys.exit(build("--student" in args, "--all" in args, "--no-publish" not in args))
+    if args[:1] == ["publish"]:
+        sys.exit(publish("--student" in args))
     if args[:1] == ["translations"]:
         sys.exit(translations("--check" in args))
     sys.exit(__doc__)
