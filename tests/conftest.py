@@ -12,15 +12,19 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from attention_course import MultiheadAttention  # noqa: E402
 
 
-def make_pair(embed_dim=8, num_heads=2, dtype=torch.float64, seed=0, **kwargs):
-    """(torch's layer with batch_first=True, ours) with the same weights; every bias random and non-zero,
-    since torch starts biases at zero and a missing bias would go unnoticed."""
+# torch is imported where it is used, not here: pytest-xdist's controller loads this file too, and runs no test (torch
+# and the package were 3.5 s of its start, before any worker started).
+def make_pair(embed_dim=8, num_heads=2, dtype=None, seed=0, **kwargs):
+    """(torch's layer with batch_first=True, ours) with the same weights (float64 unless ``dtype``); every bias random
+    and non-zero, since torch starts biases at zero and a missing bias would go unnoticed."""
+    import torch
+    from torch import nn
+
+    from attention_course import MultiheadAttention
+
+    dtype = torch.float64 if dtype is None else dtype
     torch.manual_seed(seed)
     ref = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True, dtype=dtype, **kwargs)
     with torch.no_grad():
