@@ -31,8 +31,6 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-from attention_course.plots import contrast_ratio
-
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("ATTENTION_COURSE_SITE", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = SITE.parent / "screenshots"
@@ -600,6 +598,9 @@ def contrast(a, b) -> float:
     package's ``contrast_ratio``, which the figures use)."""
     def unit(rgb):
         return tuple(min(max(x / 255, 0.0), 1.0) for x in rgb)
+    from attention_course.plots import contrast_ratio  # here: pytest-xdist's controller imports this file (for
+    #                                                   SCREENSHOTS), and the package imports torch
+
     return contrast_ratio(unit(a), unit(b))
 
 
