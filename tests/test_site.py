@@ -468,15 +468,15 @@ def slug(page: str) -> str:
     return page.replace("/", "__")
 
 
-# The reader's checks of every page run where the page is open anyway: tests/test_accessibility.py's audit opens
-# each page of the full and Chinese editions once, and runs these (page_problems, desktop_problems, phone_problems)
-# beside axe: loading and typesetting a page is most of what checking it costs.
 def elsewhere(url: str, host: str) -> bool:
     """A request over the network (http, https, ws, wss) to any host but ``host`` (refused: CHROMIUM_ARGS)."""
     parts = urlsplit(url)
     return parts.scheme in ("http", "https", "ws", "wss") and parts.netloc != host
 
 
+# The reader's checks of every page run where the page is open anyway: tests/test_accessibility.py's audit opens
+# each page of the full and Chinese editions once, and runs these (page_problems, desktop_problems, phone_problems)
+# beside axe: loading and typesetting a page is most of what checking it costs.
 def watch(tab, host: str) -> list[str]:
     """The problems ``tab`` meets, as it meets them: console and page errors, failed requests, HTTP errors, and requests
     to any host but ``host`` (refused: the site must work offline). The caller empties the list between pages."""

@@ -165,7 +165,7 @@ def _context():
     if _one_thread():
         for module in PRELOAD:  # imported once here, not in every worker (a no-op once imported)
             importlib.import_module(module)
-        if _one_thread():
+        if _one_thread():  # asked again: an import may start a thread
             return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

@@ -90,10 +90,10 @@ def build(student: bool, force_all: bool = False, published: bool = True) -> int
     if not published:
         print(f"The Chinese edition is in {out} ({time.perf_counter() - start:.0f} s).")
         return 0
-    publish(student)
+    status = publish(student)
     print(f"The Chinese edition is in {out}, and in {beside} beside the English one "
           f"({time.perf_counter() - start:.0f} s).")
-    return 0
+    return status
 
 
 # What a message holds that is not words to translate: inline code, math, roles with their targets, numbers, marks.
