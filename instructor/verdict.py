@@ -24,6 +24,7 @@ import ast
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -168,7 +169,9 @@ class Server:
         self.process.stdin.flush()
         ready = self.receive(600)
         if not ready or not ready.get("ready"):
-            raise RuntimeError(f"the check server of {self.plan.chapter} did not start: {self.why()}")
+            why = self.why()
+            self.stop()
+            raise RuntimeError(f"the check server of {self.plan.chapter} did not start: {why}")
         self.setup_errors = ready["setup_errors"]
 
     def receive(self, timeout: float) -> dict | None:
@@ -202,6 +205,7 @@ class Server:
         return answer["verdicts"]
 
     def stop(self) -> None:
+        """Stops the server, and removes its folder and log (a class graded left one of each per chapter in /tmp)."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -209,6 +213,11 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self.process = None
+        if getattr(self, "folder", None) is not None:
+            self.log.close()
+            self.folder.with_suffix(".log").unlink(missing_ok=True)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 def verdicts(server: Server, student: str, path: Path, timeout: float) -> dict[str, dict]:

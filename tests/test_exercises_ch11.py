@@ -260,7 +260,9 @@ def test_grading_reruns_both_checks_in_its_sandbox():
         found = server.check("student", [("ex-ch11-split-in-proj", SPLIT_CELL), ("ex-ch11-ring-step", unscaled)],
                              120)
     finally:
+        folder = server.folder
         server.stop()
+    assert not folder.exists() and not folder.with_suffix(".log").exists()  # nothing left in /tmp
     assert server.setup_errors == []
     assert found["ex-ch11-split-in-proj"]["passed"] is True, found
     assert found["ex-ch11-split-in-proj"]["message"].startswith("Correct"), found
