@@ -201,6 +201,25 @@ def test_the_book_is_named_in_chinese_on_every_page(folder):
     assert not left, f"pages of {folder} naming the book in English: {dict(list(left.items())[:3])}"
 
 
+@pytest.mark.parametrize("folder", ["zh", "zh/student"], ids=["zh", "zh-student"])
+def test_a_chinese_doctree_holds_its_own_page_alone(folder):
+    """No node of a Chinese page's doctree keeps, as its document, the one its translated message was parsed in
+    (book/_ext/i18n.py, translations_adopted): that document's settings hold the build environment, and with them
+    every doctree held all the pages read before it (the last chapter's was 3.3 MB, 0.18 MB in English)."""
+    import pickle
+
+    doctrees = sorted((ROOT / "_build" / folder / ".doctrees").rglob("*.doctree"))
+    if not doctrees:
+        pytest.skip(f"no doctrees in _build/{folder}: `make book` (`make student`: the student edition) makes them")
+    foreign = {}
+    for path in doctrees:
+        doctree = pickle.loads(path.read_bytes())
+        others = [node for node in doctree.findall() if node.__dict__.get("_document") not in (None, doctree)]
+        if others:
+            foreign[path.stem] = f"{len(others)} nodes, e.g. {others[0].astext()[:40]!r}"
+    assert not foreign, f"nodes of another document in the doctrees of _build/{folder}: {foreign}"
+
+
 def test_the_exercise_table_is_in_chinese():
     """book/instructors.md's table of every exercise (book/_ext/exercise_tools.py, ``exercise-list``): its headings
     and words in Chinese, each exercise named by its chapter's translation of its title."""
