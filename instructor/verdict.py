@@ -214,7 +214,8 @@ class Server:
                 self.process.kill()
         self.process = None
         if getattr(self, "folder", None) is not None:
-            self.log.close()
+            if getattr(self, "log", None) is not None:
+                self.log.close()
             self.folder.with_suffix(".log").unlink(missing_ok=True)
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
