@@ -322,6 +322,26 @@ def test_a_stopped_call_ends_its_process_and_says_why(learner, name, args, words
     assert learner.ended() == "it is gone"
 
 
+# How a process ended, and the memory watch, each on its own path: the stopped calls above race the process's exit
+# (either wording passes there), so each path is also taken here, where nothing races.
+def test_a_process_still_running_when_asked_is_stopped_and_its_channel_named(learner):
+    assert learner.ended() == "its answer channel closed" and not learner.alive
+    assert learner.ended() == "it is gone"  # reaped by then
+
+
+def test_a_process_that_ended_is_named_by_its_signal_and_killed_again_quietly(learner):
+    os.kill(learner.pid, 9)
+    os.waitid(os.P_PID, learner.pid, os.WEXITED | os.WNOWAIT)  # until it has ended, left unreaped
+    assert learner.ended() == "signal 9" and not learner.alive  # its group and its status were gone when killed
+
+
+def test_the_resident_memory_watch_stops_the_process(learner):
+    learner.memory, learner.base = 0, -1  # every resident page is over
+    with pytest.raises(Stopped, match=r"went over the memory grading gives it \(0 MiB resident\)"):
+        learner.watch()
+    assert not learner.alive
+
+
 def test_an_answer_over_the_limit_is_refused_unread(learner, monkeypatch):
     monkeypatch.setattr(boundary, "LIMIT", 2**20)
     with pytest.raises(Refused, match="an answer of 1 MiB, over the 1 MiB grading reads"):
