@@ -8,8 +8,10 @@ but not several ranks run in this process, in a group of one (`group_of_one`).""
 import mmap
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -259,15 +261,25 @@ if __name__ == "__main__":
 """
 
 
+@pytest.fixture
+def scratch():
+    """A short folder for a script's temporary files (TMPDIR): a script killed, or a child that ends with os._exit,
+    leaves multiprocessing's pymp-* folder behind (its socket), here rather than in /tmp. Short: a socket's path must
+    stay under 108 bytes."""
+    folder = tempfile.mkdtemp(prefix="mp-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path):
+def test_a_forked_child_of_a_process_that_launched_can_launch(tmp_path, scratch):
     """As grading does: a check server launches, then forks a child per student, which launches too, while the
     server's scratch folder (where multiprocessing keeps its sockets) is emptied between students. The first child
     runs a second thread, so its workers come from a fork server of its own (the parent's is reset in it); the
     second runs one, as a check server's child does, and forks them."""
     script = tmp_path / "grading_like.py"
     script.write_text(GRADING_LIKE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]), "TMPDIR": scratch}
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0 and "both children launched" in run.stdout, run.stderr[-3000:]
 
@@ -346,14 +358,14 @@ def test_a_worker_that_dies_without_a_word(tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_end_when_their_caller_is_killed(tmp_path):
+def test_workers_end_when_their_caller_is_killed(tmp_path, scratch):
     """A caller killed while its workers wait (a notebook kernel restarted during a launch) leaves no orphan."""
     import signal
     import subprocess
 
     script = (f"import test_distributed as T\nfrom attention_course import distributed as D\n"
               f"if __name__ == '__main__':\n    D.launch(2, T.record_pid_then, {str(tmp_path)!r}, 'hang')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *sys.path]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *sys.path]), TMPDIR=scratch)
     caller = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
