@@ -207,8 +207,12 @@ lock: $(VENV)/.installed
 # release, and when an upstream release lands.
 RANGE_TOOLS   := pytest>=8 pytest-xdist>=3.5 hypothesis>=6.100 nbval>=0.11 ipykernel>=6 packaging>=23
 RANGE_TESTS    = $(QUICK_TESTS) tests/test_llama.py tests/test_serving_transformers.py notebooks
-LATEST_PYTHON ?= python$(lastword $(PYTHONS_TESTED))
-OLDEST_PYTHON ?= python$(firstword $(PYTHONS_TESTED))
+# Each Python is looked for on PATH, then among pyenv's versions (where pyenv's shims answer only for the version
+# selected): LATEST_PYTHON=/path/to/python3.13 names one by hand.
+python_of = $(or $(shell command -v python$(1) 2>/dev/null | grep -v /shims/),$(lastword $(sort $(wildcard \
+	$(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/$(1).*/bin/python$(1)))),python$(1))
+LATEST_PYTHON ?= $(call python_of,$(lastword $(PYTHONS_TESTED)))
+OLDEST_PYTHON ?= $(call python_of,$(firstword $(PYTHONS_TESTED)))
 test-latest: RANGE = latest
 test-latest: RANGE_PY = $(LATEST_PYTHON)
 test-latest: RESOLUTION = highest
@@ -216,6 +220,8 @@ test-oldest: RANGE = oldest
 test-oldest: RANGE_PY = $(OLDEST_PYTHON)
 test-oldest: RESOLUTION = lowest-direct
 test-latest test-oldest: $(VENV)/.installed
+	@$(RANGE_PY) -c '' 2>/dev/null || { echo "$(RANGE_PY) does not run here: make $@ needs that Python (install it,"\
+	  "or name one: make $@ $(if $(filter latest,$(RANGE)),LATEST,OLDEST)_PYTHON=/path/to/python)"; exit 2; }
 	rm -rf .venv-$(RANGE) && mkdir -p _build
 	$(RANGE_PY) -m venv .venv-$(RANGE)
 	$(UV) pip install --quiet --python .venv-$(RANGE)/bin/python --resolution $(RESOLUTION) --compile-bytecode \
