@@ -20,8 +20,10 @@ REFERENCES = ("aria-labelledby", "aria-describedby", "aria-controls", "aria-owns
 
 
 def tag_lines(path) -> list[str]:
-    """The page's HTML, a tag (or a text between tags) a line."""
-    return re.sub(r">\s*<", ">\n<", path.read_text()).splitlines()
+    """The page's HTML, a tag (or a text between tags) a line, without Sphinx's ``?v=<checksum>`` after a stylesheet or
+    script: Sphinx writes it only when the file is in the output folder already as the page is written, so a site
+    built again in its folder has it and one built afresh does not (the same file either way)."""
+    return re.sub(r">\s*<", ">\n<", re.sub(r'\?v=[0-9a-f]{8}"', '"', path.read_text())).splitlines()
 
 
 def left_out(parent: list[str], child: list[str]) -> int | None:

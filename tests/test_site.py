@@ -5,7 +5,8 @@ other host is refused. For every page in ``_toc.yml``, of the full and the Chine
 tests/test_accessibility.py's audit, which opens every page once: :func:`page_problems`, :func:`desktop_problems`,
 :func:`phone_problems`, :func:`watch`): no console or page errors, no failed or refused requests, math typeset,
 images loaded, internal links and anchors resolve, notebook pages' Colab and download buttons point at their notebook,
-no horizontal overflow at a phone's width; at 1280 px, legible at the size shown (every figure's smallest text at
+no horizontal overflow at a phone's width, no link or button outside the page (above its top, left of its left
+edge: no scrolling reaches it) at a phone's width and at 1280 px; at 1280 px, legible at the size shown (every figure's smallest text at
 >= 9 CSS px, from the font sizes the build records in its PNG; no code, output line or table wider than its box).
 Here: the site search and the widgets, which must redraw when a control moves (no kernel) and stay accessible in
 light and dark mode (named pictures, drawn text at >= 4.5:1, a focus ring at >= 3:1), a solution's prose (the body
@@ -263,6 +264,23 @@ OVERFLOW = """(width) => {
 }"""
 
 
+# Controls no reader can reach by scrolling: a visible link, button or field whose box starts above the page's top or
+# left of its left edge (a scrolling box's own content, which scrolling that box reaches, and the skip link, shown on
+# focus, apart). The language switch once sat half above the top of every page, stacked over the theme's buttons.
+OFF_PAGE = """() => [...document.querySelectorAll('a[href], button, input, select, textarea, summary, [tabindex]')]
+  .filter((e) => { const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+                   return r.width > 1 && r.height > 1 && s.visibility !== 'hidden' && e.checkVisibility()
+                     && !e.closest('.skip-link'); })
+  .filter((e) => {
+    for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+      if (['auto', 'scroll'].includes(getComputedStyle(a).overflowY)) return false;  // reached by scrolling it
+    }
+    const r = e.getBoundingClientRect();
+    return r.top + window.scrollY < -1 || r.left + window.scrollX < -1; })
+  .map((e) => { const r = e.getBoundingClientRect();
+    return `${e.tagName.toLowerCase()}${[...e.classList].map((c) => '.' + c).join('')} "${(e.innerText || e.getAttribute('aria-label') || e.title || '').trim().slice(0, 30)}" at (${Math.round(r.left + window.scrollX)}, ${Math.round(r.top + window.scrollY)})`; })"""
+
+
 # Visible search boxes: the sidebar's search field, a header bar's, a bare <input type=search>. Zero-size or hidden
 # ones (the theme's mobile copies, the search dialog's field before it opens) do not count.
 SEARCH_BOXES = """() => [...document.querySelectorAll('input[type=search], .search-button-field, form.bd-search')]
@@ -492,7 +510,7 @@ def watch(tab, host: str) -> list[str]:
 def page_problems(tab, site_url: str, page: str) -> list[str]:
     """``page`` (a toc page, zh/... in the Chinese edition), open in ``tab`` at 1280 px on the site served at
     ``site_url``: math typeset and no raw TeX, images loaded, links and anchors resolve, the notebook buttons, no
-    harness marker, and the layout at 1280 px (desktop_problems)."""
+    harness marker, no control outside the page, and the layout at 1280 px (desktop_problems)."""
     math = tab.evaluate(UNTYPESET_MATH)
     problems = [f"math not typeset: {m!r}" for m in math["pending"]]
     problems += [f"raw TeX left in the text: {m!r}" for m in math["raw"]]
@@ -500,15 +518,17 @@ def page_problems(tab, site_url: str, page: str) -> list[str]:
     problems += link_problems(tab, site_url, f"{page}.html")
     problems += notebook_button_problems(tab, page)
     problems += [f"harness marker visible in the page text: {m!r}" for m in tab.evaluate(HARNESS_MARKERS)]
+    problems += [f"a control outside the page at {DESKTOP['width']} px: {c}" for c in tab.evaluate(OFF_PAGE)]
     return problems + desktop_problems(tab, DESKTOP)
 
 
 def phone_problems(tab) -> list[str]:
-    """At a phone's width (the tab shown at PHONE): no horizontal overflow."""
+    """At a phone's width (the tab shown at PHONE): no horizontal overflow, no control outside the page."""
     overflow = tab.evaluate(OVERFLOW, PHONE["width"])
+    problems = [f"a control outside the page at {PHONE['width']} px: {c}" for c in tab.evaluate(OFF_PAGE)]
     if overflow["scroll"] > PHONE["width"]:
-        return [f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}"]
-    return []
+        problems.append(f"{overflow['scroll']} px wide at a {PHONE['width']} px phone width; widest: {overflow['culprits']}")
+    return problems
 
 
 def screenshot(tab, name: str) -> None:
