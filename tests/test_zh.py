@@ -5,7 +5,8 @@
 - catalogs: no message untranslated or fuzzy (this fails while translators are at work: ``make translations`` lists
   what is left);
 - prose: no English sentence left in a Chinese page: a run of MIN_ENGLISH_WORDS or more Latin-script words in the
-  article's text, outside code, math, keyboard keys, outputs, links to API documentation and the names in NAMES;
+  page's text (article, sidebars, header, footer), outside code, math, keyboard keys, outputs, links to API
+  documentation and the names in NAMES; no control, picture or sidebar caption named in English (english_names);
 - the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
 - drift: a changed English sentence becomes an untranslated message, and the Chinese page shows the new English
   sentence (never the stale translation) until the catalog is updated (a scratch book, built here);
@@ -120,12 +121,19 @@ def test_every_page_switches_to_the_other_language_and_back(page):
         assert (there.parent / links[0]["href"]).resolve() == target.resolve(), f"{there}: switch to {links[0]['href']}"
 
 
-def english_runs(page_soup) -> list[str]:
-    """Runs of MIN_ENGLISH_WORDS or more Latin-script words in the article's text (SKIPPED elements and NAMES
-    apart), each with a little context."""
-    article = copy.copy(page_soup.select_one("article") or page_soup)
-    for skipped in article.select(SKIPPED):
+def chinese_part(page_soup):
+    """A copy of the page's body without what is meant to stay as it is: SKIPPED elements, and whatever is marked as
+    English (``lang="en"``: the link to the English page)."""
+    body = copy.copy(page_soup.body or page_soup)
+    for skipped in body.select(f"{SKIPPED}, [lang|=en]"):
         skipped.decompose()
+    return body
+
+
+def english_runs(page_soup) -> list[str]:
+    """Runs of MIN_ENGLISH_WORDS or more Latin-script words in the page's text, the sidebars, header and footer with
+    the article (SKIPPED elements and NAMES apart), each with a little context."""
+    article = chinese_part(page_soup)
     for link in article.select("a[href]"):
         if re.search(r"(pytorch\.org|python\.org|numpy\.org|huggingface\.co)/.*(docs|api|generated)", link["href"]):
             link.decompose()  # a link to an API's documentation: its name, usually a qualified one
@@ -136,11 +144,30 @@ def english_runs(page_soup) -> list[str]:
     return [m.group(0) for m in re.finditer(rf"{word}(?:[ ,;:]+{word}){{{MIN_ENGLISH_WORDS - 1},}}", text)]
 
 
+# Attributes that name a control or a picture for a reader: a screen reader speaks them, a mouse shows some as tooltips.
+NAMING = ("title", "aria-label", "alt", "placeholder", "data-bs-title")
+LATIN_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def english_names(page_soup) -> list[str]:
+    """Names in English where a Chinese reader meets them: a naming attribute (NAMING) of two Latin words or more with no
+    Chinese in it ("Toggle primary sidebar", "Colab logo"), and a caption of the sidebar with a Latin word and no
+    Chinese ("Chapters"). A single word is a name or a file type there ("Colab", ".pdf")."""
+    body = chinese_part(page_soup)
+    found = [f'{name}="{element[name]}"' for element in body.find_all(True) for name in NAMING
+             if len(LATIN_WORD.findall(element.get(name) or "")) >= 2 and not HAN.search(element[name])]
+    found += [f"caption {caption.get_text(strip=True)!r}" for caption in body.select("[role=heading]")
+              if LATIN_WORD.search(caption.get_text()) and not HAN.search(caption.get_text())]
+    return found
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_no_english_sentence_left_in_a_chinese_page(page):
     _, zh = built(page)
     runs = english_runs(zh)
     assert not runs, f"zh/{page}.html: {len(runs)} English runs left, e.g. " + "; ".join(r[:60] for r in runs[:5])
+    names = english_names(zh)
+    assert not names, f"zh/{page}.html: {len(names)} names left in English: " + "; ".join(names[:6])
 
 
 TITLED = ("proof", "exercise", "solution")  # sphinx-proof's theorems (and proofs), sphinx-exercise's boxes
@@ -240,6 +267,19 @@ def test_the_english_rule_finds_english_and_spares_code_math_and_names():
         "</p><p>Attention Is All You Need 这篇论文。</p><div class='cell_output'><pre>all checks passed for "
         "this exercise</pre></div><p>This sentence was left in English.</p></article>", "html.parser")
     assert english_runs(page) == ["This sentence was left in English"]
+
+
+def test_the_english_rule_reads_the_whole_page_and_the_names_of_its_controls():
+    """What the Chinese pages once showed around their article: the sidebar's captions and the theme's buttons."""
+    page = bs4.BeautifulSoup(
+        "<body><nav aria-label='Main'><p class='caption' role='heading'><span class='caption-text'>Chapters</span></p>"
+        "<p class='caption' role='heading'><span class='caption-text'>Teaching with the course</span></p></nav>"
+        "<button title='Toggle primary sidebar'></button><button aria-label='Color mode'></button>"
+        "<a title='在 Colab 中打开'><img alt='Colab logo'>Colab</a><a lang='en' title='This page in English'>English</a>"
+        "<article><p>正文。</p></article><footer>作者：the attention-course project team</footer></body>", "html.parser")
+    assert english_runs(page) == ["Chapters Teaching with the course Colab", "the attention-course project team"]
+    assert english_names(page) == ['title="Toggle primary sidebar"', 'aria-label="Color mode"', 'alt="Colab logo"',
+                                   "caption 'Chapters'", "caption 'Teaching with the course'"]
 
 
 @pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())

@@ -17,8 +17,10 @@ shared execution cache, so code and outputs are the English build's (tests/test_
    the message is the sentence alone) and put back afterwards in the page's language ("证明．").
 4. Every page gets a link to the same page in the other edition (``templates/language-switch.html``, before the
    article's buttons), ``<link rel="alternate" hreflang>`` in its head; Sphinx writes ``<html lang="zh-CN">``.
-5. In the Chinese edition: the theme strings set in configuration (the search box's text, the toggle hints), the
-   theme's own "列印成 PDF" (its zh_CN catalog's Taiwan wording) made "打印为 PDF", the Colab button pointed at the
+5. In the Chinese edition: the theme strings set in configuration (the search box's text, the toggle hints, the
+   author), the theme's words its catalogs leave in English (``theme_words``: the sidebars' toggles, the colour-mode
+   and launch buttons), the sidebar's captions (``toctree_captions``), the theme's own "列印成 PDF" (its zh_CN
+   catalog's Taiwan wording) made "打印为 PDF", the Colab button pointed at the
    Chinese rendition (``zh/_colab/...``), the download button and the renditions made from notebooks translated with
    the catalogs (book/_ext/translate_notebooks.py).
 6. Chinese search: Sphinx indexes Chinese with jieba (a dev requirement); a query typed without spaces is cut
@@ -56,6 +58,8 @@ WORDS = {
         "togglebutton_hint_hide": "点击隐藏",
         "列印成 PDF": "打印为 PDF",
         "switch_title": "本页的中文版",
+        "Launch on Colab": "在 Colab 中打开",  # the launch button's tooltip (sphinx-book-theme: "Launch on" + " Colab")
+        "the attention-course authors": "attention-course 项目组",  # _config.yml's author, in the footer
         " (student edition)": "（学生版）",
         "outputs_note": ("关于本中文版：正文、练习、定理和图的说明都已译成中文；代码与英文版完全相同，"
                          "代码运行时打印的内容（检查器的消息、打印出的表格）目前仍是英文。"
@@ -104,7 +108,45 @@ def configure(app, config) -> None:
         options["search_bar_text"] = w["search_bar_text"]
         config.togglebutton_hint = w["togglebutton_hint"]
         config.togglebutton_hint_hide = w["togglebutton_hint_hide"]
+        config.author = w.get(config.author, config.author)
+        theme_words(language(config))
     exercise_titles_translatable(app)
+
+
+# The theme's words: book/locale/<language>/LC_MESSAGES/sphinx.po holds those of the templates in templates/ (their
+# `_()`), booktheme.po those of sphinx-book-theme that its own catalog leaves in English. Sphinx reads its "sphinx"
+# catalog before any extension sets locale_dirs, and the theme reads its catalog from its own folder, so neither sees
+# ours: each is given ours to fall back on (a word Sphinx's or the theme's catalog translates keeps their translation).
+THEME_DOMAINS = ("sphinx", "booktheme")
+
+
+def theme_words(lang: str) -> None:
+    from sphinx import locale
+    from sphinx.util.i18n import CatalogRepository
+
+    for catalog in CatalogRepository(str(ROOT), [LOCALE_DIR], lang, "utf-8").catalogs:
+        if catalog.domain in THEME_DOMAINS:
+            if catalog.is_outdated():
+                catalog.write_mo(lang)
+            locale.init([str(ROOT / LOCALE_DIR)], lang, catalog.domain)
+
+
+def toctree_captions(app, doctree) -> None:
+    """The sidebar's captions ("Chapters"), messages of the root page's catalog: sphinx-external-toc puts the root
+    page's toctrees in after Sphinx's Locale transform has translated the page, so they kept their English."""
+    if language(app) == "en":
+        return
+    from sphinx import addnodes
+    from sphinx.locale import init as init_locale
+    from sphinx.util.i18n import docname_to_domain
+
+    toctrees = [node for node in doctree.findall(addnodes.toctree) if node.get("caption")]
+    if not toctrees:
+        return
+    domain = docname_to_domain(app.env.docname, app.config.gettext_compact)
+    catalog, _ = init_locale([str(ROOT / LOCALE_DIR)], language(app), domain)
+    for node in toctrees:
+        node["caption"] = catalog.gettext(node["caption"])
 
 
 def exercise_titles_translatable(app) -> None:
@@ -518,6 +560,7 @@ def setup(app):
     app.add_transform(ExercisesAsTranslated)
     app.connect("build-finished", report_untranslated)
     app.connect("doctree-read", edition_note)
+    app.connect("doctree-read", toctree_captions)
     app.connect("doctree-read", translations_adopted, priority=900)  # after every handler that adds nodes
     app.connect("doctree-read", messages_as_read, priority=400)  # before edition_note adds its Chinese note
     app.connect("env-purge-doc", forget_messages)
