@@ -6,8 +6,9 @@ tests/test_accessibility.py's audit, which opens every page once: :func:`page_pr
 :func:`phone_problems`, :func:`watch`): no console or page errors, no failed or refused requests, math typeset,
 images loaded, internal links and anchors resolve, notebook pages' Colab and download buttons point at their notebook,
 no horizontal overflow at a phone's width, no link or button outside the page (above its top, left of its left
-edge: no scrolling reaches it) at a phone's width and at 1280 px; at 1280 px, legible at the size shown (every figure's smallest text at
->= 9 CSS px, from the font sizes the build records in its PNG; no code, output line or table wider than its box).
+edge: no scrolling reaches it) at a phone's width and at 1280 px; at 1280 px, legible at the size shown (every
+figure's smallest text at >= 9 CSS px, from the font sizes the build records in its PNG; no code, output line or table
+wider than its box).
 Here: the site search and the widgets, which must redraw when a control moves (no kernel) and stay accessible in
 light and dark mode (named pictures, drawn text at >= 4.5:1, a focus ring at >= 3:1), a solution's prose (the body
 of {solution-start}) in its dropdown, the Colab renditions. Screenshots of a page with a problem (of every page with
