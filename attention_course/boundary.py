@@ -420,15 +420,18 @@ class Learner:
         return message["value"]
 
     def ended(self) -> str:
+        """How the learner process ended, read without reaping it (WNOWAIT): its pid, and so its process group's id,
+        stay reserved until :meth:`kill` has ended the group and reaped it, so no other process is ever signalled."""
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return "it is gone"
         self.kill()
-        if pid == 0:
+        if info is None:
             return "its answer channel closed"
-        code = os.waitstatus_to_exitcode(status)
-        return f"signal {-code}" if code < 0 else f"exit status {code}"
+        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            return f"signal {info.si_status}"
+        return f"exit status {info.si_status}"
 
     def kill(self) -> None:
         if not self.alive:

@@ -4,7 +4,8 @@ It imports nothing of ``instructor/`` (hidden in the sandbox; this one file is b
 lines on its standard input and output, a channel its children cannot reach:
 
 1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
-   ...}}, "memory": bytes}`` (the sandbox's memory limit): it runs the chapter's
+   ...}}, "memory": bytes, "outside": {"pid": ..., "mnt": ...}, "scratch": folder}`` (the sandbox's memory limit;
+   the namespaces of the process that started the server; the folder it made for the server's temporary files): it runs the chapter's
    own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
 2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. The server
    forks one *learner process* per student (attention_course.boundary), which runs only the *definitions* of the
@@ -19,8 +20,9 @@ lines on its standard input and output, a channel its children cannot reach:
    loads and differentiates the student's layer (chapters 6 and 7) has it do that (a layer a student's factory
    returns stays there, a ``boundary.Layer``): only plain data comes back, and the comparison, the diagnosis and
    the message are computed here. No learner process holds this process's channel, and this process is not
-   dumpable (its /proc/<pid>/fd cannot be opened by its children). Between students every other process of the
-   sandbox is killed and the scratch folders are emptied.
+   dumpable (its /proc/<pid>/fd cannot be opened by its children). Between students, every process below this one
+   ends and its scratch folder is emptied (:func:`clean_between_students`): inside the sandbox, once checked, every
+   other process of the sandbox and its /tmp; outside it (``--no-sandbox``), nothing that grading did not start.
    Answers ``{"student": s, "verdicts": {label: {"passed": bool, "message": text}}}``.
 """
 from __future__ import annotations
@@ -30,11 +32,15 @@ import ctypes
 import io
 import json
 import os
-import shutil
 import signal
 import sys
 import time
 import traceback
+
+try:  # run as a script (the sandbox binds cleanup.py beside this file), or imported from instructor/
+    from . import cleanup
+except ImportError:
+    import cleanup
 
 PROTOCOL_IN = PROTOCOL_OUT = DEVNULL = None  # set by main()
 MESSAGE_LIMIT = 4000
@@ -266,22 +272,25 @@ def over_boundary(state: dict, namespace: dict, label: str, solutions: list, che
     return {"passed": passed, "message": " ".join(message.split())[:MESSAGE_LIMIT]}
 
 
-def clean_sandbox() -> None:
-    """Between students: every other process of the sandbox ends, the scratch folders are emptied."""
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (1, me):
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
-    for folder in ("/tmp", "/dev/shm"):
-        for name in os.listdir(folder) if os.path.isdir(folder) else []:
-            path = os.path.join(folder, name)
-            try:
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-            except OSError:
-                pass
+def clean_between_students(setup: dict) -> None:
+    """Between students, what the last one's code left ends, and only that (instructor/cleanup.py): every process
+    below this server (a subreaper: what a learner detached came back to it), and the scratch folder the caller made
+    for this server (``setup["scratch"]``). Inside bubblewrap, once checked (``own_namespaces``), also every other
+    process of the sandbox's namespace and its /tmp and /dev/shm, which are the sandbox's own."""
+    cleanup.end_descendants()
+    if cleanup.own_namespaces(setup.get("outside")):
+        me = os.getpid()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, me):
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
+        cleanup.reap()
+        for folder in ("/tmp", "/dev/shm"):
+            cleanup.empty(folder)
+    elif setup.get("scratch"):
+        cleanup.empty(setup["scratch"])
 
 
 def main() -> None:
@@ -293,6 +302,7 @@ def main() -> None:
     os.dup2(DEVNULL, 1)  # the setup's prints must not reach the channel
     sys.stdout = io.StringIO()
     not_dumpable()
+    cleanup.subreaper()  # what a learner's code detaches stays below this process, where the clean-up finds it
     setup = json.loads(PROTOCOL_IN.readline())
     import torch
 
@@ -319,7 +329,7 @@ def main() -> None:
             verdicts[label] = over_boundary(state, namespace, label, upto, check, request["timeout"])
         if state.get("learner") is not None:
             state["learner"].close()
-        clean_sandbox()
+        clean_between_students(setup)
         send({"student": request["student"], "verdicts": verdicts})
 
 

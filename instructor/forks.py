@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from . import cleanup
+
 
 class Child:
     """A forked nbgrader run: ``poll()`` like Popen's, ``kill()``."""
@@ -101,6 +103,7 @@ class Zygote:
 def _child(request: dict) -> None:
     """In the forked child: become the command line, run nbgrader, exit with its status."""
     code = 1
+    cleanup.subreaper()  # what the notebook's run detaches stays below this run, and ends with it (finally)
     try:
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -129,12 +132,15 @@ def _child(request: dict) -> None:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
+        cleanup.end_descendants()
         os._exit(code)
 
 
 def serve() -> None:
     """The zygote: read commands on standard input, fork a child for each, report pids and ends."""
     import nbgrader.apps.nbgraderapp  # noqa: F401  (the 2 s each child is spared)
+
+    cleanup.subreaper()  # a run killed by its caller leaves what it started to this process: ended at the end
 
     children: set[int] = set()
     out, pending, open_ = sys.stdout, b"", True
@@ -156,11 +162,13 @@ def serve() -> None:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
+                cleanup.reap(keep=tuple(children))  # orphans of the runs, re-parented here, that ended
                 try:
                     out.write(json.dumps({"ended": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
                     out.flush()
                 except BrokenPipeError:  # the caller is gone: its children are left to finish, then reaped
                     pass
+    cleanup.end_descendants()
 
 
 if __name__ == "__main__":

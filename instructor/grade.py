@@ -61,7 +61,7 @@ from nbgrader.api import Gradebook, MissingEntry
 
 from . import export
 from .accounting import Entry, account, summary
-from . import forks, sandbox, verdict
+from . import cleanup, forks, sandbox, verdict
 from .exercises import ROOT, chapters, exercises, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "grades"
@@ -71,8 +71,9 @@ CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
 PYTHON = ROOT / ".venv" / "bin" / "python"  # the kernel runs in the project's environment
 SANDBOX = Path(__file__).resolve().parent / "sandbox.py"
 RISK = ("a student's code then runs as your user, with your files in reach: it can read the solutions in notebooks/, "
-        "classmates' submissions, your home folder and keys, write the gradebook, reach the network, and leave "
-        "processes running after it is graded")
+        "classmates' submissions, your home folder and keys, write the gradebook, reach the network, and signal "
+        "your other processes (grading itself ends only what it started: the processes a notebook starts end when "
+        "it is graded, unless it hands them to a service such as cron or systemd)")
 OUTPUT_LIMIT = 4 * 2**20  # characters of output a notebook keeps (the rest is cut, with a note)
 
 
@@ -551,4 +552,8 @@ def tables(args, entries: list[Entry], failures: dict, roster: list[dict] | None
 
 
 if __name__ == "__main__":
-    main()
+    cleanup.subreaper()  # what grading started and a run left behind comes back here, and ends with grading
+    try:
+        main()
+    finally:
+        cleanup.end_descendants()

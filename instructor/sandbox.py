@@ -36,6 +36,11 @@ import sys
 import time
 from pathlib import Path
 
+try:  # imported from instructor/, or run as a script (the kernelspec's command)
+    from . import cleanup
+except ImportError:
+    import cleanup
+
 HIDDEN = ["/tmp", "/var/tmp", "/work", "/root", "/home", "/mnt", "/media", "/srv", "/run"]
 POLL = 0.2
 
@@ -106,21 +111,7 @@ def environment(python: Path, package: str = "attention_course") -> tuple[list[s
 
 def tree(root: int) -> list[int]:
     """``root`` and its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
+    return [root, *cleanup.descendants(root)]
 
 
 def resident(pids: list[int]) -> int:
@@ -135,17 +126,15 @@ def resident(pids: list[int]) -> int:
 
 
 def watch(args: list[str], seconds: float, memory: int, verdict: Path | None) -> int:
-    """Run ``args`` (bwrap), kill it after ``seconds`` or above ``memory`` bytes resident, and say why."""
+    """Run ``args`` (bwrap), kill it after ``seconds`` or above ``memory`` bytes resident, and say why. This process
+    is a subreaper: what the kernel detaches stays below it, and ends with it (never a process it did not start)."""
+    cleanup.subreaper()
     process = subprocess.Popen(args)
 
     def kill(why: str | None) -> None:
         if why and verdict is not None:
             verdict.write_text(why)
-        for pid in reversed(tree(process.pid)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        cleanup.end_descendants(keep=(process.pid,))  # process.wait() reaps the one it started
 
     signal.signal(signal.SIGTERM, lambda *_: (kill(None), sys.exit(143)))
     signal.signal(signal.SIGINT, lambda *_: None)  # interrupts go to the kernel as messages
@@ -160,6 +149,7 @@ def watch(args: list[str], seconds: float, memory: int, verdict: Path | None) ->
             process.wait(POLL)
         except subprocess.TimeoutExpired:
             pass
+    cleanup.end_descendants(keep=(process.pid,))  # what the kernel left running (bare: a background process of the submission)
     return process.returncode
 
 

@@ -23,6 +23,7 @@ import yaml
 from .exercises import ROOT, chapters, load, nbgrader_source, save
 
 OUT = ROOT / "_build" / "student"
+MADE_HERE = ".made-by-instructor.student"  # in every --out this command made: only such a folder is emptied again
 NBGRADER = ROOT / ".venv-grader" / "bin" / "nbgrader"
 CONFIG = Path(__file__).resolve().parent / "nbgrader_config.py"
 
@@ -92,6 +93,17 @@ def build_site(html: Path, notebooks: list[Path]) -> None:
         shutil.copy(path, sources / path.name)
 
 
+def clear(out: Path) -> None:
+    """Empty ``out`` for a new edition: the default (in _build/), a folder this command made (it holds MADE_HERE), or
+    an empty or new one; any other folder is refused, never deleted (``--out ~`` must not empty a home)."""
+    if out.resolve() != OUT.resolve() and out.exists() and any(out.iterdir()) and not (out / MADE_HERE).exists():
+        raise SystemExit(f"--out {out}: not a folder this command made (no {MADE_HERE} in it), and not empty: "
+                         f"give a new or empty folder")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / MADE_HERE).write_text("made by python -m instructor.student: emptied when it makes a new edition here\n")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m instructor.student", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
@@ -101,7 +113,7 @@ def main(argv=None) -> None:
                              "builds it while the Chinese one is built)")
     args = parser.parse_args(argv)
     if args.notebooks:
-        shutil.rmtree(args.out, ignore_errors=True)
+        clear(args.out)
         notebooks = release(ROOT / "_build" / ".student-course", args.out / "notebooks")
     else:
         notebooks = [args.out / "notebooks" / path.name for path in chapters()]

@@ -31,10 +31,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import check_server, sandbox
+from . import check_server, cleanup, sandbox
 from .exercises import ROOT, Exercise, exercises, load, nbgrader, source
 
 SERVER = Path(__file__).resolve().parent / "check_server.py"
+CLEANUP = SERVER.with_name("cleanup.py")  # imported by the server: bound in beside it
 PYTHON = ROOT / ".venv" / "bin" / "python"
 
 # Exercises that forbid a function: the names made unavailable during the check, and the rule as the exercise
@@ -150,21 +151,28 @@ class Server:
         self.setup_errors: list[str] = []
 
     def start(self) -> None:
+        """Start the server, in the sandbox or bare. Bare, its temporary files go to a folder of its own
+        (``<folder>/tmp``, TMPDIR), the one it empties between students; in the sandbox, the sandbox's /tmp."""
         self.folder = Path(tempfile.mkdtemp(prefix="checks-"))
         argv = [sys.executable, str(sandbox.__file__), "--seconds", str(self.seconds), "--memory", str(self.memory),
                 "--folder", str(self.folder)]
+        env, scratch = None, None
         if self.sandboxed:
             read, path = sandbox.environment(PYTHON)
-            argv += [f"--read={p}" for p in [*read, SERVER]] + [f"--hide={Path(p).resolve()}"
-                                                                 for p in [ROOT, *self.hide]]
+            argv += [f"--read={p}" for p in [*read, SERVER, CLEANUP]] + [f"--hide={Path(p).resolve()}"
+                                                                          for p in [ROOT, *self.hide]]
             argv += [f"--env=PYTHONPATH={path}"] if path else []
         else:
+            scratch = self.folder / "tmp"
+            scratch.mkdir()
+            env = {**os.environ, "TMPDIR": str(scratch)}
             argv += ["--bare"]
         argv += ["--", str(PYTHON), str(SERVER)]
         self.log = open(self.folder.with_suffix(".log"), "w+")
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                        cwd=self.folder, text=True, bufsize=1)
-        setup = {"setup": self.plan.setup, "checks": self.plan.checks, "memory": self.memory}
+                                        cwd=self.folder, text=True, bufsize=1, env=env)
+        setup = {"setup": self.plan.setup, "checks": self.plan.checks, "memory": self.memory,
+                 "outside": cleanup.namespaces(), "scratch": str(scratch) if scratch else None}
         self.process.stdin.write(json.dumps(setup) + "\n")
         self.process.stdin.flush()
         ready = self.receive(600)

@@ -80,10 +80,49 @@ NOT_MEASURED = {"tests/test_accessibility.py", "tests/test_accessibility_edition
                 "tests/test_instructor.py", "tests/test_intro.py", "tests/test_notebooks.py", "tests/test_zh.py"}
 
 
+# What `make` cannot install (tests/prerequisites.py). A test needs a piece by its marker (@pytest.mark.needs("bwrap")),
+# by asking for the browser (chromium), or by reading the built site (npm: without it `make test ALLOW_MISSING=1`
+# builds no site). `make test` looks first and stops when a piece is missing; with ALLOW_MISSING=1 it says which are
+# (ATTENTION_COURSE_MISSING), and their tests are skipped here and listed at the end of the run. Run alone (plain
+# pytest), the tests look for themselves.
+NEEDS_SITE = {"tests/test_site.py", "tests/test_accessibility.py", "tests/test_accessibility_editions.py",
+              "tests/test_built_pages.py", "tests/test_zh.py", "tests/test_widgets.py", "tests/test_alt_text.py",
+              "tests/test_instructor.py", "tests/test_grading_class.py"}
+NOT_TESTED = "not tested here: needs "  # the start of such a skip's reason
+MISSING_SKIPS: dict[str, int] = {}  # piece -> tests skipped for it (the controller's count)
+
+
+def missing_pieces() -> dict[str, str]:
+    """{piece: why} for the pieces missing here: as `make test` found them, or looked for now."""
+    import prerequisites
+
+    if "ATTENTION_COURSE_MISSING" in os.environ:
+        names = os.environ["ATTENTION_COURSE_MISSING"].split()
+        return {name: "missing (make test ALLOW_MISSING=1)" for name in names if name in prerequisites.PIECES}
+    return prerequisites.missing("test")
+
+
+def needed(item) -> list[str]:
+    pieces = [mark.args[0] for mark in item.iter_markers("needs")]
+    if "browser" in getattr(item, "fixturenames", ()):
+        pieces.append("chromium")
+    if item.nodeid.split("::")[0] in NEEDS_SITE:
+        pieces.append("npm")
+    return pieces
+
+
 def pytest_collection_modifyitems(session, config, items):
+    import prerequisites
+
+    missing = missing_pieces()
     for item in items:
         if item.nodeid.split("::")[0] in NOT_MEASURED:
             item.add_marker(pytest.mark.no_cover)
+        for piece in needed(item):
+            if piece in missing:
+                item.add_marker(pytest.mark.skip(reason=f"{NOT_TESTED}{piece} ({missing[piece]}; install: "
+                                                         f"{prerequisites.PIECES[piece][3]})"))
+                break
     try:
         last = json.loads(DURATIONS.read_text())
         slow = max(last.values(), default=0.0)
@@ -100,6 +139,23 @@ def whole_run(config) -> bool:
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::")[0]
     SECONDS[path] = SECONDS.get(path, 0.0) + report.duration
+    if report.skipped and isinstance(report.longrepr, tuple) and str(report.longrepr[2]).startswith(
+            "Skipped: " + NOT_TESTED):
+        piece = str(report.longrepr[2])[len("Skipped: " + NOT_TESTED):].split()[0]
+        MISSING_SKIPS[piece] = MISSING_SKIPS.get(piece, 0) + 1
+
+
+def not_tested(terminalreporter) -> None:
+    """The run's last lines when it tested less than everything: which pieces were missing, how many tests that
+    left out, and what installs each."""
+    import prerequisites
+
+    if not MISSING_SKIPS:
+        return
+    terminalreporter.section("NOT TESTED: this run skipped what needs a missing piece", sep="!")
+    for piece, count in sorted(MISSING_SKIPS.items()):
+        _, _, used, install = prerequisites.PIECES[piece]
+        terminalreporter.write_line(f"{piece}: {count} tests not run ({used}); install: {install}")
 
 
 def pytest_sessionstart(session):
@@ -145,6 +201,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{run:24} {sum(per_rule.values()):5d}  {dict(per_rule) or ''}")
         terminalreporter.write_line(f"(details: {accessibility.REPORT})")
     mutation_scores(terminalreporter)
+    not_tested(terminalreporter)
 
 
 def mutation_scores(terminalreporter):

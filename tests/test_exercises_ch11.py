@@ -230,15 +230,21 @@ def test_a_hang_ends_in_a_message_and_leaves_no_process(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("bwrap")
 def test_grading_reruns_both_checks_in_its_sandbox():
-    """instructor/verdict.py's check server, in the bubblewrap sandbox with no network (--unshare-net) where bwrap
-    works here, bare otherwise: the solution cells' definitions run in the student's process
-    (attention_course.boundary), which starts the worker processes (they meet on 127.0.0.1, the sandbox's own
-    loopback) and sends their results back as plain data; the check runs in the server. A right split passes; a
-    ring step that forgets to rescale is named, though its cell also replaces the checker's judge, where its code
-    runs (in a default argument, evaluated at definition): the judge that decides is the server's."""
+    """instructor/verdict.py's check server, in the bubblewrap sandbox with no network (--unshare-net): the solution
+    cells' definitions run in the student's process (attention_course.boundary), which starts the worker processes
+    (they meet on 127.0.0.1, the sandbox's own loopback) and sends their results back as plain data; the check runs
+    in the server. A right split passes; a ring step that forgets to rescale is named, though its cell also replaces
+    the checker's judge, where its code runs (in a default argument, evaluated at definition): the judge that decides
+    is the server's. Bare (make grade --no-sandbox), the same server: tests/test_nothing_outside.py, in a namespace
+    of its own beside a process and a file that must outlive it."""
+    rerun_both_checks(sandboxed=True)
+
+
+def rerun_both_checks(sandboxed: bool) -> None:
     sys.path.insert(0, str(ROOT))
-    from instructor import sandbox, verdict
+    from instructor import verdict
 
     module = "attention_course.exercises.ch11"
     checks = {
@@ -249,7 +255,7 @@ def test_grading_reruns_both_checks_in_its_sandbox():
                               "arguments": ["ring_step"], "forbidden": [], "rule": ""},
     }
     plan = verdict.Plan("11_distributed", [SETUP], checks, {label: 1 for label in checks})
-    server = verdict.Server(plan, [], 4 * 2**30, sandboxed=sandbox.available() is None)
+    server = verdict.Server(plan, [], 4 * 2**30, sandboxed=sandboxed)
     unscaled = RING_CELL.replace("old * l", "l").replace("old * acc", "acc") + (
         "import attention_course.exercises.ch11 as grader\n"
         "def _quiet(_=grader._EXERCISES.update(ring=(grader._ring_job, lambda *args: None, lambda: ([], ''),\n"

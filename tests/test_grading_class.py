@@ -22,7 +22,8 @@ from test_grading import command_line  # noqa: E402
 STUDENT = ROOT / "_build" / "student"
 GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
 pytestmark = [pytest.mark.skipif(not (STUDENT / "notebooks").exists(), reason="run `make student` first"),
-              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)")]
+              pytest.mark.skipif(not GRADER_PYTHON.exists(), reason="needs .venv-grader (make student)"),
+              pytest.mark.needs("bwrap")]
 PAD, SOFT = "ex-ch3-padding-mask", "ex-ch3-masked-softmax"
 
 GOOD = {

@@ -20,7 +20,7 @@ RELEASE = ROOT / "_build" / ".student-course" / "release"
 # the same server): not again here.
 CHECKED = [path for path in chapters() if any(e.checked for e in exercises(path)) and path.stem != "03_masks"]
 needs_release = pytest.mark.skipif(not RELEASE.exists(), reason="run `make student` first (the released notebooks)")
-needs_bwrap = pytest.mark.skipif(sandbox.available() is not None, reason="needs bubblewrap (apt-get install bubblewrap)")
+needs_bwrap = pytest.mark.needs("bwrap")  # tests/conftest.py skips it, and says so, where bwrap is missing
 
 
 @pytest.fixture(scope="module")
