@@ -113,7 +113,7 @@ $(VENV)/.bytecode: $(VENV)/.installed
 # The first build also fetches the site's offline assets (MathJax, require.js, the widget manager), and the tests'
 # axe-core, at pinned versions with npm into book/_vendor/ (book/_ext/offline_site.py; README, "Offline site").
 # `rm -rf book/_vendor` refetches.
-# A failed build leaves no site behind (it could be served, or published, with the failure on its pages); the next
+# A failed build leaves no site behind (_build/html, where jupyter-book writes it, whatever SITE says) (it could be served, or published, with the failure on its pages); the next
 # build writes every page again, and executes again every notebook whose run failed (book/_ext/failed_runs.py).
 # The English edition first (it executes the notebooks), then the Chinese one from its cache; `make test` builds the
 # student edition beside the Chinese one (two jobs).
@@ -127,9 +127,9 @@ book: book-zh
 # only the notebooks that changed. (An unchanged rebuild still comes from the cache.)
 # Its byte-code is written here too (see venv:), with the interpreter the environments are made from.
 book-en: venv _build/.package-stamp
-	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf $(SITE); echo "The build failed: $(SITE) removed."; exit 1; }
+	$(BIN)/jupyter-book build . $(JB_FLAGS) || { rm -rf _build/html; echo "The build failed: _build/html removed."; exit 1; }
 book-zh: book-en
-	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf $(SITE); echo "The Chinese build failed: $(SITE) removed."; exit 1; }
+	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf _build/html; echo "The Chinese build failed: _build/html removed."; exit 1; }
 
 # The same after a change of the locked versions (make lock): the notebooks run again with what is installed.
 _build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css') $(VENV)/.installed

@@ -5,8 +5,8 @@ lines on its standard input and output, a channel its children cannot reach:
 
 1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
    ...}}, "memory": bytes, "outside": {"pid": ..., "mnt": ...}, "scratch": folder}`` (the sandbox's memory limit;
-   the namespaces of the process that started the server; the folder it made for the server's temporary files): it runs the chapter's
-   own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
+   the namespaces of the process that started the server; the folder it made for the server's temporary files):
+   it runs the chapter's own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
 2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. The server
    forks one *learner process* per student (attention_course.boundary), which runs only the *definitions* of the
    student's solution cells (imports, ``def``, ``class``, simple assignments: nothing else of the notebook),

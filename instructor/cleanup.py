@@ -76,17 +76,20 @@ def below(pid: int, root: int) -> bool:
     return pid == root
 
 
-def _kill_descendant(root: int, pid: int) -> None:
-    """SIGKILL ``pid`` once it is certain to be a descendant of ``root``: the process is pinned first (a pidfd), then
-    its ancestry read, so that a pid freed and reused meanwhile by a process that is not ours is never signalled."""
+def _signal_descendant(root: int, pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid`` once it is certain to be a descendant of ``root``: the process is pinned first (a
+    pidfd), then its ancestry read, so that a pid freed and reused meanwhile by a process that is not ours is never
+    signalled."""
     pin = getattr(os, "pidfd_open", None)
     try:
         fd = pin(pid) if pin is not None else None
-    except OSError:
+    except ProcessLookupError:
         return  # ended already
+    except OSError:  # no pidfds here (a kernel before 5.3, a seccomp filter): the ancestry alone decides
+        fd = None
     try:
         if below(pid, root):
-            signal.pidfd_send_signal(fd, signal.SIGKILL) if fd is not None else os.kill(pid, signal.SIGKILL)
+            signal.pidfd_send_signal(fd, signum) if fd is not None else os.kill(pid, signum)
     except OSError:
         pass
     finally:
@@ -106,31 +109,38 @@ def reap(keep: tuple[int, ...] = ()) -> None:
 
 
 def end_descendants(root: int | None = None, keep: tuple[int, ...] = (), rounds: int = 100) -> int:
-    """SIGKILL every descendant of ``root`` (this process by default), again until none is left alive (one may fork
-    while its siblings are killed), reaping those that end as this process's children but the ones in ``keep``.
-    The number of kills sent."""
+    """End every descendant of ``root`` (this process by default): each stopped (SIGSTOP, parents first), then killed
+    (SIGKILL, children first), so that none is re-parented out of the tree while the others are ended; again until
+    none is left alive, reaping those that end as this process's children but the ones in ``keep``. The number of
+    processes ended."""
     root = os.getpid() if root is None else root
     ended = 0
     for _ in range(rounds):
         found = descendants(root, zombies=False)
         if not found:
             break
-        for pid in found:
-            _kill_descendant(root, pid)
+        for pid in found:  # stopped from the top down: none forks again, none is orphaned before its turn
+            _signal_descendant(root, pid, signal.SIGSTOP)
+        for pid in reversed(found):  # then killed from the leaves up, each while its parent still holds it
+            _signal_descendant(root, pid, signal.SIGKILL)
         ended += len(found)
+        time.sleep(0.01)  # SIGKILL is delivered asynchronously: let them end before the next look
         if root == os.getpid():
-            time.sleep(0.01)  # SIGKILL is delivered asynchronously: let them end before the next look
             reap(keep)
     return ended
 
 
 def empty(folder: str) -> None:
-    """Delete what lies in ``folder`` (a folder that the caller made, or the sandbox's own /tmp), not the folder."""
+    """Delete what lies in ``folder`` (a folder that the caller made, or the sandbox's own /tmp), not the folder, and
+    nothing on another file system (a folder bound in from outside, as the server's own is in the sandbox's /tmp)."""
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
+    device = os.stat(folder).st_dev
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
         try:
+            if os.lstat(path).st_dev != device:
+                continue
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
         except OSError:
             pass
@@ -146,12 +156,23 @@ def namespaces() -> dict[str, str]:
 
 def own_namespaces(outside: dict | None) -> bool:
     """True only when this process is in PID and mount namespaces that differ from ``outside`` (the namespaces of the
-    process that started it, as :func:`namespaces` read them there) and PID 1 of its namespace is its ancestor:
-    then every process it sees and its /tmp belong to the sandbox. False whenever anything is unknown."""
+    process that started it, as :func:`namespaces` read them there), /proc is its namespace's, /tmp is a tmpfs
+    mounted in its namespace, and PID 1 of its namespace is its ancestor: then every process it sees and its /tmp
+    belong to the sandbox. False whenever anything is unknown."""
     mine = namespaces()
     if not mine or not outside or any(not outside.get(kind) or mine[kind] == outside[kind] for kind in NAMESPACES):
         return False
-    pid, processes = os.getpid(), _processes()
-    while pid not in (0, 1):
-        pid = processes.get(pid, (0, ''))[0]
+    try:  # /proc is this namespace's (a parent's /proc would list the machine's processes), /tmp a tmpfs of its own
+        if os.readlink("/proc/self") != str(os.getpid()) or os.readlink("/proc/1/ns/pid") != mine["pid"]:
+            return False
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split(" - ")[1].split()[0] for line in f if line.split()[4] == "/tmp"]
+    except (OSError, IndexError):
+        return False
+    if not mounts or mounts[-1] != "tmpfs":
+        return False
+    pid, processes, seen = os.getpid(), _processes(), set()
+    while pid not in (0, 1) and pid not in seen:
+        seen.add(pid)
+        pid = processes.get(pid, (0, ""))[0]
     return pid == 1 and os.getpid() != 1

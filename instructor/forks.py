@@ -46,11 +46,10 @@ class Child:
         return self.poll()
 
     def kill(self) -> None:
-        if self.poll() is None:  # not reaped yet: the pid is still this child's
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """Asked of the zygote, which alone reaps its children: it signals the pid only while it has not reaped it
+        (here, a pid read as alive may already be reaped there, and reused by another process)."""
+        if self.poll() is None:
+            self.zygote.kill(self.pid)
 
 
 class Zygote:
@@ -78,6 +77,14 @@ class Zygote:
         with self.ended_changed:  # the zygote is gone: no child will be reported again
             self.answers.append(-1)
             self.ended_changed.notify_all()
+
+    def kill(self, pid: int) -> None:
+        with self.lock:
+            try:
+                self.process.stdin.write(json.dumps({"kill": pid}) + "\n")
+                self.process.stdin.flush()
+            except (BrokenPipeError, ValueError):  # the zygote is gone, and its children with it
+                pass
 
     def run(self, argv: list[str], env: dict, cwd: Path, stdout: Path, stderr: Path) -> Child:
         request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
@@ -151,10 +158,15 @@ def serve() -> None:
             open_, pending = bool(chunk), pending + chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            if "kill" in request:  # a child not reaped yet (still in children): its pid is still its own
+                if request["kill"] in children:
+                    os.kill(request["kill"], signal.SIGKILL)
+                continue
             out.flush()
             pid = os.fork()
             if pid == 0:
-                _child(json.loads(line))
+                _child(request)
             children.add(pid)
             out.write(json.dumps({"pid": pid}) + "\n")
             out.flush()
@@ -162,12 +174,12 @@ def serve() -> None:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
-                cleanup.reap(keep=tuple(children))  # orphans of the runs, re-parented here, that ended
                 try:
                     out.write(json.dumps({"ended": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
                     out.flush()
                 except BrokenPipeError:  # the caller is gone: its children are left to finish, then reaped
                     pass
+                cleanup.reap(keep=tuple(children))  # orphans of the runs, re-parented here, that ended
     cleanup.end_descendants()
 
 

@@ -126,15 +126,19 @@ def resident(pids: list[int]) -> int:
 
 
 def watch(args: list[str], seconds: float, memory: int, verdict: Path | None) -> int:
-    """Run ``args`` (bwrap), kill it after ``seconds`` or above ``memory`` bytes resident, and say why. This process
-    is a subreaper: what the kernel detaches stays below it, and ends with it (never a process it did not start)."""
-    cleanup.subreaper()
+    """Run ``args`` (bwrap), kill it and what it started after ``seconds`` or above ``memory`` bytes resident, and
+    say why. Run as the kernel's command (:func:`main`), this process is a subreaper: what the kernel detaches comes
+    back below it, and :func:`main` ends it too."""
     process = subprocess.Popen(args)
 
     def kill(why: str | None) -> None:
         if why and verdict is not None:
             verdict.write_text(why)
-        cleanup.end_descendants(keep=(process.pid,))  # process.wait() reaps the one it started
+        cleanup.end_descendants(process.pid)
+        try:
+            process.kill()  # its own child, not reaped yet: process.wait() reaps it
+        except OSError:
+            pass
 
     signal.signal(signal.SIGTERM, lambda *_: (kill(None), sys.exit(143)))
     signal.signal(signal.SIGINT, lambda *_: None)  # interrupts go to the kernel as messages
@@ -149,7 +153,6 @@ def watch(args: list[str], seconds: float, memory: int, verdict: Path | None) ->
             process.wait(POLL)
         except subprocess.TimeoutExpired:
             pass
-    cleanup.end_descendants(keep=(process.pid,))  # what the kernel left running (bare: a background process of the submission)
     return process.returncode
 
 
@@ -204,11 +207,14 @@ def main(argv=None) -> int:
     if str(folder) in ["/", *HIDDEN]:  # the kernel writes here: a folder of its own, never all of /tmp
         raise SystemExit(f"sandbox.py: the connection file or --folder {folder} must be a folder of its own")
     env = dict(pair.split("=", 1) for pair in args.env)
-    if args.bare:
+    if not args.bare:
+        kernel = command(kernel, read=[*args.read, os.getcwd()], write=[str(folder)], hide=args.hide,
+                         cwd=os.getcwd(), env=env, scratch=args.scratch)
+    cleanup.subreaper()  # this program starts nothing else: every process below it is the kernel's
+    try:
         return watch(kernel, args.seconds, args.memory, verdict_of(folder))
-    bwrap = command(kernel, read=[*args.read, os.getcwd()], write=[str(folder)], hide=args.hide, cwd=os.getcwd(),
-                    env=env, scratch=args.scratch)
-    return watch(bwrap, args.seconds, args.memory, verdict_of(folder))
+    finally:
+        cleanup.end_descendants()  # what the kernel left running (bare: a submission's background process)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ def main(argv=None) -> None:
         clear(args.out)
         notebooks = release(ROOT / "_build" / ".student-course", args.out / "notebooks")
     else:
+        if args.out.resolve() != OUT.resolve() and not (args.out / MADE_HERE).exists():
+            raise SystemExit(f"--site-only --out {args.out}: not a folder this command made (no {MADE_HERE} in it)")
         notebooks = [args.out / "notebooks" / path.name for path in chapters()]
         missing = [str(path) for path in notebooks if not path.exists()]
         if missing:

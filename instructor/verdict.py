@@ -198,6 +198,7 @@ class Server:
     def check(self, student: str, cells: list[tuple[str, str]], timeout: float) -> dict[str, dict]:
         """{label: {"passed", "message"}} for every checked exercise of the chapter."""
         if self.process is None or self.process.poll() is not None:
+            self.stop()  # a server that died: its folder and log go before the next one's
             self.start()
         request = {"student": student, "solutions": cells, "timeout": timeout}
         try:

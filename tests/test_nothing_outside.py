@@ -1,10 +1,10 @@
 """Nothing outside its own: grading ends only the processes it started and deletes only the files it made.
 
 Each test runs grading in a PID and mount namespace of its own (``unshare``; as a user who is not root,
-``unshare --user --map-root-user``), with a /tmp of its own, beside a process and a file that grading did not make
-(the *sentinels*, a ``sleep`` and /tmp/sentinel.txt): both must still be there when grading is done. Run so, the
-old clean-up (every process in /proc killed, /tmp emptied, outside bubblewrap too) fails these tests without harming
-the machine. Bare (``--no-sandbox``) and in the sandbox, a chapter-3 class gets the same verdicts, and a background
+``unshare --user --map-root-user``), with a /tmp and a /dev/shm of its own, beside a process and files that grading
+did not make (the *sentinels*, a ``sleep``, /tmp/sentinel.txt and /dev/shm/sentinel.txt): all must still be there
+when grading is done. Run so, the old clean-up (every process in /proc killed, /tmp and /dev/shm emptied, outside
+bubblewrap too) fails these tests without harming the machine. Bare (``--no-sandbox``) and in the sandbox, a chapter-3 class gets the same verdicts, and a background
 process a submission started is gone afterwards. The units: instructor/cleanup.py's checks.
 """
 import json
@@ -27,7 +27,7 @@ GRADER_PYTHON = ROOT / ".venv-grader" / "bin" / "python"
 
 def unshare() -> list[str] | None:
     """The unshare command line that works here (root, or a user namespace), or None."""
-    base = ["unshare", "--pid", "--fork", "--mount-proc", "--mount"]
+    base = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation", "private"]
     for prefix in (base, [*base[:1], "--user", "--map-root-user", *base[1:]]):
         try:
             probe = subprocess.run([*prefix, "mount", "-t", "tmpfs", "probe", "/tmp"], capture_output=True,
@@ -46,12 +46,14 @@ contained_only = pytest.mark.skipif(UNSHARE is None, reason="neither `unshare --
 # Run as PID 1 of the new namespace: a /tmp of its own, the sentinels, the command, then what survived.
 CONTAINED = r"""
 mount -t tmpfs -o size=2g contained /tmp || exit 97
+mount -t tmpfs -o size=64m contained /dev/shm || exit 97
 sleep 3600 & sentinel=$!
 echo "not grading's" > /tmp/sentinel.txt
+echo "not grading's" > /dev/shm/sentinel.txt
 "$@"
 status=$?
 alive=no; kill -0 "$sentinel" 2>/dev/null && alive=yes
-kept=no; test -f /tmp/sentinel.txt && kept=yes
+kept=no; test -f /tmp/sentinel.txt && test -f /dev/shm/sentinel.txt && kept=yes
 left=$(ls /tmp | grep -v '^sentinel.txt$' | tr '\n' ' ')
 token=no; pgrep -f "$TOKEN" >/dev/null && token=yes
 kill "$sentinel" 2>/dev/null
@@ -67,6 +69,7 @@ def contained(argv: list[str], token: str = "no-token-given", timeout: float = 9
                          timeout=timeout, cwd=ROOT, env=env)
     output = run.stdout + run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith("CONTAINED ")]
+    assert run.returncode != 97, f"no /tmp or /dev/shm of its own in the namespace: {output[-2000:]}"
     assert lines, f"the namespace's shell did not finish (exit {run.returncode}): {output[-4000:]}"
     return json.loads(lines[-1][len("CONTAINED "):]), output
 
@@ -113,7 +116,8 @@ def hand_in(submissions: Path, token: str) -> None:
     from instructor.exercises import load
 
     released = exercises_only(load(STUDENT / "notebooks" / "03_masks.ipynb"))
-    work = {"alice": GOOD, "amy": OTHER_STYLE, "bob": dict(GOOD, **{PAD: WRONG_PAD}), "cara": dict(GOOD, **{SOFT: AFTER}),
+    work = {"alice": GOOD, "amy": OTHER_STYLE, "bob": dict(GOOD, **{PAD: WRONG_PAD}),
+            "cara": dict(GOOD, **{SOFT: AFTER}),
             "erin": {}, "dan": dict(GOOD, **{SOFT: GOOD[SOFT] + BACKGROUND.format(token=token)})}
     for name, answers in work.items():
         (submissions / name).mkdir(parents=True)
@@ -134,7 +138,7 @@ def grade_contained(folder: Path, *flags: str) -> tuple[dict, list[dict], str]:
     return found, rows, output
 
 
-GRADINGS_FOLDERS = ("checks-", "grade-", "nbgrader-")  # the prefixes of instructor/'s temporary folders (others: torch's caches)
+GRADINGS_FOLDERS = ("checks-", "grade-", "nbgrader-")  # instructor/'s temporary folders (others: torch's caches)
 
 
 def grading_s(left: str) -> list[str]:
@@ -199,6 +203,36 @@ def test_descendants_are_found_and_ended_and_nothing_else():
         for process in (beside, tree):
             process.kill()
             process.wait()
+
+
+CHAIN = ("import subprocess, sys, time\n"
+         "n = int(sys.argv[1])\n"
+         "if n:\n"
+         "    subprocess.Popen([sys.executable, '-c', sys.argv[2], str(n - 1), sys.argv[2]])\n"
+         "time.sleep(60)\n")
+
+
+def test_a_chain_is_ended_whole_though_nothing_reaps_its_orphans():
+    """A chain of four processes below one that is not a subreaper: killed parents first, the rest would be
+    re-parented out of the tree and missed; stopped top-down and killed bottom-up, all four end."""
+    import time
+
+    root = subprocess.Popen([sys.executable, "-c", CHAIN, "4", CHAIN])
+    try:
+        for _ in range(200):
+            if len(cleanup.descendants(root.pid)) == 4:
+                break
+            time.sleep(0.05)
+        chain = cleanup.descendants(root.pid)
+        assert len(chain) == 4
+        cleanup.end_descendants(root.pid)
+        time.sleep(0.2)
+        states = cleanup._processes()
+        alive = [pid for pid in chain if states.get(pid, (0, "Z"))[1] != "Z"]
+        assert alive == [] and root.poll() is None
+    finally:
+        root.kill()
+        root.wait()
 
 
 def test_a_process_in_its_starters_namespaces_is_never_told_it_is_in_its_own():

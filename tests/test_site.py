@@ -36,7 +36,7 @@ from prerequisites import chromium as find_chromium  # $CHROMIUM, or chromium / 
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("ATTENTION_COURSE_SITE", ROOT / "_build" / "html")).resolve()
-SCREENSHOTS = SITE.parent / "screenshots"
+SCREENSHOTS = ROOT / "_build" / "screenshots"  # this checkout's, wherever the site tested is
 EVERY_SCREENSHOT = os.environ.get("ATTENTION_COURSE_SCREENSHOTS") == "1"  # `make test SCREENSHOTS=1`
 # The book the site was built from: the folder holding _build/ when it has a _toc.yml (a scratch book), else this repo.
 BOOK = SITE.parents[1] if (SITE.parents[1] / "_toc.yml").exists() else ROOT
