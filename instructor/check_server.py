@@ -4,9 +4,11 @@ It imports nothing of ``instructor/`` (hidden in the sandbox; this one file is b
 lines on its standard input and output, a channel its children cannot reach:
 
 1. ``{"setup": [code, ...], "checks": {label: {"check": code, "forbidden": [dotted name, ...], "rule": text,
-   ...}}, "memory": bytes, "outside": {"pid": ..., "mnt": ...}, "scratch": folder}`` (the sandbox's memory limit;
-   the namespaces of the process that started the server; the folder it made for the server's temporary files):
-   it runs the chapter's own code cells from the instructor's released notebook (errors are kept, not fatal), once. Answers ``{"ready": ..., "setup_errors": [...]}``.
+   ...}}, "memory": bytes, "outside": {"pid": ..., "mnt": ...}, "folder": path, "scratch": path}`` (the sandbox's
+   memory limit; the namespaces of the process that started the server; the folders it made for the server: its
+   working folder, and, bare, the one for its temporary files):
+   it runs the chapter's own code cells from the instructor's released notebook (errors are kept, not fatal), once.
+   Answers ``{"ready": ..., "setup_errors": [...]}``.
 2. ``{"student": s, "solutions": [[label, code], ...], "timeout": seconds}``, any number of times. The server
    forks one *learner process* per student (attention_course.boundary), which runs only the *definitions* of the
    student's solution cells (imports, ``def``, ``class``, simple assignments: nothing else of the notebook),
@@ -274,9 +276,10 @@ def over_boundary(state: dict, namespace: dict, label: str, solutions: list, che
 
 def clean_between_students(setup: dict) -> None:
     """Between students, what the last one's code left ends, and only that (instructor/cleanup.py): every process
-    below this server (a subreaper: what a learner detached came back to it), and the scratch folder the caller made
-    for this server (``setup["scratch"]``). Inside bubblewrap, once checked (``own_namespaces``), also every other
-    process of the sandbox's namespace and its /tmp and /dev/shm, which are the sandbox's own."""
+    below this server (a subreaper: what a learner detached came back to it), and the folders the caller made for
+    this server (``setup["folder"]``, its working folder, and ``setup["scratch"]``, its TMPDIR when bare). Inside
+    bubblewrap, once checked (``own_namespaces``), also every other process of the sandbox's namespace and its /tmp
+    and /dev/shm, which are the sandbox's own."""
     cleanup.end_descendants()
     if cleanup.own_namespaces(setup.get("outside")):
         me = os.getpid()
@@ -289,8 +292,10 @@ def clean_between_students(setup: dict) -> None:
         cleanup.reap()
         for folder in ("/tmp", "/dev/shm"):
             cleanup.empty(folder)
-    elif setup.get("scratch"):
+    if setup.get("scratch"):
         cleanup.empty(setup["scratch"])
+    if setup.get("folder"):  # its working folder, which its starter made (writable in the sandbox too)
+        cleanup.empty(setup["folder"], keep=(setup.get("scratch") or "",))
 
 
 def main() -> None:

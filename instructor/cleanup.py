@@ -130,14 +130,17 @@ def end_descendants(root: int | None = None, keep: tuple[int, ...] = (), rounds:
     return ended
 
 
-def empty(folder: str) -> None:
+def empty(folder: str, keep: tuple[str, ...] = ()) -> None:
     """Delete what lies in ``folder`` (a folder that the caller made, or the sandbox's own /tmp), not the folder, and
-    nothing on another file system (a folder bound in from outside, as the server's own is in the sandbox's /tmp)."""
+    nothing on another file system (a folder bound in from outside, as the server's own is in the sandbox's /tmp)
+    nor the paths in ``keep`` (emptied apart)."""
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
     device = os.stat(folder).st_dev
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
+        if path in keep:
+            continue
         try:
             if os.lstat(path).st_dev != device:
                 continue

@@ -172,7 +172,8 @@ class Server:
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                         cwd=self.folder, text=True, bufsize=1, env=env)
         setup = {"setup": self.plan.setup, "checks": self.plan.checks, "memory": self.memory,
-                 "outside": cleanup.namespaces(), "scratch": str(scratch) if scratch else None}
+                 "outside": cleanup.namespaces(), "folder": str(self.folder),
+                 "scratch": str(scratch) if scratch else None}
         self.process.stdin.write(json.dumps(setup) + "\n")
         self.process.stdin.flush()
         ready = self.receive(600)
