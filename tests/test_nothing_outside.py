@@ -45,7 +45,13 @@ contained_only = pytest.mark.skipif(UNSHARE is None, reason="neither `unshare --
 
 # Run as PID 1 of the new namespace: a /tmp of its own, the sentinels, the command, then what survived.
 CONTAINED = r"""
+if [ "${ROOT#/tmp/}" != "$ROOT" ]; then  # a checkout under /tmp stays in reach: bound back into the new /tmp
+  mount -t tmpfs stage /mnt && mkdir /mnt/old && mount --bind /tmp /mnt/old || exit 97
+fi
 mount -t tmpfs -o size=2g contained /tmp || exit 97
+if [ -d /mnt/old ]; then
+  mkdir -p "$ROOT" && mount --bind "/mnt/old/${ROOT#/tmp/}" "$ROOT" || exit 97
+fi
 mount -t tmpfs -o size=64m contained /dev/shm || exit 97
 sleep 3600 & sentinel=$!
 echo "not grading's" > /tmp/sentinel.txt
@@ -64,12 +70,13 @@ echo "CONTAINED {\"status\": $status, \"sentinel_process\": \"$alive\", \"sentin
 def contained(argv: list[str], token: str = "no-token-given", timeout: float = 900) -> tuple[dict, str]:
     """Run ``argv`` in the namespace beside the sentinels: (what survived, the output)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
-    env["TOKEN"] = token
+    env["TOKEN"], env["ROOT"] = token, str(ROOT)
     run = subprocess.run([*UNSHARE, "bash", "-c", CONTAINED, "contained", *argv], capture_output=True, text=True,
                          timeout=timeout, cwd=ROOT, env=env)
     output = run.stdout + run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith("CONTAINED ")]
-    assert run.returncode != 97, f"no /tmp or /dev/shm of its own in the namespace: {output[-2000:]}"
+    assert run.returncode != 97, f"no /tmp or /dev/shm of its own in the namespace (or {ROOT} not bound back into " \
+                                 f"it): {output[-2000:]}"
     assert lines, f"the namespace's shell did not finish (exit {run.returncode}): {output[-4000:]}"
     return json.loads(lines[-1][len("CONTAINED "):]), output
 
