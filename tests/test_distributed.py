@@ -702,7 +702,6 @@ def test_the_subpackage_keeps_every_public_name_and_each_module_is_short():
 def test_require_torch_passes_a_new_enough_torch_and_stops_an_old_one_with_the_command():
     from attention_course.device import TorchTooOld, _release, require_torch
 
-    require_torch("2.13", chapter="11")  # this environment's torch
     for version in ("2.13.0", "2.13.0+cpu", "2.13.0.dev20260101", "2.14.1", "3.0"):
         require_torch("2.13", chapter="11", version=version)
     for version in ("2.6.0+cu124", "2.12.1", "1.13"):
@@ -724,3 +723,48 @@ def test_chapter_11_checks_its_torch_before_anything_distributed():
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
     gate = first.index('require_torch("2.13", chapter="11")')
     assert gate < first.index("attention_course.distributed") and gate < first.index("attention_course.exercises")
+
+
+@pytest.mark.slow
+def test_chapter_11_stops_in_its_first_cell_on_an_older_torch_with_the_command():
+    """Its first cell, run in a fresh kernel on a torch older than 2.13 (this one, or this one said to be 2.11.0
+    where it is newer): the cell stops with TorchTooOld, its message alone, and nothing after the check ran. On
+    such a torch (make test-colab, make test-oldest) tests/conftest.py skips the chapter's cells as expected."""
+    import json
+
+    import torch
+    from jupyter_client.manager import start_new_kernel
+
+    from attention_course.device import _release
+
+    notebooks = Path(__file__).parents[1] / "notebooks"
+    cells = json.loads((notebooks / "11_distributed.ipynb").read_text())["cells"]
+    first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    older = _release(torch.__version__) < (2, 13)
+    shown = torch.__version__ if older else "2.11.0"
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(notebooks))
+    try:
+        if not older:
+            client.execute_interactive(f"import torch; torch.__version__ = {shown!r}", timeout=120)
+        errors, printed = [], []
+
+        def hook(message):
+            if message["msg_type"] == "error":
+                errors.append(message["content"])
+            elif message["msg_type"] == "stream":
+                printed.append(message["content"]["text"])
+
+        reply = client.execute_interactive(first, timeout=300, output_hook=hook)
+        assert reply["content"]["status"] == "error" and len(errors) == 1, (reply["content"], printed)
+        assert errors[0]["ename"] == "TorchTooOld"
+        text = (f"Chapter 11 needs torch 2.13 or newer, and this Python runs torch {shown}: run "
+                f'pip install -U "torch>=2.13" (in a notebook, %pip install -U "torch>=2.13"), then restart '
+                f"the kernel.")
+        assert errors[0]["traceback"] == [f"TorchTooOld: {text}"]  # one line: no traceback above it
+        printed.clear()
+        client.execute_interactive("print('dist' in dir(), 'MultiheadAttention' in dir())", timeout=60,
+                                   output_hook=hook)
+        assert "".join(printed).split() == ["False", "False"]  # the imports after the check never ran
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

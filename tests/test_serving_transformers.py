@@ -1,6 +1,8 @@
 """attention_course.serving with transformers: the course's scheduler and paged cache driving a swapped Llama give
 the tokens of transformers' own continuous batching (generate_batch) and of generate; the course's sink attention
 gives gpt-oss's logits."""
+import inspect
+
 import pytest
 import torch
 
@@ -9,8 +11,8 @@ transformers = pytest.importorskip("transformers")
 # load them, whichever runs this file
 
 from attention_course.llama import swap_into_llama  # noqa: E402
-from attention_course.serving import (PagedKVCache, Request, Scheduler, register_sink_attention,  # noqa: E402
-                                      paged_implementation, serve_llama)
+from attention_course.serving import (PagedKVCache, Request, Scheduler, continuous_batching_config,  # noqa: E402
+                                      paged_implementation, register_sink_attention, serve_llama)
 
 
 def test_scheduler_on_a_llama_matches_generate_batch():
@@ -26,7 +28,7 @@ def test_scheduler_on_a_llama_matches_generate_batch():
         alone = [model.generate(torch.tensor([p]), generation_config=greedy)[0, len(p):].tolist() for p in prompts]
         model.set_attn_implementation(paged_implementation())
         out = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=(
-            transformers.ContinuousBatchingConfig(page_size=4, num_blocks=16, max_batch_tokens=16)))
+            continuous_batching_config(page_size=4, num_blocks=16, max_batch_tokens=16)))
         model.set_attn_implementation("sdpa")
         forward = serve_llama(swap_into_llama(model))
         scheduler = Scheduler(PagedKVCache(12, 4, 2, 8, num_layers=2), max_batch_tokens=6, chunk=3)
@@ -34,6 +36,31 @@ def test_scheduler_on_a_llama_matches_generate_batch():
             scheduler.submit(Request(i, p, new, arrival=i))
         ours = scheduler.run(forward)
     assert [out[f"req_{i}"].generated_tokens for i in range(3)] == alone == [ours[i] for i in range(3)]
+
+
+def test_continuous_batching_config_names_the_page_size_as_the_installed_release_does(monkeypatch):
+    """page_size from 5.18, block_size before (Colab's 5.15): read from the class's signature; neither: a TypeError
+    that says what it looked for. The installed release's own class takes what the helper gives it."""
+    made = continuous_batching_config(page_size=4, num_blocks=16, max_batch_tokens=16)
+    assert (getattr(made, "page_size", None) or made.block_size) == 4 and made.num_blocks == 16
+
+    def fake(*names):
+        def init(self, **given):
+            self.given = given
+
+        init.__signature__ = inspect.Signature(  # what inspect.signature reads of the class
+            [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in names])
+        return type("ContinuousBatchingConfig", (), {"__init__": init})
+
+    monkeypatch.setattr("transformers.ContinuousBatchingConfig", fake("block_size", "num_blocks", "max_batch_tokens"))
+    assert continuous_batching_config(4, 16, 8).given == {"block_size": 4, "num_blocks": 16, "max_batch_tokens": 8}
+    monkeypatch.setattr("transformers.ContinuousBatchingConfig", fake("page_size", "num_blocks", "max_batch_tokens",
+                                                                       "block_size"))
+    assert continuous_batching_config(4, 16, 8).given["page_size"] == 4  # both (5.24): the current name
+    monkeypatch.setattr("transformers.ContinuousBatchingConfig", fake("slots", "num_blocks", "max_batch_tokens"))
+    with pytest.raises(TypeError, match="neither page_size nor block_size"):
+        continuous_batching_config(4, 16, 8)
 
 
 def test_serve_llama_needs_the_course_layers():

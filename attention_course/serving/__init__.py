@@ -10,7 +10,8 @@
 * ``model``: ``TinyDecoder`` and ``generate_static``, a small model to serve and its static-batching baseline;
 * ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course.
 """
-from .attention import paged_implementation, paged_self_attention, serve_llama, step_keys, step_mask
+from .attention import (continuous_batching_config, paged_implementation, paged_self_attention, serve_llama,
+                        step_keys, step_mask)
 from .model import TinyDecoder, generate_static
 from .packing import (block_diagonal_mask, check_cu_seqlens, cu_seqlens, pack, packed_attention, packed_positions,
                       padding_waste, sequence_ids, unpack)
@@ -22,9 +23,9 @@ from .sinks import (StreamingKVCache, course_sink_attention, merge_partials, par
 
 __all__ = [
     "PagedKVCache", "PoolExhausted", "Request", "Scheduler", "StepBatch", "StreamingKVCache", "TinyDecoder",
-    "block_diagonal_mask", "check_block_table", "check_cu_seqlens", "course_sink_attention", "cu_seqlens",
-    "gather_blocks", "generate_static", "merge_partials", "pack", "packed_attention", "packed_positions",
-    "paged_self_attention", "paged_slots", "padding_waste", "partial_attention", "preallocated_slots",
-    "paged_implementation", "register_sink_attention", "sequence_ids", "serve_llama", "sink_attention", "step_keys", "step_mask",
-    "streaming_mask", "unpack",
+    "block_diagonal_mask", "check_block_table", "check_cu_seqlens", "continuous_batching_config",
+    "course_sink_attention", "cu_seqlens", "gather_blocks", "generate_static", "merge_partials", "pack",
+    "packed_attention", "packed_positions", "padding_waste", "paged_implementation", "paged_self_attention",
+    "paged_slots", "partial_attention", "preallocated_slots", "register_sink_attention", "sequence_ids", "serve_llama",
+    "sink_attention", "step_keys", "step_mask", "streaming_mask", "unpack"
 ]

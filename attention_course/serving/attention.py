@@ -113,6 +113,24 @@ def serve_llama(model):
     return forward
 
 
+def continuous_batching_config(page_size: int, num_blocks: int, max_batch_tokens: int):
+    """transformers' ``ContinuousBatchingConfig`` for a pool of ``num_blocks`` pages of ``page_size`` slots and at
+    most ``max_batch_tokens`` tokens a step. The page size is ``page_size`` from transformers 5.18 and ``block_size``
+    before (Colab's 5.15): the name is read from the installed class's signature, not from its version."""
+    import inspect
+
+    import transformers
+
+    taken = inspect.signature(transformers.ContinuousBatchingConfig).parameters
+    name = next((n for n in ("page_size", "block_size") if n in taken), None)
+    if name is None:
+        raise TypeError(f"transformers {transformers.__version__}'s ContinuousBatchingConfig takes neither page_size "
+                        f"nor block_size: the course knows these two names for its page size; run "
+                        f'pip install -U "transformers>=5.15".')
+    return transformers.ContinuousBatchingConfig(**{name: page_size}, num_blocks=num_blocks,
+                                                 max_batch_tokens=max_batch_tokens)
+
+
 def paged_implementation() -> str:
     """The attention implementation to give a transformers model before ``generate_batch``: ``"paged|sdpa"`` up to
     transformers 5.18, plain ``"sdpa"`` from 5.19 on, which deprecates the prefix (a FutureWarning: "The `paged|`
