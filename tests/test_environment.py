@@ -38,7 +38,8 @@ def test_a_lock_line_is_read_with_its_marker():
 
 
 @pytest.mark.skipif(os.environ.get("ATTENTION_COURSE_ENV", "locked") != "locked",
-                    reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
+                    reason="an environment built from the ranges or Colab's versions (make test-latest / "
+                           "test-oldest / test-colab), not the lock")
 def test_the_installed_packages_are_the_locked_ones():
     lock = locked(ROOT / "locks" / "dev.txt")
     # the environment's own site-packages: not sys.path, where a test that imported setuptools has put its vendored
@@ -64,7 +65,8 @@ INSTALLED = ROOT / ".venv" / ".installed"
 
 
 @pytest.mark.skipif(os.environ.get("ATTENTION_COURSE_ENV", "locked") != "locked",
-                    reason="an environment built from the ranges (make test-latest / test-oldest), not the lock")
+                    reason="an environment built from the ranges or Colab's versions (make test-latest / "
+                           "test-oldest / test-colab), not the lock")
 @pytest.mark.skipif(not (BOOK.exists() and INSTALLED.exists() and BOOK.stat().st_mtime > INSTALLED.stat().st_mtime),
                     reason="the book was not built with this environment (`make book` writes the byte-code)")
 @pytest.mark.parametrize("module", COMPILED)

@@ -300,7 +300,9 @@ WIDER_THAN_TEXT = """(slack) => {
     if (e.closest('.cell_output, .output')) continue;  // program output scrolls in its own box
     const box = e.getBoundingClientRect();
     const container = e.parentElement;
-    const tooWide = e.scrollWidth > container.clientWidth + slack || box.right > limit;
+    // an equation wider than its own box is cut at the right edge (MathJax's container scrolls, with no visible bar)
+    const cut = e.tagName === 'MJX-CONTAINER' && e.scrollWidth > e.clientWidth + slack;
+    const tooWide = cut || e.scrollWidth > container.clientWidth + slack || box.right > limit;
     if (tooWide) wide.push(`${describe(e)} (${Math.round(Math.max(e.scrollWidth, box.width))} px in ` +
                           `${container.clientWidth} px)`);
   }
@@ -1023,6 +1025,24 @@ def test_a_planted_oversized_figure_fails(tmp_path):
     assert "draw that text at >= 13.1 pt" in problems[0]
     assert problems[1].startswith("figure 3") and "no text size recorded" in problems[1]
     assert figure_problems(figures[1:2], tmp_path) == []
+
+
+def test_an_equation_cut_at_its_right_edge_is_found(browser):
+    """The check of desktop_problems, on a planted page: a display equation whose content is wider than its box
+    (MathJax's container scrolls it, with no bar a reader sees: equation (12.1) was cut so at 1280 px) is named; one
+    that fits is not."""
+    tab = browser.new_page(viewport=DESKTOP)
+    try:
+        tab.set_content(
+            '<article class="bd-article" style="width: 600px"><div class="math">'
+            '<mjx-container display="true" style="display: block; overflow-x: auto; width: 500px">'
+            '<span style="display: inline-block; width: 540px">cut</span></mjx-container></div>'
+            '<div class="math"><mjx-container display="true" style="display: block; overflow-x: auto; width: 500px">'
+            '<span style="display: inline-block; width: 480px">fits</span></mjx-container></div></article>')
+        wide = tab.evaluate(WIDER_THAN_TEXT, 2)
+    finally:
+        tab.close()
+    assert len(wide) == 1 and "cut" in wide[0] and "540 px in" in wide[0], wide
 
 
 # ------------------------------------------------------------------------------------------------ a solution's body
