@@ -200,7 +200,8 @@ def _wrap(text: str) -> list[str]:
 
 
 def explicit_attention(q, k, v, ignore=None):
-    """The attention of a tutorial: scores, -inf where ``ignore`` is True, softmax, weighted sum."""
+    """The attention of a tutorial: scores, -inf where ``ignore`` is True, softmax, weighted sum. A row with every key
+    masked gives NaN here (0/0), as in a tutorial; the benchmark's masks (none, causal) leave no such row."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L, S)
     if ignore is not None:
         scores = scores.masked_fill(ignore, float("-inf"))

@@ -55,7 +55,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     ``mask``: bool ignore mask (True = skip) or additive float mask, broadcastable to ``scores``; a (B, S) padding
     mask for (B, L, S) scores is ``mask[:, None, :]``, and a 2-D mask shaped (B, S) raises rather than being read
     as (L, S), even when B == L. A row whose
-    entries are all masked gets all-zero weights, and no NaN reaches the gradient.
+    entries are all masked gets all-zero weights, and no NaN reaches the gradient. The scores themselves are expected
+    finite: without a mask this is ``torch.softmax``, and a row of -inf scores gives NaN (-inf belongs in the mask).
     """
     check_floating(scores, "scores")
     if mask is None:

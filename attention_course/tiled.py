@@ -68,8 +68,11 @@ def merge_tile(state, s: torch.Tensor, v: torch.Tensor):
     """The online softmax's step: fold a tile of scores s (..., bq, bk) over values v (..., bk, dv) into the running
     (m, l, acc) of its queries -> the new (m, l, acc). m (..., bq, 1) is the running maximum, l (..., bq, 1) the
     running normaliser, acc (..., bq, dv) the running weighted sum; a row that has seen only -inf keeps m = -inf,
-    l = 0 and acc = 0. Used by tiled_attention and, across ranks, by distributed.ring_attention."""
+    l = 0 and acc = 0, and a tile of no key at all (bk = 0) changes nothing. Used by tiled_attention and, across
+    ranks, by distributed.ring_attention."""
     m, l, acc = state  # noqa: E741
+    if s.shape[-1] == 0:  # no key: nothing to fold in (amax over an empty axis would raise); a branch on the shape only
+        return m, l, acc
     # The output does not depend on m (it cancels in acc / l): no gradient needs to flow through it.
     m_new = torch.maximum(m, s.amax(-1, keepdim=True)).detach()  # (..., bq, 1)
     # A row that has seen only -inf so far subtracts 0 instead: exp(-inf - 0) = 0, where -inf - -inf = NaN.

@@ -11,7 +11,8 @@ that weight on a token that carries little (often the first one). Two ways to bu
 
 Partial softmaxes merge by their log-sum-exps (:func:`merge_partials`). Convention where they merge: a part with no
 key at all (every key masked) has log-sum-exp -inf, and -inf - (-inf) is taken as -inf: that part gets weight 0, and
-a row empty everywhere gives output 0, never NaN.
+a row empty everywhere gives output 0, never NaN. :func:`sink_attention` follows it too: a row with every key masked
+gives 0, with a finite sink (which takes all the weight) and with a sink of -inf (no sink, nothing to attend to).
 
 :func:`course_sink_attention` is an attention function for transformers' ``AttentionInterface`` that computes
 gpt-oss's attention (sinks, sliding windows through the model's own mask) with :func:`sink_attention`.
@@ -33,8 +34,11 @@ def _scores(q, k, ignore, scale):
 
 
 def sink_attention(q, k, v, sinks, ignore=None, scale=None) -> torch.Tensor:
-    """Attention with one sink logit per head: q (B, h, L, d), k and v (B, h, S, d), sinks (h,), ``ignore`` an
-    ignore mask broadcastable to (B, h, L, S). Returns (B, h, L, d); a row with every key masked gives 0."""
+    """Attention with one sink logit per head: q (B, h, L, d), k and v (B, h, S, d), sinks (h,), finite or -inf
+    (-inf: no sink, plain attention), ``ignore`` an ignore mask broadcastable to (B, h, L, S). Returns (B, h, L, d).
+    A row with every key masked gives 0: a finite sink takes all its weight, and with a sink of -inf the row has no
+    logit at all, which the module's convention, -inf - (-inf) read as -inf, turns into weights 0 (no NaN, in either
+    pass)."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (sinks, "sinks")):
         check_floating(t, name)
     if q.ndim != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[-1] != q.shape[-1]:
@@ -47,8 +51,11 @@ def sink_attention(q, k, v, sinks, ignore=None, scale=None) -> torch.Tensor:
     scores = _scores(q, k, ignore, scale)  # (B, h, L, S)
     sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)  # (B, h, L, 1)
     logits = torch.cat([scores, sink], dim=-1)  # (B, h, L, S + 1)
-    weights = logits.softmax(-1)[..., :-1]  # the sink's weight is dropped: it has no value
-    return weights @ v  # (B, h, L, d)
+    # A row of -inf only (every key masked, no sink) would be 0/0 = NaN in the softmax and its gradient: give it
+    # logits 0, then weights 0. masked_fill sends no gradient to what it overwrites. Branch-free, as masked_softmax.
+    empty = (logits == NEG_INF).all(-1, keepdim=True)  # (B, h, L, 1)
+    weights = logits.masked_fill(empty, 0.0).softmax(-1).masked_fill(empty, 0.0)
+    return weights[..., :-1] @ v  # (B, h, L, d); the sink's weight is dropped: it has no value
 
 
 def partial_attention(q, k, v, ignore=None, scale=None):
@@ -62,7 +69,13 @@ def partial_attention(q, k, v, ignore=None, scale=None):
 
 def merge_partials(parts):
     """Merge [(out, lse), ...] of attention over disjoint sets of keys into attention over all of them:
-    out = sum_p e^{lse_p - m} out_p / sum_p e^{lse_p - m}, m = max_p lse_p. Returns (out, lse)."""
+    out = sum_p e^{lse_p - m} out_p / sum_p e^{lse_p - m}, m = max_p lse_p. Returns (out, lse). A part empty in a row
+    (lse = -inf) gets weight 0 there; a row empty in every part gives out = 0 and lse = -inf."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("merge_partials needs at least one (out, lse) part, to know the output's shape; for "
+                         "attention over no key at all, pass partial_attention over an empty set of keys (out 0, "
+                         "lse -inf).")
     lses = torch.stack([lse for _, lse in parts])  # (P, ..., L, 1)
     m = lses.max(0).values
     safe = m.masked_fill(m == NEG_INF, 0.0)  # every part empty: -inf - (-inf) read as -inf, weights 0
