@@ -46,6 +46,14 @@ def test_packing_helpers():
     assert (waste["rows_padded"], waste["rows_packed"], waste["scores_packed"]) == (6, 4, 7)
 
 
+def test_padding_waste_compares_causal_with_causal_and_full_with_full():
+    causal, full = padding_waste([1, 3]), padding_waste([1, 3], causal=False)
+    assert (causal["scores_padded"], causal["scores_packed"]) == (2 * 6, 1 + 6)  # two triangles of 3 against 1 + 6
+    assert (full["scores_padded"], full["scores_packed"]) == (2 * 9, 1 + 9)  # two squares of 3 against 1 + 9
+    assert causal["score_waste"] == 1 - 7 / 12 and full["score_waste"] == 1 - 10 / 18
+    assert padding_waste([4, 4])["score_waste"] == 0  # equal lengths: nothing to waste, causal or not
+
+
 @pytest.mark.parametrize("bad", [[], [0, 2], [1.5], "ab"])
 def test_bad_lengths_are_refused(bad):
     with pytest.raises(ValueError, match="lengths"):
@@ -142,6 +150,26 @@ def test_continuous_batching_gives_each_request_its_own_tokens(seed, budget, chu
     for r, s in zip(requests, static):
         assert served[r.rid] == model.generate_alone(r.prompt, r.max_new_tokens) == s
     assert cache.blocks_in_use == 0 and scheduler.promised == 0
+
+
+def test_max_running_caps_the_requests_running_at_once_and_wastes_no_row():
+    torch.manual_seed(0)
+    model = TinyDecoder(vocab=32, dim=16, heads=2, kv_heads=1, layers=2).eval()
+    cache = PagedKVCache(num_blocks=40, block_size=3, num_kv_heads=1, head_dim=8, num_layers=2, dtype=DT)
+    scheduler = Scheduler(cache, max_batch_tokens=8, chunk=4, max_running=2)
+    requests = [Request(i, [1 + i] * (2 + i), 3 + i % 2) for i in range(5)]  # all waiting at step 0
+    for r in requests:
+        scheduler.submit(Request(r.rid, r.prompt, r.max_new_tokens))
+    running, rows = [], []
+    with torch.no_grad():
+        served = scheduler.run(model.step, lambda s, batch: (running.append(len(s.running) + len(s.log[-1][1])),
+                                                             rows.append(len(batch.tokens))))
+    assert max(running) == 2 and running[0] == 2  # the cap, reached
+    assert sum(rows) == sum(r.total for r in requests)  # each prompt token and each needed generated token, once
+    for r in requests:
+        assert served[r.rid] == model.generate_alone(r.prompt, r.max_new_tokens)
+    with pytest.raises(ValueError, match="max_running"):
+        Scheduler(cache, max_running=0)
 
 
 def test_scheduler_refuses_what_cannot_run():

@@ -133,8 +133,10 @@ def continuous_batching_config(page_size: int, num_blocks: int, max_batch_tokens
 
 def paged_implementation() -> str:
     """The attention implementation to give a transformers model before ``generate_batch``: ``"paged|sdpa"`` up to
-    transformers 5.18, plain ``"sdpa"`` from 5.19 on, which deprecates the prefix (a FutureWarning: "The `paged|`
-    prefix is no longer needed")."""
+    transformers 5.18, plain ``"sdpa"`` from 5.19 on, which deprecates the prefix (``set_attn_implementation`` warns,
+    a FutureWarning: "The `paged|` prefix is no longer needed"). Releases up to 5.18 also take a plain ``"sdpa"``:
+    ``generate_batch`` adds the prefix itself for the run (read in the sources of 5.15 to 5.24, and run on 5.15 and
+    5.24)."""
     import transformers
 
     major, minor = (int(part) for part in transformers.__version__.split(".")[:2])

@@ -1,6 +1,7 @@
 """Packing without padding: several sequences laid end to end in one row.
 
-A padded batch (B, L_max, D) spends L_max - L_i rows on each short sequence, and (L_max^2 - L_i^2) scores on it.
+A padded batch (B, L_max, D) spends L_max - L_i rows on each short sequence, and (L_max^2 - L_i^2) scores on it
+((L_max (L_max + 1) - L_i (L_i + 1)) / 2 when a causal kernel skips the scores above the diagonal on both sides).
 A *packed* batch lays the sequences one after another, (N, D) with N = sum L_i, and says where each one starts with
 the cumulative lengths ``cu_seqlens = [0, L_0, L_0 + L_1, ..., N]`` (the name FlashAttention's varlen kernels and
 transformers' paged attention use). Attention then needs a mask that keeps each query inside its own sequence and,
@@ -105,15 +106,19 @@ def packed_attention(q, k, v, cu, causal: bool = True) -> torch.Tensor:
 
 
 def padding_waste(lengths, causal: bool = True) -> dict:
-    """What padding to the longest sequence costs against packing, in token rows and in score entries.
+    """What padding to the longest sequence costs against packing, in token rows and in score entries, like for like.
 
-    ``rows``: B * L_max padded against N = sum L_i packed. ``scores``: the entries the softmax must fill in, padded
-    B * L_max^2 against packed sum L_i^2; with ``causal`` only the entries on or below the diagonal count for
-    packed (sum L_i (L_i + 1) / 2), while a padded batch computes its whole (L_max, L_max) block per sequence.
+    ``rows``: B * L_max padded against N = sum L_i packed. ``scores``: the entries the softmax must fill in per head.
+    With ``causal``, both sides count the entries on or below the diagonal, as a causal kernel visits them: padded
+    B * L_max (L_max + 1) / 2 against packed sum L_i (L_i + 1) / 2. Without, both count full squares: B * L_max^2
+    against sum L_i^2.
     """
     lengths = _check_lengths(lengths)
     B, L_max, N = len(lengths), int(lengths.max()), int(lengths.sum())
-    packed_scores = int((lengths * (lengths + 1) // 2).sum()) if causal else int((lengths ** 2).sum())
-    return {"rows_padded": B * L_max, "rows_packed": N, "scores_padded": B * L_max ** 2,
+    if causal:
+        padded_scores, packed_scores = B * L_max * (L_max + 1) // 2, int((lengths * (lengths + 1) // 2).sum())
+    else:
+        padded_scores, packed_scores = B * L_max ** 2, int((lengths ** 2).sum())
+    return {"rows_padded": B * L_max, "rows_packed": N, "scores_padded": padded_scores,
             "scores_packed": packed_scores, "row_waste": 1 - N / (B * L_max),
-            "score_waste": 1 - packed_scores / (B * L_max ** 2)}
+            "score_waste": 1 - packed_scores / padded_scores}

@@ -8,7 +8,14 @@ idle meanwhile. A continuous batch is rebuilt at every step from whatever is run
   ``max_batch_tokens`` tokens in the whole step), beside the decode tokens, in the same forward pass;
 * a request whose last prompt token (or whose decode token) went through gets its next token from the logits of
   that row; a request with ``max_new_tokens`` tokens leaves at once and its blocks return to the pool;
-* waiting requests are admitted (in arrival order) while the pool can promise them the blocks of their whole length.
+* waiting requests are admitted (in arrival order) while the pool can promise them the blocks of their whole length
+  and, with ``max_running``, while fewer than that many are running.
+
+Reserving a request's whole length at admission is this scheduler's policy, not continuous batching's: a running
+request can then never run out of blocks. vLLM instead takes blocks as the tokens arrive and, when the pool runs
+out, preempts running requests (frees their blocks and recomputes or swaps them in later). Continuous batching itself
+is Orca's iteration-level scheduling (Yu et al., OSDI 2022); prefill chunks beside decode tokens within a token
+budget are Sarathi's and Sarathi-Serve's chunked prefill (Agrawal et al., 2023 and OSDI 2024).
 
 The tokens of a step are packed (chapter 12, "Packing without padding"): one row of N tokens, their positions and
 the request each belongs to; :class:`StepBatch` holds that plan. ``forward(batch, cache) -> logits (N, V)`` is the
@@ -72,14 +79,18 @@ class StepBatch:
 
 
 class Scheduler:
-    """Runs requests through ``forward(batch, cache) -> logits (N, V)``, greedily, with continuous batching."""
+    """Runs requests through ``forward(batch, cache) -> logits (N, V)``, greedily, with continuous batching; at most
+    ``max_batch_tokens`` tokens a step, prompt chunks of at most ``chunk``, at most ``max_running`` requests running
+    at once (None: as many as the pool can promise their whole length)."""
 
-    def __init__(self, cache: PagedKVCache, max_batch_tokens: int = 16, chunk: int | None = None):
+    def __init__(self, cache: PagedKVCache, max_batch_tokens: int = 16, chunk: int | None = None,
+                 max_running: int | None = None):
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}.")
         self.cache = cache
         self.max_batch_tokens = check_positive_int(max_batch_tokens, "max_batch_tokens")
         self.chunk = max_batch_tokens if chunk is None else check_positive_int(chunk, "chunk")
+        self.max_running = None if max_running is None else check_positive_int(max_running, "max_running")
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: dict = {}  # rid -> generated tokens
@@ -105,7 +116,8 @@ class Scheduler:
         admitted = []
         for r in sorted(self.waiting, key=lambda r: r.arrival):
             need = self.cache.blocks_for(r.total)
-            if r.arrival > self.clock or self.promised + need > self.cache.num_blocks:
+            full = self.max_running is not None and len(self.running) >= self.max_running
+            if full or r.arrival > self.clock or self.promised + need > self.cache.num_blocks:
                 break  # first come, first served: no overtaking
             self.waiting.remove(r)
             self.running.append(r)
