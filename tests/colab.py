@@ -2,6 +2,8 @@
 check of what a chapter's setup cell downloads there.
 
     python tests/colab.py python locks/colab.txt                   the Python of that runtime ("3.13")
+    python tests/colab.py environment FREEZE locks/colab.txt        the environment (pip list --format=freeze) holds
+                                                                    every version the file pins
     python tests/colab.py installed REPORT locks/colab.txt          the setup cell's pip install, from pip's --report:
                                                                     what it downloads; fails if it replaced any
                                                                     version the file pins (a torch, a transformers)
@@ -49,9 +51,28 @@ def replaced(report: dict, pins: dict[str, str]) -> tuple[list[str], list[str]]:
     return installs, clashes
 
 
+def missing(freeze: str, pins: dict[str, str]) -> list[str]:
+    """The pins a freeze (lines name==version) does not hold: 'name version (found: ...)'."""
+    found = {}
+    for line in freeze.splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            found[canonical(name)] = version
+    return [f"{name} {version} (found: {found.get(name, 'none')})" for name, version in sorted(pins.items())
+            if found.get(name) != version]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "python":
         print(pinned(argv[1])[0])
+        return 0
+    if len(argv) == 3 and argv[0] == "environment":
+        _, pins = pinned(argv[2])
+        wrong = missing(Path(argv[1]).read_text(), pins)
+        if wrong:
+            print(f"The environment does not hold what {argv[2]} pins: {'; '.join(wrong)}.")
+            return 1
+        print(f"The environment holds every version {argv[2]} pins ({len(pins)} distributions).")
         return 0
     if len(argv) == 3 and argv[0] == "installed":
         _, pins = pinned(argv[2])

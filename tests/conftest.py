@@ -115,18 +115,18 @@ def needed(item) -> list[str]:
 # A chapter that needs a newer torch than the rest checks it in its first cell (require_torch("2.13", chapter="11")) and
 # stops there on an older one, with the command that fixes it. Run by nbval on such a torch (make test-colab, make
 # test-oldest), its cells are skipped as expected; tests/test_distributed.py checks the stop itself.
-GATE = re.compile(r'require_torch\("([0-9.]+)"')
+GATE = re.compile(r'^require_torch\("([0-9.]+)", chapter="(\w+)"\)', re.M)  # a call of its own line, not a comment
 
 
-def torch_gate(notebook: Path) -> str | None:
-    """The torch a notebook's first code cell requires, or None."""
+def torch_gate(notebook: Path) -> tuple[str, str] | None:
+    """(the torch a notebook's first code cell requires, the chapter it names), or None."""
     try:
         cells = json.loads(notebook.read_text())["cells"]
     except (OSError, ValueError, KeyError):
         return None
     first = next(("".join(c["source"]) for c in cells if c["cell_type"] == "code"), "")
     found = GATE.search(first)
-    return found.group(1) if found else None
+    return found.groups() if found else None
 
 
 def expected_stop(notebook: Path) -> str | None:
@@ -138,9 +138,9 @@ def expected_stop(notebook: Path) -> str | None:
 
     from attention_course.device import _release
 
-    if _release(torch.__version__) >= _release(gate):
+    if _release(torch.__version__) >= _release(gate[0]):
         return None
-    return (f"expected: {notebook.name} needs torch {gate} and stops in its first cell on this torch "
+    return (f"expected: {notebook.name} needs torch {gate[0]} and stops in its first cell on this torch "
             f"{torch.__version__}, with the command that fixes it (tests/test_distributed.py checks that stop)")
 
 

@@ -5,6 +5,8 @@ head-parallel layer against the unsplit one (forward, gradients, bytes communica
 Each launch starts processes that import torch (seconds on a small machine), so one launch of 4 workers (`battery`)
 runs every multi-rank case and returns the results; the tests compare them here. Checks that need a process group
 but not several ranks run in this process, in a group of one (`group_of_one`)."""
+import ast
+import json
 import mmap
 import os
 import pickle
@@ -17,6 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import torch_gate
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -716,33 +719,60 @@ def test_require_torch_passes_a_new_enough_torch_and_stops_an_old_one_with_the_c
         require_torch("2.13", version="nightly")
 
 
-def test_chapter_11_checks_its_torch_before_anything_distributed():
-    import json
+def test_the_command_upgrades_torchvision_and_torchaudio_with_torch_where_they_are_installed(monkeypatch):
+    """Colab ships both, each pinned to the torch it was built for: upgrading torch alone leaves them broken."""
+    import importlib.util
 
+    from attention_course.device import TorchTooOld, require_torch
+
+    real = importlib.util.find_spec
+    for installed, command in (((), 'pip install -U "torch>=2.13"'),
+                               (("torchvision", "torchaudio"), 'pip install -U "torch>=2.13" torchvision torchaudio'),
+                               (("torchaudio",), 'pip install -U "torch>=2.13" torchaudio')):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest, installed=installed: (
+            object() if name in installed else None if name in ("torchvision", "torchaudio") else real(name, *rest)))
+        with pytest.raises(TorchTooOld) as caught:
+            require_torch("2.13", chapter="11", version="2.11.0")
+        assert f": run {command} (in a notebook, %{command}), then restart the kernel." in str(caught.value)
+
+
+def test_chapter_11_checks_its_torch_before_anything_distributed():
     cells = json.loads((Path(__file__).parents[1] / "notebooks" / "11_distributed.ipynb").read_text())["cells"]
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
     gate = first.index('require_torch("2.13", chapter="11")')
     assert gate < first.index("attention_course.distributed") and gate < first.index("attention_course.exercises")
 
 
-@pytest.mark.slow
-def test_chapter_11_stops_in_its_first_cell_on_an_older_torch_with_the_command():
-    """Its first cell, run in a fresh kernel on a torch older than 2.13 (this one, or this one said to be 2.11.0
-    where it is newer): the cell stops with TorchTooOld, its message alone, and nothing after the check ran. On
-    such a torch (make test-colab, make test-oldest) tests/conftest.py skips the chapter's cells as expected."""
-    import json
+GATED = sorted(path for path in (Path(__file__).parents[1] / "notebooks").glob("*.ipynb") if torch_gate(path))
 
+
+def test_chapter_11_is_gated_and_a_commented_gate_is_no_gate(tmp_path):
+    assert [path.name for path in GATED] == ["11_distributed.ipynb"]
+    assert torch_gate(GATED[0]) == ("2.13", "11")
+    for source in ('# require_torch("2.13", chapter="11")', 'print(\'require_torch("2.13", chapter="11")\')'):
+        (tmp_path / "nb.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "source": [source]}]}))
+        assert torch_gate(tmp_path / "nb.ipynb") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", GATED, ids=lambda path: path.stem)
+def test_a_gated_chapter_stops_in_its_first_cell_on_an_older_torch_with_the_command(notebook):
+    """Its first cell, run in a fresh kernel on a torch older than its gate (this one, or this one said to be one
+    minor release older where it is new enough): the cell stops with TorchTooOld, its message alone, and nothing
+    after the check ran. On such a torch (make test-colab, make test-oldest) tests/conftest.py skips the chapter's
+    cells as expected."""
     import torch
     from jupyter_client.manager import start_new_kernel
 
     from attention_course.device import _release
 
-    notebooks = Path(__file__).parents[1] / "notebooks"
-    cells = json.loads((notebooks / "11_distributed.ipynb").read_text())["cells"]
+    minimum, chapter = torch_gate(notebook)
+    cells = json.loads(notebook.read_text())["cells"]
     first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
-    older = _release(torch.__version__) < (2, 13)
-    shown = torch.__version__ if older else "2.11.0"
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(notebooks))
+    older = _release(torch.__version__) < _release(minimum)
+    major, minor = _release(minimum)[:2]
+    shown = torch.__version__ if older else f"{major}.{minor - 1}.0"
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(notebook.parent))
     try:
         if not older:
             client.execute_interactive(f"import torch; torch.__version__ = {shown!r}", timeout=120)
@@ -757,14 +787,15 @@ def test_chapter_11_stops_in_its_first_cell_on_an_older_torch_with_the_command()
         reply = client.execute_interactive(first, timeout=300, output_hook=hook)
         assert reply["content"]["status"] == "error" and len(errors) == 1, (reply["content"], printed)
         assert errors[0]["ename"] == "TorchTooOld"
-        text = (f"Chapter 11 needs torch 2.13 or newer, and this Python runs torch {shown}: run "
-                f'pip install -U "torch>=2.13" (in a notebook, %pip install -U "torch>=2.13"), then restart '
-                f"the kernel.")
-        assert errors[0]["traceback"] == [f"TorchTooOld: {text}"]  # one line: no traceback above it
+        (line,) = errors[0]["traceback"]  # one line: no traceback above it
+        assert line.startswith(f"TorchTooOld: Chapter {chapter} needs torch {minimum} or newer, and this Python "
+                               f"runs torch {shown}: run ") and f'pip install -U "torch>={minimum}"' in line
         printed.clear()
-        client.execute_interactive("print('dist' in dir(), 'MultiheadAttention' in dir())", timeout=60,
-                                   output_hook=hook)
-        assert "".join(printed).split() == ["False", "False"]  # the imports after the check never ran
+        rest = first[first.index("\n", first.index("require_torch(")):]  # the lines after the check
+        after = sorted({alias.asname or alias.name.split(".")[0] for node in ast.walk(ast.parse(rest))
+                        if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names} - {"torch"})
+        client.execute_interactive(f"print(*[name in dir() for name in {after!r}])", timeout=60, output_hook=hook)
+        assert after and "".join(printed).split() == ["False"] * len(after)  # the imports after the check never ran
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

@@ -77,6 +77,20 @@ def test_the_modules_every_process_imports_have_their_byte_code(module):
         f"{origin} has no byte-code: every process compiles it again; was PYTHONDONTWRITEBYTECODE set in `make book`?")
 
 
+def test_the_torch_make_installs_runs_every_chapter():
+    """make test-oldest and make test-colab run torch 2.11, on which a gated chapter (11) only stops: its cells run at
+    their floor in `make test` alone, with the Makefile's TORCH. It must satisfy every chapter's gate."""
+    from conftest import torch_gate
+
+    from attention_course.device import _release
+
+    pinned = re.search(r"^TORCH\s*\?=\s*torch==(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    gates = [torch_gate(path) for path in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    assert any(gates)
+    for gate in filter(None, gates):
+        assert _release(pinned) >= _release(gate[0]), f"TORCH is torch=={pinned}: chapter {gate[1]} needs {gate[0]}"
+
+
 def test_the_locks_leave_out_the_iri_checker_that_slows_every_nbformat_import():
     """rfc3987-syntax builds some thirty parsers on import (2 to 3 s of every nbgrader run); jsonschema does without
     it, and no Jupyter schema checks the format it is for (the Makefile's LOCK_FLAGS)."""

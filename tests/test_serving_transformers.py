@@ -59,7 +59,8 @@ def test_continuous_batching_config_names_the_page_size_as_the_installed_release
                                                                        "block_size"))
     assert continuous_batching_config(4, 16, 8).given["page_size"] == 4  # both (5.24): the current name
     monkeypatch.setattr("transformers.ContinuousBatchingConfig", fake("slots", "num_blocks", "max_batch_tokens"))
-    with pytest.raises(TypeError, match="neither page_size nor block_size"):
+    with pytest.raises(TypeError, match=r"neither page_size \(the name from 5.18\) nor block_size \(before\).*"
+                                        r'pip install "transformers>=5.15,<' + transformers.__version__):
         continuous_batching_config(4, 16, 8)
 
 

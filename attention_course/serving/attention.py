@@ -125,8 +125,8 @@ def continuous_batching_config(page_size: int, num_blocks: int, max_batch_tokens
     name = next((n for n in ("page_size", "block_size") if n in taken), None)
     if name is None:
         raise TypeError(f"transformers {transformers.__version__}'s ContinuousBatchingConfig takes neither page_size "
-                        f"nor block_size: the course knows these two names for its page size; run "
-                        f'pip install -U "transformers>=5.15".')
+                        f"(the name from 5.18) nor block_size (before): this release names the page size otherwise. "
+                        f'Install one the course knows: pip install "transformers>=5.15,<{transformers.__version__}".')
     return transformers.ContinuousBatchingConfig(**{name: page_size}, num_blocks=num_blocks,
                                                  max_batch_tokens=max_batch_tokens)
 
