@@ -179,7 +179,7 @@ MISTAKES = [  # (name, class, key words of the verdict)
      ["without the transpose"]),
     ("sqrt(D)", mistake(scale=lambda self: math.sqrt(self.D)), ["sqrt(D)"]),
     ("softmax over the queries", mistake(soft=lambda self, s: torch.softmax(s, -2)), ["over the queries"]),
-    ("head size as a tensor", mistake(scale=warns), ["warns at every call", "int"]),
+    ("head size as a tensor", mistake(scale=warns), ["warned when called", 'simplefilter("always")', "int"]),
     ("weights per (B*h)", mistake(weights_out=flat), ["flat (B*h, L, S) layout"]),
     ("self-attention only", SelfOnly, ["raised TypeError"]),
     ("a debug print", mistake(soft=prints), ["prints at every call", "debug print"]),

@@ -74,7 +74,7 @@ def _split_variants(x: torch.Tensor, h: int):
     d = D // h
     return [
         (x.reshape(B, h, L, d),
-         "you reshaped to (B, h, L, d) (or to (B*h, L, d)) without transposing: a reshape keeps the memory order, "
+         "you reshaped to (B, h, L, d) (or to (B*h, L, d)) without transposing: a reshape keeps the row-major order, "
          "so the d-sized pieces of one token fill several rows of one head. Split the last axis first, "
          "x.reshape(B, L, h, d), then .transpose(1, 2) to bring the heads before the tokens."),
         (x.reshape(B, L, d, h).permute(0, 3, 1, 2),

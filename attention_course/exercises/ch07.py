@@ -178,9 +178,11 @@ def check_multihead_attention(factory) -> None:
             raise ExerciseError(f"your layer prints at every call ({printed.strip()[:60]!r}): a debug "
                                 f"print left in forward. Remove it, or use logging at debug level.")
         if caught:
-            raise ExerciseError(f"your layer warns at every call ({caught[0][0]}: {caught[0][1][:90]}). Warnings at "
-                                f"every call hide the ones that matter; a common cause is a size kept as a tensor: "
-                                f"use an int and math.sqrt.")
+            raise ExerciseError(f"your layer warned when called ({caught[0][0]}: {caught[0][1][:90]}), recorded "
+                                f"under warnings.simplefilter(\"always\"), which shows it at every call; Python's "
+                                f"default filter shows it once per line of code, at the first call only. A warning "
+                                f"from forward buries the ones that matter; a common cause is a size kept as a "
+                                f"tensor: use an int and math.sqrt.")
 
     check("no output and no warnings", quiet)
 

@@ -371,8 +371,8 @@ def check_previous_token_scores(fn) -> None:
                   "dim2=-1).)")
     _dtype(got, want, "your scores")
     if close(got, want, 1e-8):
-        passed(f"one score per head; the previous-token head here is head {int(want.argmax())} "
-               f"(score {float(want.max()):.2f}).")
+        passed(f"one score per head; in the checker's planted weights the previous-token head is head "
+               f"{int(want.argmax())} (score {float(want.max()):.2f}).")
         return
     for variant, message in _PREVIOUS_MISTAKES:
         if close(got, _previous_token_scores(weights, keep, **variant), 1e-8):

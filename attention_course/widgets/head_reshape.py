@@ -1,7 +1,7 @@
 """HeadReshapeWidget: where every number of a (B, L, D) tensor lands when it is split into h heads.
 
 The right way: reshape to (B, L, h, d), transpose to (B, h, L, d), flatten to (B*h, L, d). The wrong way, a direct
-reshape (B, L, D) -> (B*h, L, d), keeps the memory order, so a "head" row gets the features of another token or
+reshape (B, L, D) -> (B*h, L, d), keeps the row-major order, so a "head" row gets the features of another token or
 another head. The picture is drawn by ``head_reshape.js``; :attr:`HeadReshapeWidget.state` computes the same
 tensors with torch.
 """
@@ -78,7 +78,7 @@ class HeadReshapeWidget(CourseWidget):
         split = x.reshape(B, L, h, d)  # (B, L, h, d): the last axis cut into h groups of d
         transposed = split.transpose(1, 2)  # (B, h, L, d): a view, heads before tokens
         flat = transposed.reshape(B * h, L, d)  # (B*h, L, d): row b*h + head (copies: not contiguous)
-        wrong = x.reshape(B * h, L, d)  # (B*h, L, d): memory order kept, heads and tokens mixed
+        wrong = x.reshape(B * h, L, d)  # (B*h, L, d): row-major order kept, tokens mixed
         mixed = (wrong != flat).any(-1)  # (B*h, L)
         return {
             "shape": {"B": B, "L": L, "D": D, "h": h, "d": d},

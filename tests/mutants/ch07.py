@@ -152,7 +152,7 @@ CATALOGUES = [
                    (r"key_padding_mask alone",)),
             Mutant("masking the scores' values", factory(ScoreValues), (r"without any mask",)),
             mutant("a debug print", (r"prints at every call",), prints=True),
-            mutant("head size as a tensor", (r"warns at every call",), warns=True),
+            mutant("head size as a tensor", (r"warned when called",), warns=True),
             Mutant("self-attention only", factory(SelfOnly),
                    (r"check 3 \(self-attention without masks\)", r"raised TypeError", r"forward\(query, key, value")),
             mutant("wrong shapes accepted", (r"without an error", r"broadcast"), shapes="accept"),
