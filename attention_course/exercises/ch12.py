@@ -53,7 +53,7 @@ def _equal(a, b) -> bool:
 def _block(cu, causal="below", blocks=True, shift=False):
     N = int(cu[-1])
     ids = torch.searchsorted(cu, torch.arange(N), right=True) - 1  # (N,): row i's sequence
-    if shift:  # the last row of each sequence counted in the next one
+    if shift:  # the first row of each sequence (a start) counted in the sequence before it
         ids = torch.searchsorted(cu, torch.arange(N), right=False) - 1
         ids = ids.clamp(min=0)
     rows = torch.arange(N)
