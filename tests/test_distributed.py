@@ -790,12 +790,13 @@ def test_a_gated_chapter_stops_in_its_first_cell_on_an_older_torch_with_the_comm
         (line,) = errors[0]["traceback"]  # one line: no traceback above it
         assert line.startswith(f"TorchTooOld: Chapter {chapter} needs torch {minimum} or newer, and this Python "
                                f"runs torch {shown}: run ") and f'pip install -U "torch>={minimum}"' in line
-        printed.clear()
         rest = first[first.index("\n", first.index("require_torch(")):]  # the lines after the check
         after = sorted({alias.asname or alias.name.split(".")[0] for node in ast.walk(ast.parse(rest))
                         if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names} - {"torch"})
-        client.execute_interactive(f"print(*[name in dir() for name in {after!r}])", timeout=60, output_hook=hook)
-        assert after and "".join(printed).split() == ["False"] * len(after)  # the imports after the check never ran
+        # read in the reply itself (a user expression), not from printed output, which may come after the reply
+        reply = client.execute_interactive("", user_expressions={"bound": f"[n for n in {after!r} if n in globals()]"},
+                                           timeout=60)
+        assert after and reply["content"]["user_expressions"]["bound"]["data"]["text/plain"] == "[]"  # never ran
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
