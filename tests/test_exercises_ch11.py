@@ -118,6 +118,20 @@ def test_every_ring_mistake_changes_the_result_of_some_case():
                    for case in cases), message
 
 
+def test_a_gap_is_said_in_one_sentence():
+    """The message for a state that has -inf where the merge has numbers names the entries once: a hidden diagonal
+    (triu(0) for triu(1)) leaves query 0 of the own block with no key, m = -inf in 1 row of 3, for 2 x 2 heads."""
+    q, k, v = randn(2, 2, 3, 4, seed=5), randn(2, 2, 3, 4, seed=6), randn(2, 2, 3, 4, seed=7)
+    args = (ch11._empty_state(q), q, k, v, None, 0, 0, 1, True)
+    got = ch11._ring_step(*args, causal="diagonal hidden")
+    want = ch11._reference_ring_step(*args)
+    assert ch11._gap("m", got[0], want[0]) == "your m has -inf at 4 of 12 entries where the merge's m is finite"
+    out = got[2] / got[1]  # 0 / 0 in those rows
+    assert ch11._gap("acc / l", out, want[2] / want[1], "the attention over the whole sequence") == (
+        "your acc / l has NaN at 16 of 48 entries where the attention over the whole sequence is finite")
+    assert ch11._gap("l", got[1] + 1, got[1]) == "your l is off the merge's l by up to 1"
+
+
 def test_a_causal_ring_is_unbalanced():
     """Under is_causal, rank r has r + 1 blocks to merge and skips the rest: what the chapter's zigzag balances."""
     P = 4
@@ -321,6 +335,19 @@ def test_a_right_ring_step_from_a_cell_passes(capsys):
     ch11.check_ring_step(cell["ring_step"])
     out = capsys.readouterr().out
     assert out.startswith("Correct") and all(len(line) <= 79 for line in out.splitlines())
+
+
+@pytest.mark.slow
+def test_a_hidden_diagonal_is_named(capsys):
+    """triu(0) for triu(1) in a cell's ring_step: the checker says that each query's own key is hidden."""
+    cell = {"__name__": "__main__"}
+    assert RING_CELL.count(".triu(1)") == 1
+    exec(compile(SETUP + RING_CELL.replace(".triu(1)", ".triu(0)"), "<cell>", "exec"), cell)
+    with pytest.raises(ExerciseError) as err:
+        ch11.check_ring_step(cell["ring_step"])
+    message = str(err.value)
+    assert "rank 0, step 0 (its own block" in message, message
+    assert "each query's OWN KEY is hidden (causal)" in message and "triu(1), not triu(0)" in message, message
 
 
 def test_the_spec_names_every_exercise():

@@ -14,10 +14,11 @@ Two ways to spread one attention layer over P processes ("ranks"), each followin
   :class:`RingStats` to count each rank's work, memory and messages.
 
 :func:`launch` (:mod:`.processes`) starts the ranks on this machine and runs ``fn(rank, world_size, *args)`` in every
-one. :func:`ring_worker` and :func:`head_parallel_worker` (:mod:`.workers`) are such functions, ready to launch. The
-same worker code runs unchanged under ``torchrun`` on many machines (backend ``"nccl"`` on GPUs): only the start-up
-differs. :mod:`.ship` sends a function written in a notebook cell to the workers by value (the exercise checkers
-use it).
+one. :func:`ring_worker` and :func:`head_parallel_worker` (:mod:`.workers`) are such functions, ready to launch (on
+the CPU: :func:`head_parallel_worker` builds a ``"cpu"`` mesh). :func:`ring_attention` makes its tensors on its inputs'
+device, so a script run by ``torchrun`` on GPUs (backend ``"nccl"``) calls it the same way; chapter 11 writes such a
+script, and nothing here runs it. :mod:`.ship` sends a function written in a notebook cell to the workers by value
+(the exercise checkers use it).
 
 A worker runs in a fresh process, which imports ``fn`` by its module and name: ``fn`` must live in a file Python
 can import (a package module, or a ``.py`` file beside the notebook), not in a notebook cell.

@@ -525,10 +525,11 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
 
     direction "forward": the block counted as (rank + step) mod P. rescale "neither", "l only" (acc left as it
     was), "acc only", "inverted" (exp(m_new - m_old)). causal "no skip" (a later block seen whole), "triangle
-    everywhere" (the own block's triangle on every block), "own block open" (later blocks skipped, the own block
-    not masked), "ignored", "positions" (global positions taken as rank * L_q + i and src * L_k + j, right only for
-    blocks of one length). scale "none" or "d". guard False: exp(score - m_new) with m_new = -inf. padding
-    "ignored" or "inverted". acc_mode "normalised": acc divided by l at each step.
+    everywhere" (the own block's triangle on every block), "diagonal hidden" (the own block's triangle with its
+    diagonal, triu(0)), "own block open" (later blocks skipped, the own block not masked), "ignored", "positions"
+    (global positions taken as rank * L_q + i and src * L_k + j, right only for blocks of one length). scale
+    "none" or "d". guard False: exp(score - m_new) with m_new = -inf. padding "ignored" or "inverted". acc_mode
+    "normalised": acc divided by l at each step.
     """
     m, l, acc = state  # noqa: E741
     src = (rank - step) % world_size if direction == "back" else (rank + step) % world_size
@@ -536,10 +537,12 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
     triangle = torch.ones(Lq, Lk, dtype=torch.bool).triu(1)  # key j after query i, within one block
     if is_causal:
-        if causal in ("blocks", "own block open") and src > rank:
+        if causal in ("blocks", "own block open", "diagonal hidden") and src > rank:
             return m, l, acc  # every key of a later block comes after every query: nothing to merge
         if causal in ("blocks", "no skip") and src == rank or causal == "triangle everywhere":
             hide = triangle
+        if causal == "diagonal hidden" and src == rank:
+            hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0)  # triu(0): each query's own key hidden too
         if causal == "positions":
             hide = (src * Lk + torch.arange(Lk))[None, :] > (rank * Lq + torch.arange(Lq))[:, None]
     d = q.shape[-1]
@@ -747,6 +750,9 @@ _RING_MISTAKES = [
     (dict(causal="triangle everywhere"),
      "the own block's TRIANGLE is put on every block: only the rank's own block (src == rank) needs "
      "ones(L, L).triu(1); a block before it is seen whole, a block after it skipped."),
+    (dict(causal="diagonal hidden"),
+     "each query's OWN KEY is hidden (causal): within the rank's own block query i may see keys j <= i, the "
+     "diagonal j = i included, so the mask is torch.ones(L_q, L_k, dtype=torch.bool).triu(1), not triu(0)."),
     (dict(causal="own block open"),
      "the rank's OWN BLOCK is not masked (causal): within it, query i may see only keys j <= i; hide the rest "
      "with torch.ones(L_q, L_k, dtype=torch.bool).triu(1)."),
@@ -887,8 +893,9 @@ def _gap(name: str, got: torch.Tensor, want: torch.Tensor, ref: str = "") -> str
     finite" (``ref``: what is compared with, default the merge's ``name``)."""
     ref = ref or f"the merge's {name}"
     text = describe_diff(got, want, "")
-    if text.startswith("have "):
-        return f"your {name} has {text[5:].removesuffix(' where  are finite')} where {ref} is finite"
+    if text.startswith("have "):  # "have -inf at 4 of 12 entries where ... finite": keep what, and say where
+        found = text.removeprefix("have ").split(" where ")[0]
+        return f"your {name} has {found} where {ref} is finite"
     return f"your {name} is off {ref} by up to {text.removeprefix('differ by up to ')}"
 
 
