@@ -71,13 +71,18 @@ def test_serve_llama_needs_the_course_layers():
         serve_llama(transformers.LlamaForCausalLM(config))
 
 
-def test_course_sink_attention_gives_gpt_oss_logits():
+def tiny_gpt_oss():
+    """A random 2-layer gpt-oss (sinks, sliding layers of window 3), eager attention, seeded."""
     torch.manual_seed(2)
     config = transformers.GptOssConfig(vocab_size=48, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-                          num_experts_per_tok=1, sliding_window=3, max_position_embeddings=64,
-                          attn_implementation="eager")
-    model = transformers.GptOssForCausalLM(config).eval()
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                                       num_experts_per_tok=1, sliding_window=3, max_position_embeddings=64,
+                                       attn_implementation="eager")
+    return transformers.GptOssForCausalLM(config).eval()
+
+
+def test_course_sink_attention_gives_gpt_oss_logits():
+    model = tiny_gpt_oss()
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0.0, 1.0)
@@ -85,3 +90,22 @@ def test_course_sink_attention_gives_gpt_oss_logits():
         reference = model(ids).logits
         model.set_attn_implementation(register_sink_attention())
         torch.testing.assert_close(model(ids).logits, reference, atol=1e-5, rtol=0)
+
+
+def test_gpt_oss_with_no_sinks_and_left_padding_through_the_course():
+    """gpt-oss with every sink at -inf (attention without sinks) and a left-padded batch: the pads' rows are empty
+    in the sliding layers. Through the course's sink attention the real tokens' logits are the eager attention's,
+    finite (the pads' NaN outputs had reached them as values, 0 * NaN = NaN)."""
+    model = tiny_gpt_oss()
+    ids = torch.randint(1, 48, (2, 10))
+    keep = torch.ones(2, 10, dtype=torch.long)
+    keep[1, :5] = 0  # five left pads
+    real = keep.bool()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(float("-inf"))
+        eager = model(input_ids=ids, attention_mask=keep).logits
+        model.set_attn_implementation(register_sink_attention())
+        ours = model(input_ids=ids, attention_mask=keep).logits
+    assert ours[real].isfinite().all()
+    torch.testing.assert_close(ours[real], eager[real], atol=1e-5, rtol=0)
