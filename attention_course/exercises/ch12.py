@@ -2,215 +2,203 @@
 
 The exercises, as the learner writes them (masks are IGNORE masks, bool, True = may NOT attend):
 
-1. ``block_mask(cu_seqlens)`` -- :func:`check_block_mask`, grade_id ``ex-ch12-block-mask``. ``cu_seqlens`` a
-   LongTensor (n + 1,) = [0, L_0, L_0 + L_1, ..., N]. Returns the (N, N) bool ignore mask of packed causal attention:
-   True where query row i and key row j belong to different sequences, or j > i. Without the package's
-   ``block_diagonal_mask`` or ``sequence_ids``.
-2. ``gather(pool, table, length)`` -- :func:`check_gather`, grade_id ``ex-ch12-gather``. ``pool`` (num_blocks, h_kv,
-   block_size, d); ``table`` a list of block numbers (the request's blocks, in the order of its tokens); ``length``
-   the request's token count. Returns (h_kv, length, d): token t is at ``pool[table[t // block_size], :,
-   t % block_size]``. Without the package's ``gather_blocks``.
-3. ``plan_step(running, budget)`` -- :func:`check_plan_step`, grade_id ``ex-ch12-plan-step``. ``running`` a list of
-   (rid, prompt tokens not yet fed) pairs, 0 for a request that is decoding; ``budget`` the step's token budget.
-   Returns a list of (rid, n): every decoding request first, one token each, in the order given, as long as the
-   budget lasts; then the prefilling ones in the order given, each a chunk of min(its remaining prompt, budget
-   left); requests that get no token are left out.
-
-Each checker reruns a private reference with each classic mistake applied and names the one the answer matches.
+1. ``block_mask(cu_seqlens)`` -- grade_id ``ex-ch12-block-mask``. ``cu_seqlens`` a LongTensor (n + 1,) = [0, L_0,
+   L_0 + L_1, ..., N]; returns the (N, N) bool ignore mask of packed causal attention: True where query row i and
+   key row j belong to different sequences, or j > i.
+2. ``gather(pool, table, length)`` -- grade_id ``ex-ch12-gather``. ``pool`` (num_blocks, h_kv, b, d); ``table`` the
+   request's block numbers in the order of its tokens; returns (h_kv, length, d), token t from
+   ``pool[table[t // b], :, t % b]``.
+3. ``plan_step(running, budget)`` -- grade_id ``ex-ch12-plan-step``. ``running`` a list of (rid, prompt tokens not
+   yet fed), 0 for a request that is decoding. Returns [(rid, n)]: every decoding request first, one token each, in
+   the order given, while the budget lasts; then the prefilling ones in the order given, each min(remaining, budget
+   left); requests that get no token left out.
 """
 from __future__ import annotations
 
 import torch
 
-from . import ExerciseError, passed, raised
-
-
-def _run(fn, *args, what):
-    try:
-        return fn(*args)
-    except ExerciseError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; it is named, not hidden
-        raise raised(err, what) from err
-
-
-def _mistake(got, variants, case) -> None:
-    for variant, message in variants:
-        if variant() is None:
-            continue
-        if got == variant() if not isinstance(got, torch.Tensor) else _equal(got, variant()):
-            raise ExerciseError(f"{case}: {message}")
-
-
-def _equal(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
-
+from .diagnose import Case, Exercise, Mistake, check
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise 1: the block-diagonal causal mask from cu_seqlens
 
 
-def _block(cu, causal="below", blocks=True, shift=False):
-    N = int(cu[-1])
-    ids = torch.searchsorted(cu, torch.arange(N), right=True) - 1  # (N,): row i's sequence
-    if shift:  # the first row of each sequence (a start) counted in the sequence before it
-        ids = torch.searchsorted(cu, torch.arange(N), right=False) - 1
-        ids = ids.clamp(min=0)
-    rows = torch.arange(N)
-    ignore = ids[:, None] != ids[None, :] if blocks else torch.zeros(N, N, dtype=torch.bool)
-    if causal == "below":
-        ignore = ignore | (rows[None, :] > rows[:, None])
-    elif causal == "strict":
-        ignore = ignore | (rows[None, :] >= rows[:, None])
-    elif causal == "above":
-        ignore = ignore | (rows[None, :] < rows[:, None])
-    return ignore
+def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True):
+    rows = torch.arange(int(cu[-1]))
+    ids = torch.searchsorted(cu, rows, right=right) - 1  # (N,): row i's sequence
+    ids = ids.clamp(min=0) if clamp else ids
+    ignore = ids[:, None] != ids[None, :] if blocks else torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    return ignore | causal(rows[None, :], rows[:, None]) if causal else ignore
 
 
-_BLOCK_CASES = [("three sequences of lengths 3, 1, 4", torch.tensor([0, 3, 4, 8])),
-                ("two sequences of lengths 2, 5", torch.tensor([0, 2, 7])),
-                ("one sequence of length 4", torch.tensor([0, 4]))]
+def _block_case(*lengths):
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    starts = torch.zeros(len(ids), dtype=torch.bool)
+    starts[cu[:-1]] = True
+    name = f"{len(lengths)} sequence{'s' * (len(lengths) > 1)} of length{'s' * (len(lengths) > 1)} " + \
+        ", ".join(map(str, lengths))
+    marks = {"between two sequences": ids[:, None] != ids[None, :],
+             "in the first row or column of a sequence": starts[:, None] | starts[None, :]}
+    return Case(name, (cu,), marks)
+
+
+BLOCK_MASK = Exercise(
+    what="your block_mask",
+    reference=_block,
+    cases=[_block_case(*n) for n in ((1,), (4,), (3, 1, 4), (2, 5), (1, 1, 1), (5, 2, 1, 3))],
+    mistakes=[
+        Mistake("allow", "is True where a key MAY be attended: an allow mask, the polarity SWAPPED. The course's masks "
+                "are ignore masks: True where the key is hidden.", lambda cu: ~_block(cu)),
+        Mistake("not causal", "keeps each sequence apart but is NOT CAUSAL: a query reads the later tokens of its own "
+                "sequence. Also hide j > i.", lambda cu: _block(cu, causal=None)),
+        Mistake("no blocks", "is causal over the whole packed row but has NO BLOCKS: a query reads the earlier "
+                "sequences. Also hide keys of another sequence.", lambda cu: _block(cu, blocks=False)),
+        Mistake("diagonal", "hides the DIAGONAL: a query must read its own key (hide j > i, not j >= i).",
+                lambda cu: _block(cu, causal=torch.ge)),
+        Mistake("past", "hides the PAST instead of the future: hide j > i (a later key), keep j <= i.",
+                lambda cu: _block(cu, causal=torch.lt)),
+        Mistake("boundary", "puts the first row of each sequence in the sequence before it: the sequences are shifted "
+                "by one row at each BOUNDARY. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) - 1, "
+                "or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False)),
+        Mistake("boundary, unclamped", "puts the first row of each sequence in the sequence before it (row 0 in none): "
+                "searchsorted without right=True. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) "
+                "- 1, or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False, clamp=False)),
+    ],
+    passed="block-diagonal and causal: one sequence (plain causal), sequences of length 1, several of mixed lengths.",
+)
 
 
 def check_block_mask(fn) -> None:
     """Check ``fn(cu_seqlens)``: the (N, N) ignore mask, different sequence or later key."""
-    what = "your block_mask"
-    for case, cu in _BLOCK_CASES:
-        got = _run(fn, cu.clone(), what=what)
-        if not isinstance(got, torch.Tensor):
-            raise ExerciseError(f"{case}: {what} must return a torch.Tensor, got {type(got).__name__}.")
-        got = got.detach().cpu()
-        N = int(cu[-1])
-        if got.shape != (N, N):
-            raise ExerciseError(f"{case}: the mask has shape {tuple(got.shape)}, expected (N, N) = {(N, N)}, one row per "
-                                f"packed query and one column per packed key (N = cu_seqlens[-1]).")
-        if got.dtype != torch.bool:
-            raise ExerciseError(f"{case}: the mask is {got.dtype}, expected a bool ignore mask (True = hidden); compare "
-                                f"with != and >, and combine with |.")
-        want = _block(cu)
-        if torch.equal(got, want):
-            continue
-        _mistake(got, [
-            (lambda: ~want, "your mask is True where a key MAY be attended: an allow mask, the polarity SWAPPED. "
-                            "The course's masks are ignore masks: True where the key is hidden."),
-            (lambda: _block(cu, causal=None), "your mask keeps each sequence apart but is NOT CAUSAL: a query reads "
-                                              "the later tokens of its own sequence. Also hide j > i."),
-            (lambda: _block(cu, blocks=False), "your mask is causal over the whole packed row but has NO BLOCKS: a "
-                                               "query reads the earlier sequences. Also hide keys of another "
-                                               "sequence."),
-            (lambda: _block(cu, causal="strict"), "your mask hides the DIAGONAL: a query must read its own key "
-                                                  "(hide j > i, not j >= i)."),
-            (lambda: _block(cu, causal="above"), "your causal part hides the PAST instead of the future: hide "
-                                                 "j > i (a later key), keep j <= i."),
-            (lambda: _block(cu, shift=True), "your sequences are shifted by one row at each BOUNDARY: row cu[i] "
-                                             "starts sequence i (searchsorted(cu, rows, right=True) - 1, or "
-                                             "repeat_interleave of the lengths)."),
-        ], case)
-        i, j = (got != want).nonzero()[0].tolist()
-        raise ExerciseError(f"{case}: your mask differs at {int((got != want).sum())} of {N * N} entries, e.g. query "
-                            f"{i}, key {j}: expected {bool(want[i, j])}. Hide a key of another sequence or after the "
-                            f"query.")
-    passed("block-diagonal and causal: three sequences, two, and one alone (plain causal).")
+    check(BLOCK_MASK, fn)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise 2: one request's keys through its block table
 
 
-def _gather(pool, table, length, order="table", cut=True, transpose=True):
-    nb, h, b, d = pool.shape
-    blocks = {"table": table, "sorted": sorted(table), "first": list(range(len(table)))}[order]
-    x = pool[torch.tensor(blocks)]  # (n, h, b, d)
-    x = x.transpose(0, 1).reshape(h, -1, d) if transpose else x.reshape(h, -1, d)
+def _gather(pool, table, length, blocks=None, cut=True, heads_first=True):
+    blocks = torch.tensor(table if blocks is None else blocks(table))
+    x = pool[blocks]  # (n, h, b, d)
+    x = x.transpose(0, 1) if heads_first else x.reshape(x.shape[1], x.shape[0], *x.shape[2:])
+    x = x.flatten(1, 2)  # (h, n b, d)
     return x[:, :length] if cut else x
 
 
-def _gather_cases():
-    gen = torch.Generator().manual_seed(12)
-    pool = torch.randn(8, 2, 4, 3, generator=gen, dtype=torch.float64)
-    return [("table [5, 2, 7], 10 tokens (the last block partly filled)", pool, [5, 2, 7], 10),
-            ("table [3, 0], 8 tokens (both blocks full)", pool, [3, 0], 8),
-            ("table [6], 1 token", pool, [6], 1)]
+def _per_token(pool, table, length, b=None, swap=False):
+    b = b or pool.shape[2]
+    at = (lambda t: (t % b, t // b)) if swap else (lambda t: (t // b, t % b))  # noqa: E731
+    return torch.stack([pool[table[at(t)[0]], :, at(t)[1]] for t in range(length)], dim=1)
+
+
+def _gather_case(num_blocks, h, b, d, table, length, dtype=torch.float64):
+    pool = torch.randn(num_blocks, h, b, d, generator=torch.Generator().manual_seed(12), dtype=dtype)
+    full = "the last block exactly full" if length == len(table) * b else "the last block partly filled"
+    name = f"blocks of {b}, table {table}, {length} token{'s' * (length > 1)} ({full}), {h} head{'s' * (h > 1)} of size {d}"
+    starts = torch.zeros(h, length, d, dtype=torch.bool)
+    starts[:, ::b] = True
+    return Case(name, (pool, table, length), {"at the first token of each block": starts})
+
+
+GATHER = Exercise(
+    what="your gather",
+    reference=_gather,
+    cases=[_gather_case(*c) for c in ((4, 1, 1, 2, [2], 1), (8, 2, 4, 3, [5, 2, 7], 10), (6, 2, 3, 2, [3, 0], 6),
+                                      (9, 3, 5, 4, [8, 1, 4, 6], 17), (5, 1, 2, 3, [4, 3, 0, 1], 7))]
+    + [_gather_case(7, 2, 3, 2, [6, 1, 2], 8, dtype=torch.float32)],
+    mistakes=[
+        Mistake("pool order", "reads the blocks in POOL ORDER (sorted): a request's tokens are in the order of its "
+                "block table, whatever the block numbers.", lambda p, t, n: _gather(p, t, n, blocks=sorted)),
+        Mistake("table ignored", "reads blocks 0, 1, 2, ... of the pool: the block TABLE IS IGNORED. Index the pool "
+                "with the table, pool[table].", lambda p, t, n: _gather(p, t, n, blocks=lambda t: range(len(t)))),
+        Mistake("heads mixed", "MIXES HEADS and blocks in its reshape: pool[table] is (n, h_kv, b, d); move the heads "
+                "first, transpose(0, 1), then merge n and b.", lambda p, t, n: _gather(p, t, n, heads_first=False)),
+        Mistake("not cut", "returns every slot of the blocks: NOT CUT at the request's length. The last block's slots "
+                "after it are empty, or hold another request's old tokens.", lambda p, t, n: _gather(p, t, n, cut=False)),
+        Mistake("shifted", "reads each token one slot late, SHIFTED by one: token t sits at offset t % b of block "
+                "table[t // b], counting from t = 0.", lambda p, t, n: _gather(p, t, n + 1)[:, 1:]),
+        Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b], offset "
+                "t % b (t // b counts whole blocks before it, t % b the slots within its block).",
+                lambda p, t, n: _per_token(p, t, n, swap=True)),
+        Mistake("block size 4", "uses a block size of 4 whatever the pool's: read b from the pool, pool.shape[2].",
+                lambda p, t, n: _per_token(p, t, n, b=4)),
+    ],
+    passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
+)
 
 
 def check_gather(fn) -> None:
     """Check ``fn(pool, table, length)``: (h_kv, length, d), token t from block table[t // b], offset t % b."""
-    what = "your gather"
-    for case, pool, table, length in _gather_cases():
-        got = _run(fn, pool.clone(), list(table), length, what=what)
-        if not isinstance(got, torch.Tensor):
-            raise ExerciseError(f"{case}: {what} must return a torch.Tensor, got {type(got).__name__}.")
-        got = got.detach().cpu()
-        want = _gather(pool, table, length)
-        if _equal(got, want):
-            continue
-        h, d = pool.shape[1], pool.shape[3]
-        if got.shape == (h, len(table) * pool.shape[2], d) and got.shape != want.shape:
-            raise ExerciseError(f"{case}: you return every slot of the blocks, {got.shape[1]} tokens: NOT CUT at the "
-                                f"request's length {length}. The last block's slots after it are empty (or hold "
-                                f"another request's old tokens).")
-        if got.shape != want.shape:
-            raise ExerciseError(f"{case}: shape {tuple(got.shape)}, expected (h_kv, length, d) = "
-                                f"{tuple(want.shape)}.")
-        _mistake(got, [
-            (lambda: _gather(pool, table, length, order="sorted"), "you read the blocks in POOL ORDER (sorted): a "
-             "request's tokens are in the order of its block table, whatever the block numbers."),
-            (lambda: _gather(pool, table, length, order="first"), "you read blocks 0, 1, 2, ... of the pool: the "
-             "block TABLE IS IGNORED. Index the pool with the table, pool[table]."),
-            (lambda: _gather(pool, table, length, transpose=False), "your reshape MIXES HEADS and blocks: "
-             "pool[table] is (n, h_kv, b, d); move the heads first, transpose(0, 1), then merge n and b."),
-            (lambda: _gather(pool, table, length + 1)[:, 1:] if length < len(table) * pool.shape[2] else None,
-             "your tokens are SHIFTED by one slot: token t sits at offset t % b of block table[t // b], counting "
-             "from t = 0."),
-        ], case)
-        raise ExerciseError(f"{case}: your keys differ from the request's by up to "
-                            f"{float((got - want).abs().max()):.2g}: token t is pool[table[t // b], :, t % b].")
-    passed("tables out of order, full and partly filled blocks, one token.")
+    check(GATHER, fn)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise 3: one scheduler step
 
 
-def _plan(running, budget, decode_first=True, chunks=True, zeros=False, limit=True):
-    order = sorted(running, key=lambda r: r[1] > 0) if decode_first else sorted(running, key=lambda r: r[1] == 0)
-    out, left = [], budget
+def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0):
+    if decodes == "first":
+        order = sorted(running, key=lambda r: r[1] > 0)  # stable: each group in the order given
+    elif decodes == "last":
+        order = sorted(running, key=lambda r: r[1] == 0)
+    else:
+        order = [r for r in running if r[1] > 0] if decodes == "dropped" else list(running)
+    out, left = [], budget + spend
     for rid, remaining in order:
         n = 1 if remaining == 0 else remaining
         if limit:
             n = min(n, left) if chunks else (n if n <= left else 0)
-        if n or zeros:
-            out.append((rid, n))
-        left -= n
+        if n > 0 or zeros:
+            out.append((rid, max(n, 0)))
+        left -= max(n, 0)
     return out
 
 
-_PLAN_CASES = [("two decoding, two prefilling, budget 8", [("a", 5), ("b", 0), ("c", 4), ("d", 0)], 8),
-               ("one long prompt, budget 6", [("p", 10), ("q", 0)], 6),
-               ("more decodes than the budget", [("a", 0), ("b", 0), ("c", 0), ("d", 3)], 2)]
+def _sorted_in_place(running, budget):
+    running.sort(key=lambda r: r[1] > 0)
+    return _plan(running, budget)
+
+
+def _plan_case(budget, *running):
+    name = f"budget {budget}, running {list(running)}"
+    return Case(name, (list(running), budget))
+
+
+PLAN_STEP = Exercise(
+    what="your plan_step",
+    reference=_plan,
+    cases=[_plan_case(1, ("a", 0)), _plan_case(3, ("p", 3)), _plan_case(6, ("p", 10), ("q", 0)),
+           _plan_case(8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)), _plan_case(2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)),
+           _plan_case(7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)), _plan_case(20, ("a", 4), ("b", 0), ("c", 5)),
+           _plan_case(4, ("a", 2), ("b", 2), ("c", 0))],
+    mistakes=[
+        Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
+                "requests wait. Decode tokens first, one each.", lambda r, b: _plan(r, b, decodes="last")),
+        Mistake("given order", "plans the requests in the order given, decoding or not: decode tokens go FIRST, one "
+                "each, then the prompts.", lambda r, b: _plan(r, b, decodes="mixed")),
+        Mistake("decodes dropped", "leaves out the DECODING requests (remaining 0): each gets one token, first.",
+                lambda r, b: _plan(r, b, decodes="dropped")),
+        Mistake("budget ignored", "IGNORES THE BUDGET: the step's tokens add up to more than budget. Cut each prompt "
+                "to the budget left.", lambda r, b: _plan(r, b, limit=False)),
+        Mistake("no chunks", "skips a prompt that does not fit whole: NO CHUNKS. A prompt longer than the budget left "
+                "gets min(remaining, budget left) tokens now, the rest later.", lambda r, b: _plan(r, b, chunks=False)),
+        Mistake("zeros", "lists requests with ZERO tokens: leave out the requests that get nothing this step.",
+                lambda r, b: _plan(r, b, zeros=True)),
+        Mistake("budget minus one", "spends ONE TOKEN LESS than the budget: a budget exactly used is allowed "
+                "(left >= n, not left > n).", lambda r, b: _plan(r, b, spend=-1)),
+        Mistake("budget plus one", "spends ONE TOKEN MORE than the budget: stop when the budget left is 0.",
+                lambda r, b: _plan(r, b, spend=1)),
+        Mistake("sorted in place", "SORTS `running` IN PLACE (running.sort): the caller's list is the server's queue, "
+                "its order is theirs. Use sorted(running) or two passes.", _sorted_in_place),
+    ],
+    passed="decode tokens first, prompts cut to the budget, nothing beyond it, the caller's list left as it was.",
+)
 
 
 def check_plan_step(fn) -> None:
     """Check ``fn(running, budget)``: decodes first (1 token each), then prefill chunks, within the budget."""
-    what = "your plan_step"
-    for case, running, budget in _PLAN_CASES:
-        got = _run(fn, list(running), budget, what=what)
-        if not isinstance(got, (list, tuple)):
-            raise ExerciseError(f"{case}: {what} must return a list of (rid, n) pairs, got {type(got).__name__}.")
-        got = [tuple(pair) for pair in got]
-        want = _plan(running, budget)
-        if got == want:
-            continue
-        _mistake(got, [
-            (lambda: _plan(running, budget, decode_first=False), "you plan the PREFILL chunks FIRST: a long prompt "
-             "then takes the budget and the decoding requests wait. Decode tokens first, one each."),
-            (lambda: _plan(running, budget, limit=False), "your plan IGNORES THE BUDGET: the step's tokens add up to "
-             "more than budget. Cut each prompt to the budget left."),
-            (lambda: _plan(running, budget, chunks=False), "you skip a prompt that does not fit whole: NO CHUNKS. A "
-             "prompt longer than the budget left gets min(remaining, budget left) tokens now, the rest later."),
-            (lambda: _plan(running, budget, zeros=True), "your plan lists requests with ZERO tokens: leave out the "
-             "requests that get nothing this step."),
-        ], case)
-        raise ExerciseError(f"{case}: expected {want}, got {got}. Decoding requests first (1 token each), then "
-                            f"prompts in chunks of min(remaining, budget left), within the budget.")
-    passed("decode tokens first, prompts cut to the budget, nothing beyond it.")
+    check(PLAN_STEP, fn)
+
+
+EXERCISES = [BLOCK_MASK, GATHER, PLAN_STEP]

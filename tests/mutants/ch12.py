@@ -139,7 +139,7 @@ def plan_sorted(running, budget):
 
 
 def prefill_first(running, budget):
-    return ch12._plan(running, budget, decode_first=False)
+    return ch12._plan(running, budget, decodes="last")
 
 
 def no_budget(running, budget):
@@ -164,8 +164,8 @@ CATALOGUES = [
         Mutant("diagonal hidden", strict, "DIAGONAL"),
         Mutant("past hidden", past_hidden, "hides the PAST"),
         Mutant("boundary shifted", boundary_shift, "BOUNDARY"),
-        Mutant("float mask", float_mask, "expected a bool"),
-        Mutant("padded shape", padded_shape, r"expected \(N, N\)"),
+        Mutant("float mask", float_mask, "expected bool"),
+        Mutant("padded shape", padded_shape, r"has shape \(\d+, \d+, \d+\), expected \(\d+, \d+\)"),
     ]),
     Catalogue(ch12.check_gather, {"transpose and flatten": gather_transpose, "token by token": gather_per_token}, [
         Mutant("stub", stub, "NotImplementedError"),
