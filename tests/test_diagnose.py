@@ -1,0 +1,114 @@
+"""The diagnosis mechanism on a toy exercise: a mistake is named only when the answer agrees with it on every case;
+anything else is described by what it did (the pattern of its differences, its dtype, its shape, the inputs it
+changed, the exception it raised and on which case)."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from attention_course.exercises import ExerciseError
+from attention_course.exercises.diagnose import Case, Exercise, Mistake, check, describe, Outcome
+
+
+def scaled(x, n):
+    """The toy exercise: x / sqrt(n), shape and dtype of x."""
+    return x / n ** 0.5
+
+
+def cases():
+    gen = torch.Generator().manual_seed(0)
+    return [Case(f"x of shape {s}, n = {n}", (torch.randn(*s, generator=gen, dtype=torch.float64), n))
+            for s, n in (((3, 3), 4), ((2, 5, 5), 9), ((4,), 16))]
+
+
+SQRT = Mistake("no root", "divides by n, not its square root.", lambda x, n: x / n)
+TOY = Exercise(what="your scaled", reference=scaled, cases=cases(),
+               mistakes=[SQRT, Mistake("none", "does not divide at all.", lambda x, n: x.clone())],
+               passed="divided by the root.")
+
+
+def message(answer, exercise=TOY) -> str:
+    with pytest.raises(ExerciseError) as err:
+        check(exercise, answer)
+    return str(err.value)
+
+
+def test_the_reference_passes_and_a_mistake_is_named(capsys):
+    check(TOY, scaled)
+    assert capsys.readouterr().out.startswith("Correct: divided")
+    assert message(lambda x, n: x / n).endswith(SQRT.says)
+
+
+def test_a_mistake_is_not_named_when_the_answer_differs_from_it_on_one_case():
+    """Right on the vectors, the mistake elsewhere: not the mistake, which also divides the vectors by n."""
+    text = message(lambda x, n: x / n if x.ndim > 1 else x / n ** 0.5)
+    assert SQRT.says not in text and "0.5 times the right one at every entry" in text
+
+
+def test_the_smallest_case_that_shows_it_is_shown():
+    assert message(lambda x, n: x / n).startswith("x of shape (4,), n = 16:")  # 4 entries before 9 and 50
+    assert message(lambda x, n: x / n if x.ndim > 1 else x / n ** 0.5).startswith("x of shape (3, 3), n = 4:")
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda x, n: scaled(x, n).float(), "holds the right values in float32, expected float64"),
+    (lambda x, n: scaled(x, n) + 0.25, "plus the same 0.25 at every entry"),
+    (lambda x, n: scaled(x, n) * 3 ** 0.5, r"1.732 times the right one at every entry (√3)"),
+    (lambda x, n: scaled(x, n).mT if x.ndim > 1 else scaled(x, n), "transpose of the right one"),
+    (lambda x, n: scaled(x, n).flip(0), "along axis 0 in another order"),
+    (lambda x, n: scaled(x, n)[None], "an axis of size 1 too many"),
+    (lambda x, n: scaled(x, n).mT.contiguous().view(x.shape[::-1]) if x.ndim == 3 else scaled(x, n),
+     "another order"),
+    (lambda x, n: None, "is None: nothing returned"),
+    (lambda x, n: x.div_(n ** 0.5), "modified its input `x` in place"),
+    (lambda x, n: scaled(x, n).masked_fill(torch.eye(x.shape[-1], dtype=torch.bool), 0.0) if x.ndim > 1
+     else scaled(x, n), "on the diagonal"),
+    (lambda x, n: scaled(x, n).clone().index_fill_(-2, torch.tensor([0]), 1.0) if x.ndim == 2 else scaled(x, n),
+     "whole rows [0]"),
+    (lambda x, n: scaled(x, n).masked_fill(x > 1e9, float("nan")) + float("nan") * (x.ndim == 1), "has NaN at 4"),
+])
+def test_what_is_not_in_the_catalogue_is_described_by_what_it_did(answer, words):
+    text = message(answer)
+    assert words in text, text
+    assert not any(m.says in text for m in TOY.mistakes)
+
+
+def test_an_exception_is_reported_with_its_case_and_a_cause():
+    text = message(lambda x, n: x / n ** 0.5 if x.ndim < 3 else [1, 2][n])
+    assert text.startswith("x of shape (2, 5, 5), n = 9: your scaled raised IndexError: list index out of range")
+    assert "Likeliest cause here: an index past the end" in text
+
+
+def test_an_exception_a_mistake_also_raises_is_put_down_to_it():
+    ex = Exercise(what="your pick", reference=lambda xs, i: xs[i], cases=[Case("xs = [1, 2], i = 1", ([1, 2], 1))],
+                  mistakes=[Mistake("plus one", "reads one past i.", lambda xs, i: xs[i + 1])], passed="ok")
+    text = message(lambda xs, i: xs[2 * i], ex)
+    assert "reads one past i." in text  # the same IndexError on the only case: named, by the rule
+    ex.cases.append(Case("xs = [1, 2, 3, 4], i = 1", ([1, 2, 3, 4], 1)))
+    text = message(lambda xs, i: xs[i + 2] if len(xs) > 2 else xs[9], ex)
+    assert "The same error comes from this mistake: your pick reads one past i." in text
+
+
+def test_a_stub_is_named_as_the_stub():
+    def stub(x, n):
+        raise NotImplementedError()
+    assert "still the exercise's stub" in message(stub)
+
+
+def test_lists_are_described_by_their_items():
+    ex = Exercise(what="your order", reference=lambda xs: sorted(xs), cases=[Case("xs = [3, 1, 2]", ([3, 1, 2],))],
+                  mistakes=[], passed="ok")
+    assert "the right items in another order" in message(lambda xs: sorted(xs, reverse=True), ex)
+    assert "leaves out [3]" in message(lambda xs: sorted(xs)[:2], ex)
+    assert "has [4] too many" in message(lambda xs: sorted(xs) + [4], ex)
+    assert "modified its input `xs` in place" in message(lambda xs: xs.sort() or list(xs), ex)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 6), st.floats(-5, 5).filter(lambda c: abs(c) > 1e-3), st.integers(0, 2 ** 16))
+def test_an_offset_or_a_factor_is_found_whatever_the_tensor(rows, cols, c, seed):
+    want = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    case = Case("c", ())
+    offset = describe(TOY, case, Outcome(want + c), Outcome(want))
+    assert f"plus the same {c:.4g}" in offset
+    if abs(c - 1) > 1e-3:
+        assert f"{c:.4g} times the right one" in describe(TOY, case, Outcome(want * c), Outcome(want))
