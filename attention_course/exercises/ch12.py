@@ -105,7 +105,8 @@ GATHER = Exercise(
     what="your gather",
     reference=_gather,
     cases=[_gather_case(*c) for c in ((4, 1, 1, 2, [2], 1), (8, 2, 4, 3, [5, 2, 7], 10), (6, 2, 3, 2, [3, 0], 6),
-                                      (9, 3, 5, 4, [8, 1, 4, 6], 17), (5, 1, 2, 3, [4, 3, 0, 1], 7))]
+                                      (9, 3, 5, 4, [8, 1, 4, 6], 17), (5, 1, 2, 3, [4, 3, 0, 1], 7),
+                                      (6, 3, 4, 2, [1, 5], 2))]
     + [_gather_case(7, 2, 3, 2, [6, 1, 2], 8, dtype=torch.float32)],
     mistakes=[
         Mistake("pool order", "reads the blocks in POOL ORDER (sorted): a request's tokens are in the order of its "
@@ -125,6 +126,8 @@ GATHER = Exercise(
                 lambda p, t, n: _per_token(p, t, n, b=4)),
     ],
     passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
+    hints=((r"out of range|out of bounds", "a block or slot index computed from the wrong quantity: the block size "
+            "read from another axis (b is pool.shape[2]), t // b and t % b swapped, or a loop past `length`."),),
 )
 
 

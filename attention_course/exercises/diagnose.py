@@ -114,11 +114,10 @@ def check(exercise: Exercise, answer) -> None:
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if not agree(g, w, exercise.atol)]
     if not wrong:
         return passed(exercise.passed)
-    case = exercise.cases[wrong[0]]
     named = naming(exercise, got)
     if len(named) == 1:
-        raise ExerciseError(f"{case.name}: {exercise.what} {named[0].says}")
-    raise ExerciseError(f"{case.name}: {describe(exercise, case, got[wrong[0]], want[wrong[0]])}")
+        raise ExerciseError(f"{exercise.cases[wrong[0]].name}: {exercise.what} {named[0].says}")
+    raise ExerciseError(describe(exercise, exercise.cases, got, want, wrong))
 
 
 def naming(exercise: Exercise, got: list[Outcome]) -> list[Mistake]:
@@ -192,43 +191,59 @@ _PYTHON_ERRORS = [
 ]
 
 
-def likeliest_cause(exercise: Exercise, case: Case, err: Exception) -> str:
-    """A mistake of the catalogue that raises the same error on this case, else the usual cause of that error."""
-    for m in exercise.mistakes:
-        e = exercise.expected(m.name, m.answer, case).error
-        if e is not None and same_error(e, err):
-            return f" The same error comes from this mistake: {exercise.what} {m.says}"
+def likeliest_cause(exercise: Exercise, err: Exception) -> str:
+    """The usual cause of this error in this exercise (its ``hints``), else in any code (a list index, a None)."""
     for pattern, cause in (*exercise.hints, *_PYTHON_ERRORS):
         if re.search(pattern, str(err)) or re.search(pattern, type(err).__name__):
             return f" Likeliest cause here: {cause}"
     return ""
 
 
-def describe(exercise: Exercise, case: Case, got: Outcome, want: Outcome) -> str:
-    what = exercise.what
-    if got.error is not None:
-        text = str(raised(got.error, what))
-        cause = "" if classic_hint(got.error) else likeliest_cause(exercise, case, got.error)
-        return text + cause
+def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
+    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one."""
+    big = [i for i in wrong if not isinstance(want[i].value, torch.Tensor) or want[i].value.numel() >= 4]
+    return (big or wrong)[0]
+
+
+def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
+    i = shown_case(exercise, got, want, wrong)
+    what, case = exercise.what, cases[i]
+    if got[i].error is not None:
+        text = str(raised(got[i].error, what))
+        text += "" if text[-1] in ".!?" else "."
+        return f"{case.name}: {text}" + ("" if classic_hint(got[i].error) else likeliest_cause(exercise, got[i].error))
     words = []
-    if got.changed != want.changed:
-        changed = ", ".join(f"`{n}`" for n in got.changed)
+    if got[i].changed != want[i].changed:
+        changed = ", ".join(f"`{n}`" for n in got[i].changed)
         words.append(f"{what} modified its input {changed} in place; the caller still needs it: work on a copy "
                      f"(x.clone(), list(x), sorted(x) rather than x.sort()), or an out-of-place operation.")
-    if not same(got.value, want.value, exercise.atol):
-        words.append(f"{what}'s {value_difference(got.value, want.value, case, exercise)}")
-    return " And ".join(words)
+    valued = [j for j in wrong if got[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
+    if valued:
+        j = i if i in valued else valued[0]
+        kinds = {kind(got[k].value, want[k].value, exercise) for k in valued}
+        phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
+        words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}")
+    return f"{case.name}: " + " And ".join(words)
 
 
-def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result") -> str:
+def kind(got, want, exercise: Exercise) -> str:
+    """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
+    wrong case shows the same."""
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
+        return pattern(got.to(want.dtype), want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype or \
+            (got.is_floating_point() and want.is_floating_point()) else "dtype"
+    return type(got).__name__
+
+
+def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result", strong: bool = True) -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
     if got is None and want is not None:
         return f"{noun} is None: nothing returned (a `return` missing?), expected {_show(want)}."
     if isinstance(want, tuple) and exercise.parts and isinstance(got, (tuple, list)) and len(got) == len(want):
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
-        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i])
+        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
     if isinstance(want, torch.Tensor):
-        return f"{noun} {tensor_difference(got, want, case, exercise.atol)}"
+        return f"{noun} {tensor_difference(got, want, case, exercise.atol, strong)}"
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
         return f"{noun} {sequence_difference(list(got), list(want))}"
     return f"{noun} is {_show(got)}, expected {_show(want)}."
@@ -253,7 +268,7 @@ def sequence_difference(got: list, want: list) -> str:
     return f"differs first at item {i}: {shown}."
 
 
-def tensor_difference(got, want: torch.Tensor, case: Case, atol: float) -> str:
+def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> str:
     if not isinstance(got, torch.Tensor):
         return f"is a {type(got).__name__}, expected a torch.Tensor."
     if got.shape != want.shape:
@@ -269,7 +284,7 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float) -> str:
         if got.dtype == torch.bool:
             return f"is bool, expected {_name(want.dtype)} numbers."
         prefix, got = f"is {_name(got.dtype)}, expected {_name(want.dtype)}, and ", got.to(want.dtype)
-    return prefix + pattern(got, want, case, atol)
+    return prefix + pattern(got, want, case, atol, strong)[1]
 
 
 def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -287,42 +302,49 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> str:
-    """The shape of the difference between two tensors of one shape and dtype: words after "its result"."""
+def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> tuple[str, str]:
+    """(kind, words after "its result"): the shape of the difference between two tensors of one shape and dtype.
+    The strong kinds (inverted, transposed, an offset, a factor, an order) only when ``strong``: where every wrong
+    case shows the same kind."""
     tol = tolerance(got, want, atol)
     if want.is_floating_point():
         g64, w64 = got.to(torch.float64), want.to(torch.float64)
         bad = ~torch.isfinite(got) & torch.isfinite(want)
         if bool(bad.any()):
             kinds = [k for k, m in (("NaN", got.isnan()), ("inf", got.isinf())) if bool((m & bad).any())]
-            return (f"has {' and '.join(kinds)} at {int(bad.sum())} of {bad.numel()} entries where the right answer "
-                    f"is finite{_where(bad, case)}.")
+            return "nonfinite", (f"has {' and '.join(kinds)} at {int(bad.sum())} of {bad.numel()} entries where the "
+                                 f"right answer is finite{_where(bad, case)}.")
         differ = ((g64 - w64).abs() > tol) & ~(got.isnan() & want.isnan()) & (got != want)
     else:
         differ = got != want
     n, total = int(differ.sum()), differ.numel()
+    weak = "entries", f"differs at {n} of {total} entries{_where(differ, case)}, e.g. at {_first(differ, got, want)}."
+    if not strong:
+        return weak
     if want.dtype == torch.bool and torch.equal(got, ~want):
-        return "is the opposite of the right one at every entry: True where it should be False (polarity swapped)."
+        return "inverted", "is the opposite of the right one at every entry: True where it should be False."
+    if want.dtype == torch.bool and (got.all() or not got.any()):
+        return "constant", f"is {bool(got.flatten()[0])} at every entry, expected {int(want.sum())} True of {total}."
     if want.ndim >= 2 and want.shape[-1] == want.shape[-2] and same(got, want.mT, atol):
-        return "is the transpose of the right one: rows and columns swapped (the last two axes)."
+        return "transposed", "is the transpose of the right one: rows and columns swapped (the last two axes)."
     if want.is_floating_point():
         delta, ratio = g64 - w64, g64 / w64
         finite = torch.isfinite(w64) & torch.isfinite(g64)
         if finite.all() and n and float(delta.max() - delta.min()) <= tol:
-            return f"is the right one plus the same {float(delta.flatten()[0]):.4g} at every entry: a constant offset."
+            return "offset", f"is the right one plus the same {float(delta.flatten()[0]):.4g} at every entry."
         nz = finite & (w64.abs() > 1e-6)
         if n and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
-                return f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}: a factor."
+                return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
     for axis in range(want.ndim):
         perm = _permutation(got, want, axis, tol)
         if perm is not None:
-            return (f"holds the right slices along axis {axis} in another order: position i holds the right "
-                    f"answer's {perm} ({_kind(perm)}).")
+            return f"order {axis}", (f"holds the right slices along axis {axis} in another order: position i holds "
+                                     f"the right answer's {perm} ({_kind(perm)}).")
     if got.numel() > 1 and same(got.flatten().sort().values, want.flatten().sort().values, atol):
-        return "holds the right values, arranged differently."
-    return f"differs at {n} of {total} entries{_where(differ, case)}, e.g. at {_first(differ, got, want)}."
+        return "arranged", "holds the right values, arranged differently."
+    return weak
 
 
 def _root(r: float) -> str:
@@ -365,7 +387,8 @@ def _where(differ: torch.Tensor, case: Case) -> str:
         i = torch.arange(differ.shape[-2])[:, None]
         j = torch.arange(differ.shape[-1])[None, :]
         for name, region in (("on the diagonal (key = query)", i == j), ("above the diagonal (key after query)", j > i),
-                             ("below the diagonal (key before query)", j < i)):
+                             ("below the diagonal (key before query)", j < i), ("on or above the diagonal", j >= i),
+                             ("on or below the diagonal", j <= i)):
             if not (differ & ~region).any():
                 return f", all of them {name}"
         rows = differ.flatten(0, -2).all(-1) if differ.ndim == 2 else None
