@@ -379,24 +379,26 @@ def _kind(perm: list) -> str:
 
 
 def _where(differ: torch.Tensor, case: Case) -> str:
-    """Where the differing entries lie: a region the case marks, the diagonal, whole rows or columns."""
+    """Where the differing entries lie: a region the case marks, the diagonal, whole rows or columns, a triangle."""
+    if not bool(differ.any()):
+        return ""
     for name, region in case.marks.items():
-        if region.shape == differ.shape and bool(differ.any()) and not (differ & ~region).any():
+        if region.shape == differ.shape and not (differ & ~region).any():
             return f", all of them {name}"
-    if differ.ndim >= 2 and bool(differ.any()):
-        i = torch.arange(differ.shape[-2])[:, None]
-        j = torch.arange(differ.shape[-1])[None, :]
-        for name, region in (("on the diagonal (key = query)", i == j), ("above the diagonal (key after query)", j > i),
-                             ("below the diagonal (key before query)", j < i), ("on or above the diagonal", j >= i),
-                             ("on or below the diagonal", j <= i)):
-            if not (differ & ~region).any():
-                return f", all of them {name}"
-        rows = differ.flatten(0, -2).all(-1) if differ.ndim == 2 else None
-        if rows is not None and bool(rows.any()) and not (differ & ~rows[:, None]).any():
-            return f", whole rows {rows.nonzero().flatten().tolist()}"
-        cols = differ.all(-2) if differ.ndim == 2 else None
-        if cols is not None and bool(cols.any()) and not (differ & ~cols[None, :]).any():
-            return f", whole columns {cols.nonzero().flatten().tolist()}"
+    if differ.ndim < 2:
+        return ""
+    i, j = torch.arange(differ.shape[-2])[:, None], torch.arange(differ.shape[-1])[None, :]
+    if not (differ & (i != j)).any():
+        return ", all of them on the diagonal (key = query)"
+    if differ.ndim == 2:
+        for axis, name in ((-1, "rows"), (-2, "columns")):
+            whole = differ.all(axis, keepdim=True)
+            if not (differ & ~whole).any():
+                return f", whole {name} {whole.flatten().nonzero().flatten().tolist()}"
+    for name, region in (("above the diagonal (key after query)", j > i), ("below the diagonal (key before query)", j < i),
+                         ("on or above the diagonal", j >= i), ("on or below the diagonal", j <= i)):
+        if not (differ & ~region).any():
+            return f", all of them {name}"
     return ""
 
 
