@@ -122,3 +122,7 @@ def test_an_answer_that_returns_where_the_statement_asks_for_an_exception_is_tol
     text = message(lambda x: (x[: len(x) // 2], x[len(x) // 2:]), ex)
     assert text == ("length 3: your halves returned (a tensor of shape (1,), a tensor of shape (2,)), where it should "
                     "raise ValueError (the length must be even)."), text
+
+
+def test_an_answer_of_zeros_is_a_factor_of_0():
+    assert "is 0 times the right one at every entry." in message(lambda x, n: x * 0)

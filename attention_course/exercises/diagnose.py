@@ -353,6 +353,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
 
 
 def _root(r: float) -> str:
+    if not r:  # 0 times: no root to name
+        return ""
     for value, name in ((r * r, "√{:.0f}"), (1 / (r * r), "1/√{:.0f}")):
         if abs(value - round(value)) < 1e-6 and round(value) > 1:
             return " (" + name.format(round(value)) + ")"
