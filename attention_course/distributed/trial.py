@@ -135,6 +135,15 @@ def _heads_output(x, weight, bias, out_weight, n):
     return heads @ out_weight.T  # (B, L, E): out_weight is the columns of out_proj.weight that these heads meet
 
 
+def layer(E: int, h: int, gen: torch.Generator) -> dict:
+    """The real run's data for the heads: an input x and the weights and biases of a layer of h heads (packed
+    in_proj_weight and in_proj_bias, out_proj's weight and bias, as nn.MultiheadAttention holds them)."""
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+    return {"x": randn(2, 5, E), "num_heads": h, "in_proj_weight": randn(3 * E, E, scale=E ** -0.5),
+            "in_proj_bias": randn(3 * E), "out_weight": randn(E, E, scale=E ** -0.5), "out_bias": randn(E)}
+
+
 def _heads_rank(fn, rank: int, P: int, data: dict):
     """(outcome, share) of one rank: fn's rows of the layer, and its heads' part of the output (0 where unusable)."""
     x, h = data["x"], data["num_heads"]
@@ -173,6 +182,12 @@ def blocks(t: torch.Tensor | None, P: int, dim: int) -> list:
 def empty_state(q: torch.Tensor):
     B, h, L, d = q.shape
     return q.new_full((B, h, L, 1), float("-inf")), q.new_zeros(B, h, L, 1), q.new_zeros(B, h, L, d)
+
+
+def sequence(B: int, h: int, N: int, d: int, lengths, gen: torch.Generator):
+    """Queries, keys, values (B, h, N, d) and the padding mask (B, N) of sentences of ``lengths`` (or None)."""
+    q, k, v = (torch.randn(B, h, N, d, generator=gen, dtype=torch.float64) * s for s in (1.5, 1.5, 1.0))
+    return q, k, v, None if lengths is None else torch.arange(N)[None, :] >= torch.tensor(lengths)[:, None]
 
 
 def _ring_rank(fn, rank: int, P: int, data: dict, passed):
