@@ -30,18 +30,18 @@ def randn(*shape, seed=0):
 def test_the_split_cases_cover_every_free_size_and_every_rank():
     """D, num_heads and world_size vary (d = 1 and d = D, one rank, one head per rank, world_size > num_heads),
     every rank of each world is a case, and the worlds that do not divide the heads ask for ValueError."""
-    worlds = {}
-    for case in ch11.SPLIT.cases[:-1]:
+    worlds, cases = {}, ch11.SPLIT.cases[:-1] + ch11.REFUSE.cases
+    assert type(ch11.SPLIT.cases[-1].args[0]) is trial.Real and ch11.SPLIT.cases[-1].size == float("inf")
+    for case in cases:
         w, b, h, r, P = case.args
         worlds.setdefault((w.shape[1], h, P), []).append(r)
     assert {E // h for E, h, P in worlds} >= {1, 2, 4, 6} and {P for _, _, P in worlds} == {1, 2, 3, 4}
     assert all(ranks == list(range(P)) for (E, h, P), ranks in worlds.items() if h % P == 0)
     assert {(h, P) for E, h, P in worlds if h % P} == {(6, 4), (2, 4)}
-    for case in ch11.SPLIT.cases[:-1]:
-        w, b, h, r, P = case.args
-        if h % P:
-            with pytest.raises(ValueError):
-                ch11._split(*case.args)
+    assert all(case.args[2] % case.args[4] for case in ch11.REFUSE.cases)
+    for case in ch11.REFUSE.cases:
+        with pytest.raises(ValueError):
+            ch11._split(*case.args)
 
 
 def test_the_ranks_rows_partition_in_proj():

@@ -234,7 +234,7 @@ def test_the_workers_record_every_call_with_the_rank_simulated(capsys):
         print("rank", rank)
         return x * 0
 
-    right, wrong = trial.verdicts(TOY, [times_rank, chatty], (1, 2))
+    right, wrong = trial.verdicts([TOY], [times_rank, chatty], (1, 2))
     right()
     assert capsys.readouterr().out.startswith("Correct: every rank.")
     with pytest.raises(ExerciseError, match="rank 1 of 3: your toy's result"):
@@ -254,7 +254,7 @@ def test_a_hang_ends_in_a_message_and_leaves_no_process(monkeypatch):
 
     start = time.monotonic()
     with pytest.raises(ExerciseError, match="did not return in the worker processes within 2 s"):
-        trial.verdicts(TOY, [sleeps], (1, 2))[0]()
+        trial.verdicts([TOY], [sleeps], (1, 2))[0]()
     assert time.monotonic() - start < 50
     assert multiprocessing.active_children() == []
 

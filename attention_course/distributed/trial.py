@@ -399,13 +399,16 @@ class Recorded:
                 print(f"Printed by your function in worker rank {rank}:\n{text[:2000].rstrip()}{cut}")
 
 
-def verdicts(exercise, answers: list, ranks: tuple[int, int], forbidden: tuple = ((), "")) -> list:
+def verdicts(exercises: list, answers: list, ranks: tuple[int, int], forbidden: tuple = ((), "")) -> list:
     """For each answer, a function of nothing that judges it (prints what it printed and the verdict, or raises
-    ExerciseError), every callable answer run in one launch on the exercise's cases. ``ranks``: the positions of
-    the rank and the world size among a case's arguments; ``forbidden``: (dotted names, the exercise's words) of
-    the functions the exercise forbids, made to raise in the workers, where grading's guard does not reach."""
-    calls = [(c.args, c.args[ranks[0]], c.args[ranks[1]]) for c in exercise.cases if not isinstance(c.args[0], Real)]
-    real = next((c.args[0] for c in exercise.cases if isinstance(c.args[0], Real)), None)
+    ExerciseError), every callable answer run in one launch on the cases of ``exercises``: judged by each in turn,
+    the first that finds it wrong says why, the last prints the verdict (an exercise that asks for two independent
+    things, rows and a refusal, names a mistake in one whatever the other). ``ranks``: the positions of the rank and
+    the world size among a case's arguments; ``forbidden``: (dotted names, the exercise's words) of the functions
+    the exercise forbids, made to raise in the workers, where grading's guard does not reach."""
+    cases = [case for exercise in exercises for case in exercise.cases]
+    calls = [(c.args, c.args[ranks[0]], c.args[ranks[1]]) for c in cases if not isinstance(c.args[0], Real)]
+    real = next((c.args[0] for c in cases if isinstance(c.args[0], Real)), None)
     fns = [answer for answer in answers if callable(answer)]
     if fns and all(isinstance(fn, boundary.Remote) for fn in fns):
         records = iter([_from_data(fn.apply(f"{__name__}:gathered", calls, real, forbidden)) for fn in fns])
@@ -414,6 +417,10 @@ def verdicts(exercise, answers: list, ranks: tuple[int, int], forbidden: tuple =
 
     def verdict(recorded):
         recorded.show()
-        check(exercise, recorded)
-    return [functools.partial(verdict, Recorded(next(records) if callable(a) else None, calls, exercise.what, a))
+        for exercise in exercises[:-1]:
+            with contextlib.redirect_stdout(io.StringIO()):
+                check(exercise, recorded)
+        check(exercises[-1], recorded)
+    what = exercises[0].what
+    return [functools.partial(verdict, Recorded(next(records) if callable(a) else None, calls, what, a))
             for a in answers]

@@ -47,23 +47,21 @@ def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse=
     block = lambda r: list(range(r * n, (r + 1) * n))  # noqa: E731
     chosen = {"contiguous": block(rank), "strided": list(range(rank, num_heads, world_size)),
               "mirror": block(world_size - 1 - rank), "next": block((rank + 1) % world_size), "one": [rank]}[heads]
-    if layout == "chunks":
-        w, b = weight.chunk(world_size)[rank], bias.chunk(world_size)[rank]
-    else:
-        shape = (3, num_heads, E // num_heads) if layout == "packed" else (num_heads, 3, E // num_heads)
-        rows, entries = weight.reshape(*shape, E), bias.reshape(shape)
-        if layout == "per head":
-            rows, entries = rows.transpose(0, 1), entries.transpose(0, 1)  # (3, h, d, ...) as the mistake sees it
-        rows, entries = rows[list(order)][:, chosen], entries[list(order)][:, chosen]  # (3, n, d, E), (3, n, d)
-        if out == "per head":
-            rows, entries = rows.transpose(0, 1), entries.transpose(0, 1)
-        w, b = rows.reshape(-1, E), entries.reshape(-1)
+    if layout == "chunks":  # the packed rows cut into world_size pieces
+        return weight.chunk(world_size)[rank], bias.chunk(world_size)[rank]
+    shape = (3, num_heads, E // num_heads) if layout == "packed" else (num_heads, 3, E // num_heads)
+    rows, entries = weight.reshape(*shape, E), bias.reshape(shape)
+    if layout == "per head":
+        rows, entries = rows.transpose(0, 1), entries.transpose(0, 1)  # (3, h, d, ...) as the mistake sees it
+    rows, entries = rows[list(order)][:, chosen], entries[list(order)][:, chosen]  # (3, n, d, E), (3, n, d)
+    if out == "per head":
+        rows, entries = rows.transpose(0, 1), entries.transpose(0, 1)
+    w, b = rows.reshape(-1, E), entries.reshape(-1)
     return w, {"split": b, "chunks": bias.chunk(world_size)[rank], "whole": bias, "none": None}[bias_mode]
 
 
 def _split_cases():
-    """Every rank of worlds of 1 to 4 (d = 1 to 6, one head per rank, one rank), worlds that do not divide the heads
-    (ValueError), then the real run: a layer's heads over the processes."""
+    """Every rank of worlds of 1 to 4 (d = 1 to 6), worlds that do not divide the heads, the real run last."""
     gen, cases = torch.Generator().manual_seed(11), []
     for E, h, P, ranks in ((8, 4, 2, 2), (12, 6, 3, 3), (8, 4, 4, 4), (12, 6, 2, 2), (8, 2, 1, 1), (4, 4, 2, 2),
                            (6, 1, 1, 1), (12, 6, 4, 4), (8, 2, 4, 1)):
@@ -80,10 +78,13 @@ _FIX = ("Rank r owns the CONTIGUOUS heads r*n .. (r+1)*n - 1 (n = num_heads // w
 
 
 _s = lambda **switches: lambda *args: _split(*args, **switches)  # noqa: E731 - the reference with one switch
-SPLIT = Exercise(
+_PASSED = (f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
+           f"num_heads, and in {trial.WORLD} processes the heads summed by all_reduce equal the whole layer.")
+_CASES = _split_cases()
+SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the ValueError where it does not
     what="your split_in_proj",
     reference=_split,
-    cases=_split_cases(),
+    cases=[c for c in _CASES if isinstance(c.args[0], Real) or c.args[2] % c.args[4] == 0],
     mistakes=[
         Mistake("chunks", "cuts the packed rows into world_size CONTIGUOUS CHUNKS, which mixes up W_q, W_k and W_v: "
                 "take the rank's heads from each of the three, view(3, num_heads, d, D).", _s(layout="chunks")),
@@ -107,7 +108,7 @@ SPLIT = Exercise(
         Mistake("bias chunks", "cuts the bias into world_size contiguous chunks, NOT LIKE THE ROWS: "
                 "in_proj_bias.view(3, num_heads, d)[:, r*n:(r+1)*n].", _s(bias_mode="chunks")),
         Mistake("not split", "returns in_proj_weight and in_proj_bias whole: the rows are NOT SPLIT. Keep this rank's "
-                "heads, and raise ValueError when world_size does not divide num_heads.", lambda w, b, *_: (w, b)),
+                "heads' rows.", lambda w, b, *_: (w, b)),
         Mistake("columns", "splits the COLUMNS, the input features, which every head reads whole: a head is ROWS of "
                 "W_q, W_k and W_v.", lambda w, b, h, r, P: (w.chunk(P, dim=1)[r], _split(w, b, h, r, P)[1])),
         Mistake("only q", "returns the rows of W_q only, ONE OF q, k, v: the rank needs its heads' rows of all three.",
@@ -115,16 +116,15 @@ SPLIT = Exercise(
         Mistake("three", "returns 3 tensors: return the rows PACKED in one weight, torch.cat([w_q, w_k, w_v]), and "
                 "one bias.", lambda *a: tuple(_split(*a)[0].chunk(3))),
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
+    ],
+    passed=_PASSED, run=trial.run, parts=("weight", "bias"),
+)
+REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinstance(c.args[0], Real) and
+                                               c.args[2] % c.args[4]], mistakes=[
         Mistake("no check", "returns rows where world_size does not divide num_heads, whose ranks cannot hold whole "
                 "heads: NO DIVISIBILITY CHECK. Raise ValueError there.", _s(refuse=None)),
         Mistake("assert", "checks the divisibility with assert, so it raised AssertionError, and an assert disappears "
-                "under python -O: raise ValueError.", _s(refuse="assert")),
-    ],
-    passed=f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
-           f"num_heads, and in {trial.WORLD} processes the heads summed by all_reduce equal the whole layer.",
-    run=trial.run,
-    parts=("weight", "bias"),
-)
+                "under python -O: raise ValueError.", _s(refuse="assert"))], passed=_PASSED, run=trial.run)
 
 # What the exercise forbids, made to raise in the workers (grading's RULES, instructor/verdict.py, do not reach them).
 _SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],
@@ -132,9 +132,8 @@ _SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],
 
 
 def check_split_in_proj(fn) -> None:
-    """Check ``fn(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` in worker
-    processes: every rank of worlds of 1 to 4 simulated, then a layer split over two processes."""
-    _verdicts(SPLIT, [fn])[0]()
+    """Check ``fn(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` in workers."""
+    _verdicts("split", [fn])[0]()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -266,15 +265,15 @@ RING = Exercise(
 
 
 def check_ring_step(fn) -> None:
-    """Check ``fn(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)`` in worker
-    processes: every step of every rank of rings of 1 to 4 simulated, then a ring of two processes."""
-    _verdicts(RING, [fn])[0]()
+    """Check ``fn(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)`` in workers."""
+    _verdicts("ring", [fn])[0]()
 
 
-def _verdicts(exercise: Exercise, answers: list) -> list:
-    """One launch for all the answers, a verdict function for each (tests/mutants/ch11.py judges a catalogue so).
-    (3, 4), (6, 7): where rank and world_size are among the arguments, for the workers to simulate."""
-    return trial.verdicts(exercise, answers, *(((3, 4), _SPLIT_RULE) if exercise is SPLIT else ((6, 7),)))
+def _verdicts(name: str, answers: list) -> list:
+    """One launch, a verdict function per answer (tests/mutants/ch11.py's catalogues); (3, 4): rank, world_size."""
+    if name == "split":
+        return trial.verdicts([SPLIT, REFUSE], answers, (3, 4), _SPLIT_RULE)
+    return trial.verdicts([RING], answers, (6, 7))
 
 
-EXERCISES = [SPLIT, RING]
+EXERCISES = [SPLIT, REFUSE, RING]

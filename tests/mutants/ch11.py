@@ -65,7 +65,7 @@ def from_a_cell(code: str, name: str):
     return namespace[name]
 
 
-def batched(check, exercise, answers: list):
+def batched(check, exercise: str, answers: list):
     """``check`` as the mutation tests call it, one answer at a time, with every answer of ``answers`` run in one
     launch on the first call."""
     verdicts = {}
@@ -80,7 +80,7 @@ def batched(check, exercise, answers: list):
     return checker
 
 
-def catalogue(check, exercise, correct: dict, mutants: list) -> Catalogue:
+def catalogue(check, exercise: str, correct: dict, mutants: list) -> Catalogue:
     answers = [*correct.values(), *(m.answer for m in mutants)]
     return Catalogue(batched(check, exercise, answers), correct, mutants)
 
@@ -204,7 +204,7 @@ def uses_a_lock(w, b, h, r, P):
 
 
 SPLIT = catalogue(
-    ch11.check_split_in_proj, ch11.SPLIT,
+    ch11.check_split_in_proj, "split",
     correct={
         "the reference": ch11._split,
         "view(3, h, d, E) and a slice of heads": view_and_slice,
@@ -380,7 +380,7 @@ def mask_not_broadcast(state, q, k, v, key_padding_mask, step, rank, world_size,
 
 
 RING = catalogue(
-    ch11.check_ring_step, ch11.RING,
+    ch11.check_ring_step, "ring",
     correct={
         "the reference": ch11._ring_step,
         "a notebook cell's (masked_fill)": from_a_cell(RING_CELL, "ring_step"),
