@@ -1,6 +1,8 @@
 """The diagnosis mechanism on a toy exercise: a mistake is named only when the answer agrees with it on every case;
 anything else is described by what it did (the pattern of its differences, its dtype, its shape, the inputs it
 changed, the exception it raised and on which case)."""
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -126,3 +128,13 @@ def test_an_answer_that_returns_where_the_statement_asks_for_an_exception_is_tol
 
 def test_an_answer_of_zeros_is_a_factor_of_0():
     assert "is 0 times the right one at every entry." in message(lambda x, n: x * 0)
+
+
+def test_a_column_has_no_diagonal_and_minus_inf_is_named_with_its_sign():
+    """A running maximum (L, 1) wrong in row 0 is not "on the diagonal"; -inf where numbers belong is said -inf."""
+    ex = Exercise(what="your m", reference=lambda x: x.amax(-1, keepdim=True), cases=[Case("x", (torch.eye(3),))],
+                  mistakes=[], passed="ok")
+    text = message(lambda x: x.amax(-1, keepdim=True) - torch.tensor([[1.0], [0.0], [0.0]]), ex)
+    assert "diagonal" not in text and "differs at 1 of 3 entries, e.g. at [0, 0]" in text, text
+    text = message(lambda x: torch.full((3, 1), -math.inf), ex)
+    assert "has -inf at 3 of 3 entries where the right answer is finite." in text, text
