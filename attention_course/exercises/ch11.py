@@ -21,8 +21,7 @@ The exercises (the checkers pass float64 CPU tensors; padding masks are IGNORE m
    each query, a block before is seen whole), merges it, rescaling the old l and acc by exp(m_old - m_new), and
    returns the new (m, l, acc); after world_size steps acc / l is the rank's block of the output.
 
-Each checker runs the function in two worker processes (:mod:`attention_course.distributed.trial`) on every case,
-then for real; what it did there is judged here by :mod:`.diagnose`, against the reference and its mistakes.
+The checkers run it in worker processes (:mod:`..distributed.trial`) and judge what it did with :mod:`.diagnose`.
 """
 from __future__ import annotations
 
@@ -126,9 +125,8 @@ REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinst
         Mistake("assert", "checks the divisibility with assert, so it raised AssertionError, and an assert disappears "
                 "under python -O: raise ValueError.", _s(refuse="assert"))], passed=_PASSED, run=trial.run)
 
-# What the exercise forbids, made to raise in the workers (grading's RULES, instructor/verdict.py, do not reach them).
-_SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],
-               "*without* the package's `split_in_proj_by_heads`")
+_SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],  # made to raise in the workers, which
+               "*without* the package's `split_in_proj_by_heads`")  # grading's RULES (instructor/verdict.py) miss
 
 
 def check_split_in_proj(fn) -> None:
@@ -149,12 +147,12 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     Lq, Lk = q.shape[2], k.shape[2]
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
     if is_causal:
-        if causal in ("blocks", "own block open", "diagonal hidden") and src > rank:
+        if causal in ("blocks", "own block open", "diagonal hidden", "past hidden") and src > rank:
             return (m, l, acc) if skipped else None  # every key of a later block comes after every query
         if causal in ("blocks", "no skip") and src == rank or causal == "triangle everywhere":
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(1)  # key j after query i, within one block
-        if causal == "diagonal hidden" and src == rank:
-            hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0)
+        if causal in ("diagonal hidden", "past hidden") and src == rank:  # triu(0), or tril(-1): the past
+            hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0) if causal[0] == "d" else (~hide).tril(-1)
         if causal == "positions":
             hide = (src * Lk + torch.arange(Lk))[None, :] > (rank * Lq + torch.arange(Lq))[:, None]
     m, l, acc = (m, l, acc) if old else empty_state(q)  # noqa: E741
@@ -237,6 +235,8 @@ RING = Exercise(
                 "seen whole.", _r(causal="triangle everywhere")),
         Mistake("diagonal hidden", f"hides each query's OWN KEY (causal): {_TRIU}, not triu(0).",
                 _r(causal="diagonal hidden")),
+        Mistake("past hidden", f"hides the PAST of each query in its own block (causal): {_TRIU}.",
+                _r(causal="past hidden")),
         Mistake("own block open", f"does not mask the rank's OWN BLOCK: {_TRIU}.", _r(causal="own block open")),
         Mistake("causal ignored", "IGNORES is_causal: skip later blocks, mask the own block.", _r(causal="ignored")),
         Mistake("positions", "takes the positions as rank * L_q + i and src * L_k + j, true only if every block has "

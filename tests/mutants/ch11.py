@@ -379,6 +379,24 @@ def mask_not_broadcast(state, q, k, v, key_padding_mask, step, rank, world_size,
     return ch11._ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
 
 
+def padding_minus_1e9(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """-1e9 added at the padded keys instead of -inf: a block all padding is then seen, as a row of equal scores."""
+    m, l, acc = state
+    src = (rank - step) % world_size
+    if is_causal and src > rank:
+        return state
+    s = q @ k.mT / q.shape[-1] ** 0.5
+    if is_causal and src == rank:
+        s = s.masked_fill(torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1), NEG)
+    if key_padding_mask is not None:
+        s = s + torch.where(key_padding_mask, -1e9, 0.0)[:, None, None, :]
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    shift = m_new.masked_fill(m_new == NEG, 0.0)
+    c = torch.exp(m - shift)
+    p = torch.exp(s - shift)
+    return m_new, c * l + p.sum(-1, keepdim=True), c * acc + p @ v
+
+
 RING = catalogue(
     ch11.check_ring_step, "ring",
     correct={
@@ -401,6 +419,8 @@ RING = catalogue(
         Mutant("block index (rank + step)", ring(direction="forward"), (r"WRONG WAY ROUND THE RING",)),
         Mutant("future blocks attended", ring(causal="no skip"), (r"attends a block AFTER THE RANK'S OWN",)),
         Mutant("triangle on every block", ring(causal="triangle everywhere"), (r"TRIANGLE on every block",)),
+        Mutant("the past hidden in the own block", ring(causal="past hidden"), (r"hides the PAST",)),
+        Mutant("-1e9 for the padded keys", padding_minus_1e9, (r"m differs", r"expected -inf, got -1e\+09")),
         Mutant("own block unmasked", ring(causal="own block open"), (r"does not mask the rank's OWN BLOCK",)),
         Mutant("is_causal ignored", ring(causal="ignored"), (r"IGNORES is_causal",)),
         Mutant("positions from equal blocks", ring(causal="positions"), (r"ONE LENGTH", r"tensor_split")),
