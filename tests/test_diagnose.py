@@ -1,6 +1,8 @@
 """The diagnosis mechanism on a toy exercise: a mistake is named only when the answer agrees with it on every case;
 anything else is described by what it did (the pattern of its differences, its dtype, its shape, the inputs it
 changed, the exception it raised and on which case)."""
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -108,3 +110,31 @@ def test_an_offset_or_a_factor_is_found_whatever_the_tensor(rows, cols, c, seed)
     assert f"plus the same {c:.4g}" in offset
     if abs(c - 1) > 1e-3:
         assert f"{c:.4g} times the right one" in describe(TOY, cases, [Outcome(want * c)], [Outcome(want)], [0])
+
+
+def test_an_answer_that_returns_where_the_statement_asks_for_an_exception_is_told_so():
+    """The reference raises (a size the statement refuses): returning there is said so, with the shapes returned."""
+    def halves(x):
+        if len(x) % 2:
+            raise ValueError("the length must be even")
+        return x[: len(x) // 2], x[len(x) // 2:]
+
+    ex = Exercise(what="your halves", reference=halves, cases=[Case(f"length {n}", (torch.arange(n * 1.0),))
+                                                                  for n in (4, 3)], mistakes=[], passed="ok")
+    text = message(lambda x: (x[: len(x) // 2], x[len(x) // 2:]), ex)
+    assert text == ("length 3: your halves returned (a tensor of shape (1,), a tensor of shape (2,)), where it should "
+                    "raise ValueError (the length must be even)."), text
+
+
+def test_an_answer_of_zeros_is_a_factor_of_0():
+    assert "is 0 times the right one at every entry." in message(lambda x, n: x * 0)
+
+
+def test_a_column_has_no_diagonal_and_minus_inf_is_named_with_its_sign():
+    """A running maximum (L, 1) wrong in row 0 is not "on the diagonal"; -inf where numbers belong is said -inf."""
+    ex = Exercise(what="your m", reference=lambda x: x.amax(-1, keepdim=True), cases=[Case("x", (torch.eye(3),))],
+                  mistakes=[], passed="ok")
+    text = message(lambda x: x.amax(-1, keepdim=True) - torch.tensor([[1.0], [0.0], [0.0]]), ex)
+    assert "diagonal" not in text and "differs at 1 of 3 entries, e.g. at [0, 0]" in text, text
+    text = message(lambda x: torch.full((3, 1), -math.inf), ex)
+    assert "has -inf at 3 of 3 entries where the right answer is finite." in text, text

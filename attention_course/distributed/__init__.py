@@ -17,8 +17,8 @@ Two ways to spread one attention layer over P processes ("ranks"), each followin
 one. :func:`ring_worker` and :func:`head_parallel_worker` (:mod:`.workers`) are such functions, ready to launch (on
 the CPU: :func:`head_parallel_worker` builds a ``"cpu"`` mesh). :func:`ring_attention` makes its tensors on its inputs'
 device, so a script run by ``torchrun`` on GPUs (backend ``"nccl"``) calls it the same way; chapter 11 writes such a
-script, and nothing here runs it. :mod:`.ship` sends a function written in a notebook cell to the workers by value
-(the exercise checkers use it).
+script, and nothing here runs it. :mod:`.ship` sends a function written in a notebook cell to the workers by value,
+and :mod:`.trial` runs it there on an exercise's cases, for chapter 11's checkers.
 
 A worker runs in a fresh process, which imports ``fn`` by its module and name: ``fn`` must live in a file Python
 can import (a package module, or a ``.py`` file beside the notebook), not in a notebook cell.

@@ -15,9 +15,9 @@ rank, :func:`call` runs the function and returns what it gave as plain data (:fu
 copies) or the exception it raised (:func:`sendable_error`), and :func:`changed` names the arguments it changed in
 place. Back in the caller, :func:`describe` says in words what a plain value is.
 
-Used by the checkers of chapter 11 (:mod:`attention_course.exercises.ch11`) with :func:`~.processes.launch`. The
+Used by :mod:`.trial`, which runs chapter 11's exercises in workers started by :func:`~.processes.launch`. The
 functions marked ``# pragma: no cover (worker)`` run only in worker processes, where the tests' line coverage does
-not follow; tests/test_exercises_ch11.py runs every one of them.
+not follow; tests/test_trial.py and tests/test_exercises_ch11.py run every one of them.
 """
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def uses_a_lock(w, b, h, r, P):
 SPLIT = catalogue(
     ch11.check_split_in_proj, "split",
     correct={
-        "the reference": ch11._reference_split_in_proj,
+        "the reference": ch11._split,
         "view(3, h, d, E) and a slice of heads": view_and_slice,
         "each third chunked by ranks": chunk_each_third,
         "index_select of the row numbers": row_indices,
@@ -216,7 +216,7 @@ SPLIT = catalogue(
     },
     mutants=[
         Mutant("packed rows cut into P chunks", split(layout="chunks"), (r"CONTIGUOUS CHUNKS", r"mixes up W_q")),
-        Mutant("Megatron's per-head layout", split(layout="per head"), (r"read HEAD BY HEAD", r"Megatron")),
+        Mutant("Megatron's per-head layout", split(layout="per head"), (r"reads the rows HEAD BY HEAD", r"Megatron")),
         Mutant("strided heads", split(heads="strided"), (r"STRIDED", r"CONTIGUOUS heads")),
         Mutant("the mirror rank's heads", split(heads="mirror"), (r"ANOTHER RANK", r"other end"),
                family="another rank"),
@@ -224,27 +224,27 @@ SPLIT = catalogue(
                family="another rank"),
         Mutant("rows ordered per head", split(out="per head"), (r"ORDERED PER HEAD",)),
         Mutant("blocks ordered k, q, v", split(order=(1, 0, 2)), (r"order k, q, v", r"PACKED ORDER")),
-        Mutant("one head per rank", split(heads="one"), (r"ONE HEAD", r"n = num_heads // world_size = 2")),
+        Mutant("one head per rank", split(heads="one"), (r"ONE HEAD", r"n = num_heads // world_size")),
         Mutant("bias forgotten", split(bias_mode="none"), (r"bias is FORGOTTEN",)),
         Mutant("bias not split", split(bias_mode="whole"), (r"bias is NOT SPLIT",)),
         Mutant("bias cut in chunks", split(bias_mode="chunks"), (r"NOT LIKE THE ROWS",)),
         Mutant("not split at all", lambda w, b, h, r, P: (w, b), (r"rows are NOT SPLIT",)),
-        Mutant("columns split", columns, (r"COLUMNS are split", r"input features")),
+        Mutant("columns split", columns, (r"splits the COLUMNS", r"input features")),
         Mutant("transposed", lambda w, b, h, r, P: (view_and_slice(w, b, h, r, P)[0].T,
-                                                    view_and_slice(w, b, h, r, P)[1]), (r"TRANSPOSED",)),
-        Mutant("only W_q's rows", only_q, (r"ONE OF q, k, v only",)),
-        Mutant("4-D, never packed", four_d, (r"still 4-D", r"reshape")),
+                                                    view_and_slice(w, b, h, r, P)[1]), (r"axes in another order", r"transpose")),
+        Mutant("only W_q's rows", only_q, (r"ONE OF q, k, v",)),
+        Mutant("4-D, never packed", four_d, (r"has shape \(3, 2, 1, 4\)", r"entries arranged in another shape", r"reshape")),
         Mutant("no divisibility check", no_check, (r"NO DIVISIBILITY CHECK",)),
         Mutant("an assert instead of ValueError", asserted, (r"raised AssertionError", r"python -O")),
-        Mutant("input changed in place", zeroes_the_input, (r"changed in_proj_weight IN PLACE",)),
+        Mutant("input changed in place", zeroes_the_input, (r"modified its input `in_proj_weight` in place",)),
         Mutant("float32 rows", lambda *a: tuple(t.float() for t in view_and_slice(*a)),
-               (r"came back as float32",)),
-        Mutant("three tensors q, k, v", three_parts, (r"returned 3 items", r"PACKED")),
-        Mutant("the weight alone", lambda *a: view_and_slice(*a)[0], (r"returned one tensor", r"\(weight, bias\)")),
+               (r"right values in float32, expected float64",)),
+        Mutant("three tensors q, k, v", three_parts, (r"returns 3 tensors", r"PACKED")),
+        Mutant("the weight alone", lambda *a: view_and_slice(*a)[0], (r"returns one tensor", r"\(weight, bias\)")),
         Mutant("the package's split_in_proj_by_heads", packaged, (r"not accepted", r"may not be used",
                                                                    r"split_in_proj_by_heads")),
         Mutant("a global that cannot be sent", uses_a_lock, (r"LOCK", r"cannot be sent to the worker")),
-        Mutant("no return statement", no_return, (r"return statement",)),
+        Mutant("no return statement", no_return, (r"nothing returned \(a `return` missing\?\)",)),
         Mutant("the stub", stub, (r"stub",)),
         Mutant("the function's result, not the function", (torch.zeros(12, 8), torch.zeros(12)),
                (r"without parentheses", r"got a tuple")),
@@ -321,18 +321,18 @@ def scales_k_in_place(state, q, k, v, key_padding_mask, step, rank, world_size, 
 
 
 def keeps_no_dim(state, *args):
-    m, l, acc = ch11._reference_ring_step(state, *args)
+    m, l, acc = ch11._ring_step(state, *args)
     return m.squeeze(-1), l, acc
 
 
 def none_when_skipped(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
     if is_causal and (rank - step) % world_size > rank:
         return None
-    return ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+    return ch11._ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
 
 
 def weights_not_values(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
-    m, l, acc = ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+    m, l, acc = ch11._ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
     return m, l, acc[..., :1] * torch.ones(*acc.shape[:-1], k.shape[2], dtype=acc.dtype)
 
 
@@ -340,11 +340,11 @@ def drops_the_old_state(state, q, k, v, key_padding_mask, step, rank, world_size
     """Each block merged into an empty state: what came before is lost."""
     if is_causal and (rank - step) % world_size > rank:
         return state
-    return ch11._ring_step(ch11._empty_state(q), q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+    return ch11._ring_step(ch11.empty_state(q), q, k, v, key_padding_mask, step, rank, world_size, is_causal)
 
 
 def keeps_the_old_m(state, *args):
-    m_new, l, acc = ch11._reference_ring_step(state, *args)
+    m_new, l, acc = ch11._ring_step(state, *args)
     return state[0], l, acc
 
 
@@ -369,59 +369,79 @@ def block_maximum(state, q, k, v, key_padding_mask, step, rank, world_size, is_c
 def k_not_transposed(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
     """q @ k instead of q @ k^T: an error wherever L_k != d."""
     q @ k  # noqa: B018 - the mistake: raises for blocks whose length is not d
-    return ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+    return ch11._ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
 
 
 def mask_not_broadcast(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
     """The padding mask (B, L_k) put on the scores (B, h, L_q, L_k) as it is."""
     if key_padding_mask is not None:
         (q @ k.mT).masked_fill(key_padding_mask, NEG)
-    return ch11._reference_ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+    return ch11._ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)
+
+
+def padding_minus_1e9(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal):
+    """-1e9 added at the padded keys instead of -inf: a block all padding is then seen, as a row of equal scores."""
+    m, l, acc = state
+    src = (rank - step) % world_size
+    if is_causal and src > rank:
+        return state
+    s = q @ k.mT / q.shape[-1] ** 0.5
+    if is_causal and src == rank:
+        s = s.masked_fill(torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1), NEG)
+    if key_padding_mask is not None:
+        s = s + torch.where(key_padding_mask, -1e9, 0.0)[:, None, None, :]
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    shift = m_new.masked_fill(m_new == NEG, 0.0)
+    c = torch.exp(m - shift)
+    p = torch.exp(s - shift)
+    return m_new, c * l + p.sum(-1, keepdim=True), c * acc + p @ v
 
 
 RING = catalogue(
     ch11.check_ring_step, "ring",
     correct={
-        "the reference": ch11._reference_ring_step,
+        "the reference": ch11._ring_step,
         "a notebook cell's (masked_fill)": from_a_cell(RING_CELL, "ring_step"),
         "chapter 8's block state and merge, as helpers": through_chapter_8,
         "the state updated in place, the rank from torch.distributed": in_place,
     },
     mutants=[
-        Mutant("no rescaling", ring(rescale="neither"), (r"NEITHER l NOR acc IS RESCALED",)),
-        Mutant("acc not rescaled", ring(rescale="l only"), (r"acc is LEFT UNSCALED",)),
-        Mutant("l not rescaled", ring(rescale="acc only"), (r"l is LEFT UNSCALED",)),
+        Mutant("no rescaling", ring(rescale="neither"), (r"NEITHER l NOR acc",)),
+        Mutant("acc not rescaled", ring(rescale="l only"), (r"leaves acc UNSCALED",)),
+        Mutant("l not rescaled", ring(rescale="acc only"), (r"leaves l UNSCALED",)),
         Mutant("inverted rescaling", ring(rescale="inverted"), (r"INVERTED", r"exp\(m_new - m_old\)")),
-        Mutant("acc normalised at each step", ring(acc_mode="normalised"), (r"NORMALISED at each step",)),
-        Mutant("no 1/sqrt(d)", ring(scale="none"), (r"NOT SCALED",)),
+        Mutant("acc normalised at each step", ring(acc_mode="normalised"), (r"NORMALISES acc at each step",)),
+        Mutant("no 1/sqrt(d)", ring(scale="none"), (r"NOT SCALE the scores",)),
         Mutant("divided by d", ring(scale="d"), (r"SQUARE ROOT",)),
         Mutant("no -inf guard", ring(guard=False), (r"NaN", r"every key of a block is padding")),
-        Mutant("padding ignored", ring(padding="ignored"), (r"PADDING IS IGNORED",)),
+        Mutant("padding ignored", ring(padding="ignored"), (r"IGNORES THE PADDING",)),
         Mutant("padding inverted", ring(padding="inverted"), (r"WRONG WAY ROUND:",)),
         Mutant("block index (rank + step)", ring(direction="forward"), (r"WRONG WAY ROUND THE RING",)),
-        Mutant("future blocks attended", ring(causal="no skip"), (r"AFTER THE RANK'S OWN is attended",)),
-        Mutant("triangle on every block", ring(causal="triangle everywhere"), (r"TRIANGLE is put on every block",)),
-        Mutant("own block unmasked", ring(causal="own block open"), (r"OWN BLOCK is not masked",)),
-        Mutant("is_causal ignored", ring(causal="ignored"), (r"is_causal is IGNORED",)),
+        Mutant("future blocks attended", ring(causal="no skip"), (r"attends a block AFTER THE RANK'S OWN",)),
+        Mutant("triangle on every block", ring(causal="triangle everywhere"), (r"TRIANGLE on every block",)),
+        Mutant("the past hidden in the own block", ring(causal="past hidden"), (r"hides the PAST",)),
+        Mutant("-1e9 for the padded keys", padding_minus_1e9, (r"m differs", r"expected -inf, got -1e\+09")),
+        Mutant("own block unmasked", ring(causal="own block open"), (r"does not mask the rank's OWN BLOCK",)),
+        Mutant("is_causal ignored", ring(causal="ignored"), (r"IGNORES is_causal",)),
         Mutant("positions from equal blocks", ring(causal="positions"), (r"ONE LENGTH", r"tensor_split")),
-        Mutant("k scaled in place", scales_k_in_place, (r"changed k IN PLACE", r"next rank")),
+        Mutant("k scaled in place", scales_k_in_place, (r"modified its input `k` in place",)),
         Mutant("m without keepdim", keeps_no_dim, (r"keepdim=True",)),
-        Mutant("state in the order (m, acc, l)", lambda *a: [ch11._reference_ring_step(*a)[i] for i in (0, 2, 1)],
+        Mutant("state in the order (m, acc, l)", lambda *a: [ch11._ring_step(*a)[i] for i in (0, 2, 1)],
                (r"ORDER \(m, l, acc\)",)),
-        Mutant("the block's output returned", lambda *a: ch11._reference_ring_step(*a)[2],
-               (r"returned one tensor", r"new STATE")),
-        Mutant("None for a skipped block", none_when_skipped, (r"returned None", r"return the state unchanged")),
-        Mutant("weights not multiplied by v", weights_not_values, (r"multiply them by v",)),
-        Mutant("float32 state", lambda *a: tuple(t.float() for t in ch11._reference_ring_step(*a)),
-               (r"came back as float32",)),
-        Mutant("no return statement", no_return, (r"return statement",)),
+        Mutant("the block's output returned", lambda *a: ch11._ring_step(*a)[2],
+               (r"returns one tensor", r"new STATE")),
+        Mutant("None for a skipped block", none_when_skipped, (r"returns None", r"return the state unchanged")),
+        Mutant("weights not multiplied by v", weights_not_values, (r"acc has shape \(2, 1, 1, 1\), expected \(2, 1, 1, 2\)",)),
+        Mutant("float32 state", lambda *a: tuple(t.float() for t in ch11._ring_step(*a)),
+               (r"right values in float32, expected float64",)),
+        Mutant("no return statement", no_return, (r"nothing returned \(a `return` missing\?\)",)),
         Mutant("the stub", stub, (r"stub",)),
-        Mutant("the old state dropped", drops_the_old_state, (r"OLD STATE IS DROPPED",)),
+        Mutant("the old state dropped", drops_the_old_state, (r"DROPS THE OLD STATE",)),
         Mutant("m not updated", keeps_the_old_m, (r"m is NOT UPDATED",)),
         Mutant("m of the block alone", block_maximum, (r"RUNNING MAXIMUM",)),
-        Mutant("k not transposed", k_not_transposed, (r"raised RuntimeError", r"k must be TRANSPOSED")),
-        Mutant("mask (B, L_k) on the scores", mask_not_broadcast, (r"raised RuntimeError", r"do not broadcast",
-                                                                    r"key_padding_mask\[:, None, None, :\]")),
+        Mutant("k not transposed", k_not_transposed, (r"raised RuntimeError", r"q @ k.transpose\(-2, -1\)")),
+        Mutant("mask (B, L_k) on the scores", mask_not_broadcast, (r"raised RuntimeError", r"broadcasting cannot line up",
+                                                                    r"view\(B, 1, 1, S\)")),
     ],
 )
 
