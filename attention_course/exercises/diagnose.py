@@ -222,13 +222,14 @@ def describe(exercise: Exercise, case: Case, got: Outcome, want: Outcome) -> str
 
 def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result") -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
+    parts = isinstance(want, tuple) and exercise.parts
+    expected = f"a tuple of {len(want)}, ({', '.join(exercise.parts)})" if parts else _show(want)
     if got is None and want is not None:
-        return f"{noun} is None: nothing returned (a `return` missing?), expected {_show(want)}."
-    if isinstance(want, tuple) and exercise.parts:
+        return f"{noun} is None: nothing returned (a `return` missing?), expected {expected}."
+    if parts:
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             shown = _show(got) if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
-            size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
-            return f"{noun} is {shown}{size}, expected a tuple of {len(want)}, ({', '.join(exercise.parts)})."
+            return f"{noun} is {shown}{f' of {len(got)}' * isinstance(got, (tuple, list))}, expected {expected}."
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i])
     if isinstance(want, torch.Tensor):
@@ -346,9 +347,9 @@ def _permutation(got, want, axis: int, tol: float):
     if size < 2:
         return None
     perm = []
-    for i in range(size):
+    for i in range(size):  # (equal slices are interchangeable: each is matched to one not yet taken)
         g = got.select(axis, i)
-        match = [j for j in range(size) if same(g, want.select(axis, j), tol)]
+        match = [j for j in range(size) if j not in perm and same(g, want.select(axis, j), tol)]
         if not match:
             return None
         perm.append(match[0] if i not in match else i)
