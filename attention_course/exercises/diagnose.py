@@ -118,6 +118,10 @@ def check(exercise: Exercise, answer) -> None:
     named = naming(exercise, got)
     if len(named) == 1:
         raise ExerciseError(f"{case.name}: {exercise.what} {named[0].says}")
+    if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
+        raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
+                            f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
+                            f"it needs is in its arguments.")
     raise ExerciseError(f"{case.name}: {describe(exercise, case, got[wrong[0]], want[wrong[0]])}")
 
 
