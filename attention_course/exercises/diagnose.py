@@ -22,6 +22,7 @@ import copy
 import inspect
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,7 +65,9 @@ class Outcome:
 class Exercise:
     """``what``: the answer in messages ("your gather"); ``passed``: what a right answer got right; ``run(answer,
     *args)``: how an answer is called (a class is built, a function called); ``parts``: the names of the items of a
-    returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites."""
+    returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites;
+    ``forbidden``: the functions ("module.function", Python functions) the statement forbids: an answer right on every
+    case that calls one while it runs (by any name, inside a helper too) is refused, told ``instead``."""
     what: str
     reference: Callable
     cases: list[Case]
@@ -74,6 +77,8 @@ class Exercise:
     atol: float = 1e-10
     parts: tuple = ()
     hints: tuple = ()
+    forbidden: tuple = ()
+    instead: str = ""
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -106,12 +111,16 @@ class Exercise:
 
 def check(exercise: Exercise, answer) -> None:
     """Print "Correct: ..." or raise :class:`ExerciseError` that names or describes the mistake."""
-    got = [exercise.outcome(answer, case) for case in exercise.cases]
+    used = []
+    got = [exercise.outcome(watching(answer, exercise.forbidden, used), case) for case in exercise.cases]
     for case, o in zip(exercise.cases, got):
         if type(o.error) is NotImplementedError and not str(o.error):
             raise raised(o.error, exercise.what)  # the student edition's stub
     want = [exercise.expected("reference", exercise.reference, case) for case in exercise.cases]
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if not agree(g, w, exercise.atol)]
+    if not wrong and used:  # the statement's rule, once the answer is right: a wrong one is told its mistake first
+        raise ExerciseError(f"{exercise.what} calls {used[0]}: the exercise asks you to write it yourself, WITHOUT the "
+                            f"ready-made function (it is what the checker compares with). {exercise.instead}")
     if not wrong:
         return passed(exercise.passed)
     case = exercise.cases[wrong[0]]
@@ -123,6 +132,22 @@ def check(exercise: Exercise, answer) -> None:
                             f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
                             f"it needs is in its arguments.")
     raise ExerciseError(f"{case.name}: {describe(exercise, case, got[wrong[0]], want[wrong[0]])}")
+
+
+def watching(answer, forbidden, used: list):
+    """``answer``, noting in ``used`` the ``forbidden`` functions it calls while it runs (of the modules imported)."""
+    codes = {getattr(getattr(sys.modules.get(f.rsplit(".", 1)[0]), f.rsplit(".", 1)[1], None), "__code__", None): f
+             for f in forbidden}
+    codes.pop(None, None)
+
+    def watched(*args):
+        previous = sys.getprofile()
+        sys.setprofile(lambda frame, *_: used.append(codes[frame.f_code]) if frame.f_code in codes else None)
+        try:
+            return answer(*args)
+        finally:
+            sys.setprofile(previous)
+    return watched if codes else answer
 
 
 def naming(exercise: Exercise, got: list[Outcome]) -> list[Mistake]:
@@ -322,6 +347,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
         nz = finite & (w64.abs() > 1e-6)
         if n and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
+            if not r.any():
+                return "is 0 at every entry where the right one is not: nothing was computed or added there."
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
                 return f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}: a factor."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
