@@ -1,19 +1,13 @@
-"""Checkers for chapter 10, attention that writes (float64 CPU tensors unless said; masks are IGNORE masks, bool, True
-= may NOT attend; RoPE in split halves, Llama's convention, base 10000; the notebook states each exercise in full):
+"""Checkers for chapter 10, attention that writes (the notebook states each exercise in full; masks are IGNORE masks):
 
-1. ``my_repeat_kv(x, n_rep)`` -- grade_id ``ex-ch10-repeat-kv``: (B, h_kv, S, d) -> (B, h_kv * n_rep, S, d), query
-   head j reading key/value head j // n_rep, in x's dtype, without the package's ``repeat_kv``.
-2. ``my_apply_rope(x, positions)`` -- grade_id ``ex-ch10-rope``: x (B, h, L, d) turned at positions (L,), features i
-   and i + d/2 by p * 10000 ** (-2i / d), in x's dtype, without ``apply_rope``, ``rope_cos_sin``, ``rotate_half``.
-3. ``decode_step(q, k, v, cache_k, cache_v) -> (out, cache_k, cache_v)`` -- grade_id ``ex-ch10-decode-step``: L new
-   tokens after T >= 0 cached (keys rotated): rotate q, k at T .. T+L-1, append along dim 2, causal attention.
-4. ``window_mask(q_positions, k_positions, window)`` -- grade_id ``ex-ch10-window-mask``: the (L, S) ignore mask, True
-   where k > q or q - k >= window, keys in any order, without ``decode_mask``.
+1. ``my_repeat_kv(x, n_rep)`` -- grade_id ``ex-ch10-repeat-kv``: query head j reads key/value head j // n_rep.
+2. ``my_apply_rope(x, positions)`` -- grade_id ``ex-ch10-rope``: split-halves RoPE, base 10000, at the positions given.
+3. ``decode_step(q, k, v, cache_k, cache_v)`` -- grade_id ``ex-ch10-decode-step``: causal attention with a KV cache.
+4. ``window_mask(q_positions, k_positions, window)`` -- grade_id ``ex-ch10-window-mask``: the sliding-window mask.
 """
 from __future__ import annotations
 
 import math
-import sys
 from functools import partial, reduce
 
 import torch
@@ -21,41 +15,34 @@ import torch.nn.functional as F
 
 from .diagnose import Case, Exercise, Mistake, check
 
-
-def randn(*shape, seed=10, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
+F32 = torch.float32
+randn = lambda *shape, seed=10, dtype=torch.float64: torch.randn(  # noqa: E731
+    *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 # Exercise 1: repeating key/value heads for grouped-query attention
-
-
-def _repeat_case(B, h_kv, S, d, n_rep, dtype=torch.float64):
-    name = f"{h_kv} key/value head{'s' * (h_kv > 1)}, n_rep = {n_rep}, x of shape {(B, h_kv, S, d)}"
-    return Case(name + " in float32" * (dtype == torch.float32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
-
-
+_repeat_case = lambda B, h_kv, S, d, n_rep, dtype=torch.float64: Case(  # noqa: E731
+    f"{h_kv} key/value head{'s' * (h_kv > 1)}, n_rep = {n_rep}, x of shape {(B, h_kv, S, d)}" + " in float32" * (
+        dtype == F32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
 AXES = {0: "batch", 1: "heads", 2: "sequence", 3: "feature"}
 REPEAT_KV = Exercise(
-    what="your repeat_kv",
-    reference=lambda x, n_rep: x.repeat_interleave(n_rep, dim=1),  # (B, h_kv * n_rep, S, d): head j reads j // n_rep
+    what="your repeat_kv", reference=lambda x, n_rep: x.repeat_interleave(n_rep, dim=1),  # head j reads j // n_rep
     cases=[_repeat_case(*c) for c in ((1, 1, 1, 1, 1), (1, 2, 1, 1, 3), (1, 1, 2, 3, 4), (2, 3, 3, 2, 2),
-                                      (2, 3, 2, 4, 1), (1, 2, 3, 2, 2, torch.float32))],
+                                      (2, 3, 2, 4, 1), (1, 2, 3, 2, 2, F32))],
     mistakes=[
-        Mistake("tiled", "is TILED, the block of heads repeated whole (x.repeat(1, n_rep, 1, 1), torch.cat([x] * n_rep, "
-                "1), a new axis BEFORE the heads): query head j reads head j % h_kv, the wrong group. Repeat each head "
-                "in place: x.repeat_interleave(n_rep, dim=1).", lambda x, n: x.repeat(1, n, 1, 1)),
+        Mistake("tiled", "is TILED (x.repeat(1, n_rep, 1, 1), torch.cat([x] * n_rep, 1), a new axis BEFORE the heads): "
+                "query head j reads head j % h_kv, the wrong group. x.repeat_interleave(n_rep, dim=1) repeats each "
+                "head in place.", lambda x, n: x.repeat(1, n, 1, 1)),
         Mistake("not repeated", "returns x: the heads are NOT REPEATED, n_rep unused.", lambda x, n: x),
         *[Mistake(f"dim {a}", f"repeats along dim {a}, the {AXES[a]} axis: the heads are dim 1 of (B, h_kv, S, d).",
                   partial(lambda x, n, a: x.repeat_interleave(n, dim=a), a=a)) for a in (0, 2, 3)],
-        Mistake("flat", "is FLAT: repeat_interleave without dim= flattens x. Give it dim=1.",
-                lambda x, n: x.repeat_interleave(n)),
-        Mistake("h times", "repeats each head h_kv * n_rep times, the number of QUERY heads: n_rep times is enough.",
+        Mistake("flat", "is FLAT: repeat_interleave without dim= flattens x. Give it dim=1.", torch.repeat_interleave),
+        Mistake("h times", "repeats each head h_kv * n_rep times, once per QUERY head: n_rep times is enough.",
                 lambda x, n: x.repeat_interleave(x.shape[1] * n, dim=1)),
         Mistake("5-D", "is 5-D: the new axis was never merged into the heads, .reshape(B, h_kv * n_rep, S, d).",
                 lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1)),
-        Mistake("expand", "expands the heads axis: expand repeats only an axis of SIZE 1, so this works for multi-query "
-                "attention alone. Expand a new axis after the heads, x[:, :, None].expand(B, h_kv, n_rep, S, d), then "
-                ".reshape(B, h_kv * n_rep, S, d).", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1)),
+        Mistake("expand", "expands the heads axis: expand repeats only an axis of SIZE 1 (multi-query attention). "
+                "Expand a new axis after the heads, x[:, :, None].expand(B, h_kv, n_rep, S, d), then .reshape(B, "
+                "h_kv * n_rep, S, d).", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1)),
     ],
     passed="query head j reads key/value head j // n_rep: h_kv = 1 to 3, n_rep = 1 to 4, float32 kept float32.",
     forbidden=("attention_course.decoding.repeat_kv", "transformers.models.llama.modeling_llama.repeat_kv"),
@@ -69,11 +56,8 @@ def check_repeat_kv(fn) -> None:
 
 
 # Exercise 2: rotary positions, split halves
-
-
 def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", swap=False, sin_term=1, outer="rows",
-          dtype=None):
-    """RoPE of x (..., L, d) at positions (L,): the reference, and the classic slips as switches."""
+          dtype=None):  # RoPE of x (..., L, d) at positions (L,): the reference, and the classic slips as switches
     d, dtype = x.shape[-1], dtype or x.dtype
     p = (torch.arange(len(positions)) if start == 0 else positions + (start or 0)).to(dtype)
     theta = 10000.0 ** (-power * torch.arange(d if layout == "feature" else d // 2, dtype=dtype) / d)  # (d/2,)
@@ -88,46 +72,35 @@ def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", 
     return x * cos + torch.cat([-sign * x2, sign * x1], -1) * sin * sin_term  # x * cos + rotate_half(x) * sin
 
 
-def _rope_case(B, h, at, d, dtype=torch.float64):
-    name = f"positions {at}, x of shape {(B, h, len(at), d)}" + " in float32" * (dtype == torch.float32)
-    return Case(name, (randn(B, h, len(at), d, seed=11, dtype=dtype), torch.tensor(at)))
-
-
+_rope_case = lambda B, h, at, d, dtype=torch.float64: Case(  # noqa: E731
+    f"positions {at}, x of shape {(B, h, len(at), d)}" + " in float32" * (dtype == F32),
+    (randn(B, h, len(at), d, seed=11, dtype=dtype), torch.tensor(at)))
 _turn = lambda name, says, **switches: Mistake(name, says, partial(_rope, **switches))  # noqa: E731
-HALVES = "this exercise turns features i and i + d/2 together: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1)."
+HALVES = "here features i and i + d/2 turn together: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1)."
 APPLY_ROPE = Exercise(
-    what="your apply_rope",
-    reference=_rope,
-    cases=[_rope_case(*c) for c in ((1, 1, [0], 2), (1, 1, [7], 2), (1, 2, [40, 41, 42], 4), (2, 1, [3, 97], 6),
-                                    (2, 3, [0, 1, 2, 3, 4], 8), (1, 2, [12, 0, 7, 30], 8), (1, 2, [5, 6], 8, torch.float32))],
+    what="your apply_rope", reference=_rope,
+    cases=[_rope_case(*c) for c in ((1, 1, [0], 2), (1, 1, [7], 2), (1, 2, [40, 41, 42], 4), (1, 2, [5, 6], 8, F32),
+                                    (2, 1, [3, 97], 6), (2, 3, [*range(5)], 8), (1, 2, [12, 0, 7, 30], 8))],
     mistakes=[
-        _turn("interleaved", "turns INTERLEAVED pairs of features (2i, 2i + 1), RoFormer's and Meta's way: " + HALVES,
-             pairs=True),
-        _turn("interleaved, minus", "turns INTERLEAVED pairs of features, by minus the angle: " + HALVES, pairs=True, sign=-1),
+        _turn("interleaved", "turns INTERLEAVED pairs (2i, 2i + 1), RoFormer's and Meta's way: " + HALVES, pairs=True),
+        _turn("interleaved, minus", "turns INTERLEAVED pairs, by minus the angle: " + HALVES, pairs=True, sign=-1),
         _turn("minus", "turns by MINUS the angle: rotate_half is cat(-x2, x1), not cat(x2, -x1).", sign=-1),
-        _turn("restart", "uses positions 0 .. L-1: the positions RESTARTED at 0. Turn token l by positions[l].", start=0),
+        _turn("restart", "uses positions 0 .. L-1: the positions RESTARTED at 0. Use the positions given.", start=0),
         _turn("plus one", "turns each token by its position + 1: position p has the angle p * theta_i.", start=1),
-        _turn("i/d", "uses 10000 ** (-i / d): the exponent lost its factor 2, 10000 ** (-arange(0, d, 2) / d).", power=1),
+        _turn("i/d", "uses 10000 ** (-i / d): the exponent lost its factor 2, -arange(0, d, 2) / d.", power=1),
         _turn("+2i/d", "uses 10000 ** (+2i / d), growing with i: the exponent is NEGATIVE, -2i / d.", power=-2),
-        _turn("per feature", "has one frequency per FEATURE, j < d: RoPE has d/2, shared by features i and i + d/2.",
-             power=1, layout="feature"),
+        _turn("per feature", "has a frequency per FEATURE: RoPE has d/2, one per pair.", power=1, layout="feature"),
         _turn("integer division", "turns every pair by the same angle: the exponent came out 0, an integer division "
-             "(arange(0, d, 2) // d). Divide in floating point, in x's dtype.", power=0, dtype=torch.float32),
-        _turn("pairs layout", "lays cos and sin out PER PAIR, repeat_interleave(2): with rotate_half they are repeated for "
-             "both halves, cat([angles, angles], -1).", layout="pairs"),
+              "(arange(0, d, 2) // d). Divide in floating point, in x's dtype.", power=0, dtype=F32),
+        _turn("pairs", "lays cos and sin out PER PAIR (0, 0, 1, 1, ..), not cat([angles, angles]).", layout="pairs"),
         _turn("swapped", "has cos and sin SWAPPED: x * cos + rotate_half(x) * sin.", swap=True),
         _turn("no sin", "returns x * cos: the sin term is missing, + rotate_half(x) * sin.", sin_term=0),
-        _turn("no outer", "multiplies positions (L,) and frequencies (d/2,) entry by entry: take their OUTER product, "
-             "positions[:, None] * theta -> (L, d/2).", outer="flat"),
-        _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta -> (L, d/2).",
-             outer="turned"),
-        _turn("not repeated", "has d/2 angles, one per FREQUENCY, for d features: cat([angles, angles], -1) -> (L, d).",
-             layout=None),
-        Mistake("first half", "returns the first HALF of the features alone: x * cos + rotate_half(x) * sin has x's "
-                "shape.", lambda x, p: _rope(x, p)[..., :x.shape[-1] // 2]),
+        _turn("no outer", "multiplies positions (L,) by frequencies (d/2,): take their OUTER product.", outer="flat"),
+        _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta.", outer="turned"),
+        _turn("not repeated", "has d/2 angles, one per FREQUENCY: repeat them for both halves.", layout=None),
+        Mistake("first half", "returns the first HALF of the features only.", lambda x, p: _rope(x, p).chunk(2, -1)[0]),
     ],
-    passed="split-halves RoPE, base 10000, at the positions given (any order, after a cache), d = 2 to 8, float32 "
-           "kept float32.",
+    passed="split-halves RoPE at the positions given (any order, after a cache), d = 2 to 8, float32 kept float32.",
     forbidden=tuple(f"attention_course.rope.{f}" for f in ("apply_rope", "rope_cos_sin", "rotate_half")) + tuple(
         f"transformers.models.llama.modeling_llama.{f}" for f in ("apply_rotary_pos_emb", "rotate_half")),
     instead="Build the angles positions[:, None] * theta yourself and write rotate_half as torch.cat([-x2, x1], -1).",
@@ -140,8 +113,6 @@ def check_apply_rope(fn) -> None:
 
 
 # Exercise 3: one decode step with a KV cache
-
-
 def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=True, store="end", turn="qk", again="",
             fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1):
     """One decode step: the reference, and the classic slips as switches (turn: what is rotated, how many times)."""
@@ -156,10 +127,9 @@ def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=Tru
     keys, values = {True: (keys, values), False: (cache_k, cache_v), "values": (cache_k, values)}[own]
     key, query, S = torch.arange(keys.shape[2]), torch.arange(T, T + L), keys.shape[2]
     back = query[:, None] - key[None, :]  # (L, S): how far back each key lies
-    hidden = key > query if mask == "flat" else {  # "flat": (S,) > (L,), an error unless L is 1 or S
-        "future": back < 0, "none": None, "top-left": torch.ones(L, S).triu(1) > 0, "past": back > 0, "keep": back >= 0,
-        "L x L": torch.ones(L, L).triu(1) > 0, "hide cache": (back < 0) | (key < T), "transposed": (back < 0).T,
-        "zero": key > torch.arange(L)[:, None]}[mask]
+    hidden = key > query if mask == "flat" else {"future": back < 0, "none": None, "past": back > 0, "keep": back >= 0,
+        "top-left": torch.ones(L, S).triu(1) > 0, "L x L": torch.ones(L, L).triu(1) > 0, "transposed": (back < 0).T,
+        "hide cache": (back < 0) | (key < T), "zero": key > torch.arange(L)[:, None]}[mask]  # "flat": (S,) > (L,)
     if sdpa:
         return (F.scaled_dot_product_attention(rq, keys, values, attn_mask=hidden), *kept)  # True = MAY attend
     scores = rq @ keys.transpose(*axes) / q.shape[-1] ** power  # (B, h, L, S)
@@ -167,9 +137,7 @@ def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=Tru
     return ((weights.masked_fill(hidden, 0.0) if after else weights) @ values, *kept)
 
 
-def _steps(answer, q, k, v, cache_k, cache_v, *chunks):
-    """One call; given chunk sizes, a generation: the new tokens fed in chunks, each call given the caches the one
-    before returned (the outs concatenated, the last caches)."""
+def _steps(answer, q, k, v, cache_k, cache_v, *chunks):  # one call, or a generation fed the caches it returns
     outs, at = [], 0
     for n in chunks:
         out, cache_k, cache_v = answer(*(t[:, :, at:at + n] for t in (q, k, v)), cache_k, cache_v)
@@ -187,61 +155,49 @@ def _decode_case(B, h, T, L, d, *chunks):
 
 _step = lambda name, says, **switches: Mistake(name, says, partial(_decode, **switches))  # noqa: E731
 DECODE_STEP = Exercise(
-    what="your decode_step",
-    reference=lambda q, k, v, cache_k, cache_v: _decode(q, k, v, cache_k, cache_v),
-    run=_steps,
-    parts=("out", "cache_k", "cache_v"),
+    what="your decode_step", reference=lambda q, k, v, cache_k, cache_v: _decode(q, k, v, cache_k, cache_v),
+    run=_steps, parts=("out", "cache_k", "cache_v"),
     cases=[_decode_case(*c) for c in ((1, 1, 0, 1, 2), (1, 1, 1, 1, 2), (1, 2, 0, 3, 4), (2, 1, 3, 1, 4),
                                       (1, 2, 2, 3, 2), (2, 3, 5, 2, 6), (1, 1, 4, 4, 8), (2, 2, 0, 6, 4, 3, 1, 1, 1))],
     mistakes=[
         _step("restart", "rotates the new tokens at 0 .. L-1, as if RESTARTED at 0: they sit at T .. T+L-1.", start=0),
-        _step("restart, mask too", "puts the new tokens at 0 .. L-1 in the rotation and the mask, as if RESTARTED at 0: "
-             "they sit at T .. T+L-1, T = cache_k.shape[2].", start=0, mask="zero"),
+        _step("masked 0", "rotates and masks the new tokens at 0 .. L-1, RESTARTED at 0, not T.", start=0, mask="zero"),
         _step("plus one", "rotates the new tokens one position too far, at T+1 .. T+L: the first is at T.", start=1),
         _step("heads", "reads T from cache_k.shape[1], the number of HEADS: T = cache_k.shape[2].", start="heads"),
         *[_step(f"dim {a}", f"grows the cache along dim {a}, the {AXES[a]} axis: the WRONG AXIS. Append along dim 2, "
-               "the sequence axis: torch.cat([cache_k, k], dim=2).", cat=a) for a in (0, 1, 3)],
+                "the sequence axis: torch.cat([cache_k, k], dim=2).", cat=a) for a in (0, 1, 3)],
         _step("top-left", "aligns the causal mask TOP-LEFT (triu(1) of an (L, S) mask, SDPA's is_causal=True), as if "
-             "the new tokens came first: new query i reads the keys at positions <= T + i.", mask="top-left"),
-        _step("hide cache", "HIDES THE CACHE from the new tokens: hide only the keys after each query.", mask="hide cache"),
-        _step("L x L", "uses the new tokens' own (L, L) causal mask on (L, T + L) scores: build it over all keys.",
-             mask="L x L"),
+              "the new tokens came first: new query i reads the keys at positions <= T + i.", mask="top-left"),
+        _step("hide cache", "HIDES THE CACHE from the new tokens: hide only keys after a query.", mask="hide cache"),
+        _step("L x L", "uses the new tokens' own (L, L) causal mask on (L, S) scores: mask all keys.", mask="L x L"),
         _step("no mask", "has NO CAUSAL MASK: a new token reads the new tokens after it.", mask="none"),
-        _step("old cache only", "attends to the OLD CACHE ONLY: append k and v first, a token reads itself.", own=False),
+        _step("old cache only", "attends to the OLD CACHE ONLY: append k and v first, a token sees itself.", own=False),
         _step("values only", "appends the new values, not the new KEYS, before the scores: append both.", own="values"),
         _step("values rotated", "rotates the VALUES too: RoPE turns queries and keys alone.", turn="qkv"),
         _step("queries unrotated", "does not rotate the QUERIES: RoPE turns the new queries and keys.", turn="k"),
         _step("keys unrotated", "does not rotate the new KEYS: rotate them, and store them rotated.", turn="q"),
-        _step("new keys twice", "rotates the new keys TWICE (by 2p * theta): rotate k once, and store that.", turn="qkk"),
+        _step("new keys twice", "rotates the new keys TWICE (by 2p * theta): rotate k once, store that.", turn="qkk"),
         _step("q and k twice", "rotates the new queries and keys TWICE (by 2p * theta): once each.", turn="qqkk"),
-        _step("cache rotated again", "rotates the cached keys AGAIN, at 0 .. S-1: they were rotated when new. Rotate "
-             "only the new keys.", again="cache"),
-        _step("all twice", "rotates the whole cache again, new keys already rotated: keys ROTATED TWICE. Rotate the "
-             "new keys once, before appending.", again="all"),
+        _step("cache again", "rotates the cached keys AGAIN: they are kept rotated. Rotate new keys.", again="cache"),
+        _step("all twice", "rotates the whole cache again: keys ROTATED TWICE. Rotate new keys, once.", again="all"),
         _step("keep mask", "fills the keys each query may see: the mask's POLARITY IS SWAPPED, a query reads only the "
-             "keys AFTER it (the last, none: NaN). Hide key position > query position.", mask="keep"),
+              "keys AFTER it (the last, none: NaN). Hide key position > query position.", mask="keep"),
         _step("sdpa", "hands the IGNORE mask to F.scaled_dot_product_attention, which reads True as MAY attend: pass "
-             "~mask, or masked_fill(mask, -inf) yourself.", sdpa=True),
-        _step("transposed", "builds the mask TRANSPOSED, (S, L): queries down, key_positions[None, :] > "
-             "positions[:, None].", mask="transposed"),
-        _step("flat", "compares the positions ELEMENT BY ELEMENT: key_positions[None, :] > positions[:, None] is (L, S).",
-             mask="flat"),
+              "~mask, or masked_fill(mask, -inf) yourself.", sdpa=True),
+        _step("transposed", "builds the mask TRANSPOSED, (S, L): queries down, keys across.", mask="transposed"),
+        _step("flat", "compares the positions ELEMENT BY ELEMENT: keys[None, :] > queries[:, None].", mask="flat"),
         _step("past", "hides the keys BEFORE each query, the comparison TURNED ROUND: hide key > query.", mask="past"),
-        _step("+inf", "fills the hidden scores with +inf: exp(+inf) takes all the weight, NaN. Fill with -inf.",
-             fill=math.inf),
+        _step("+inf", "fills the hidden scores with +inf: exp(+inf) takes the weight, NaN. Use -inf.", fill=math.inf),
         _step("fill 0", "sets the hidden scores to 0, not -inf: exp(0) still gives them weight.", fill=0.0),
-        _step("after", "masks AFTER THE SOFTMAX: the rows no longer sum to 1. Fill the scores with -inf before.",
-             after=True),
+        _step("after", "masks AFTER THE SOFTMAX: rows no longer sum to 1. Fill the scores with -inf.", after=True),
         _step("axes", "transposes the keys on the wrong axes, (1, 2): q @ keys.transpose(-2, -1).", axes=(1, 2)),
         _step("scale d", "divides the scores by d: the scale is 1/sqrt(d).", power=1),
         _step("not scaled", "leaves the scores unscaled: divide them by sqrt(d).", power=0),
         _step("softmax queries", "runs the softmax over the QUERIES: over the keys, softmax(dim=-1).", softmax=-2),
         _step("softmax heads", "runs the softmax over the HEADS: over the keys, softmax(dim=-1).", softmax=1),
-        _step("not grown", "returns the caches NOT GROWN: append the new keys and values, (B, h, T + L, d).",
-             store="unchanged"),
+        _step("not grown", "returns the caches NOT GROWN: append the new keys and values.", store="unchanged"),
         _step("new only", "returns caches of ONLY THE NEW keys and values: the T old ones and the L new.", store="new"),
-        _step("front", "returns the right out, but the new entries at the FRONT of the caches: append them at the end.",
-             store="front"),
+        _step("front", "returns the right out, but the new entries at the FRONT of the caches.", store="front"),
         _step("raw", "stores the new keys UNROTATED: the cache holds keys rotated at their positions.", store="raw"),
     ],
     passed="each step equals attention over all T + L tokens: prefills, one token, chunks, d = 2 to 8, a generation.",
@@ -249,19 +205,15 @@ DECODE_STEP = Exercise(
 
 
 def check_decode_step(fn) -> None:
-    """Check ``fn(q, k, v, cache_k, cache_v) -> (out, cache_k, cache_v)``: one causal step with a KV cache, RoPE at
-    T .. T+L-1, equal to the full recomputation, its caches carrying a generation on."""
+    """Check ``fn(q, k, v, cache_k, cache_v) -> (out, cache_k, cache_v)``: one causal step with a KV cache."""
     check(DECODE_STEP, fn)
 
 
 # Exercise 4: the sliding-window mask
-
-
-def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat=False):
-    """Hide back < near (0: the future) and back >= window + far, back = q - k; the slips as switches."""
+def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat=False):  # and the slips
     back = q_positions - k_positions if flat else q_positions[:, None] - k_positions[None, :]  # (L, S)
     back = -back if band == "forward" else back
-    return back.abs() >= window if band == "symmetric" else (back < near) | (back >= window + far)
+    return back.abs() >= window if band == "symmetric" else (back < near) | (back >= window + far)  # 0: the future
 
 
 def _window_case(q, k, window):
@@ -275,31 +227,25 @@ def _window_case(q, k, window):
 _band = lambda name, says, **switches: Mistake(name, says, partial(_window, **switches))  # noqa: E731
 SEES = "A query sees itself and the window - 1 positions before it: hide q - k >= window."
 WINDOW_MASK = Exercise(
-    what="your window_mask",
-    reference=_window,
-    cases=[_window_case(*c) for c in (([0], [0], 1), ([9], list(range(10)), 4), ([10], [8, 9, 10, 7], 3),
-                                      (list(range(4)), list(range(4)), 1), (list(range(6)), list(range(6)), 3),
-                                      (list(range(5)), list(range(5)), 10), ([7, 8, 9], list(range(10)), 3),
-                                      ([12, 13], [12, 9, 13, 10, 11], 4))],
+    what="your window_mask", reference=_window,
+    cases=[_window_case(*c) for c in (([0], [0], 1), ([9], [*range(10)], 4), ([10], [8, 9, 10, 7], 3),
+                                      ([7, 8, 9], [*range(10)], 3), ([12, 13], [12, 9, 13, 10, 11], 4),
+                                      *(([*range(n)], [*range(n)], w) for n, w in ((4, 1), (6, 3), (5, 10))))],
     mistakes=[
-        _band("window + 1", "lets each query see window + 1 keys: an OFF BY ONE, hiding q - k > window. " + SEES, far=1),
+        _band("window + 1", "lets each query see window + 1 keys: an OFF BY ONE, hiding q - k > W. " + SEES, far=1),
         _band("window - 1", "lets each query see window - 1 keys: an OFF BY ONE. " + SEES, far=-1),
         _band("symmetric", "hides |q - k| >= window, a symmetric band: NOT CAUSAL. Hide k > q too.", band="symmetric"),
         _band("no causal", "hides only the keys too far back: NOT CAUSAL. Hide k > q too.", near=-math.inf),
         _band("no window", "is the plain causal mask: the WINDOW IS IGNORED. Hide q - k >= window too.", far=math.inf),
         _band("own key", "hides each query's OWN KEY (k >= q): hide only k > q.", near=1),
-        _band("forward", "LOOKS FORWARD: each query sees itself and the window - 1 positions AFTER it (k - q for q - k).",
-             band="forward"),
-        _band("flat", "compares the positions ELEMENT BY ELEMENT: every query meets every key, q_positions[:, None] - "
-             "k_positions[None, :] -> (L, S).", flat=True),
-        Mistake("indices", "is built from INDICES (0 .. L-1 for the queries and 0 .. S-1 for the keys), not from the "
-                "positions given.", lambda q, k, w: _window(torch.arange(len(q)), torch.arange(len(k)), w)),
-        Mistake("key indices", "is built from INDICES (S-L .. S-1 for the queries and 0 .. S-1 for the keys), not from "
-                "the positions given.", lambda q, k, w: _window(torch.arange(len(k) - len(q), len(k)), torch.arange(
-                    len(k)), w)),
+        _band("forward", "LOOKS FORWARD: a query sees the window - 1 positions AFTER it (k - q).", band="forward"),
+        _band("flat", "compares the positions ELEMENT BY ELEMENT: q[:, None] - k[None, :] is (L, S).", flat=True),
+        Mistake("indices", "is built from INDICES 0 .. L-1 and 0 .. S-1, not from the positions given.",
+                lambda q, k, w: _window(torch.arange(len(q)), torch.arange(len(k)), w)),
+        Mistake("key indices", "is built from INDICES S-L .. S-1 and 0 .. S-1, not from the positions given.",
+                lambda q, k, w: _window(torch.arange(len(k) - len(q), len(k)), torch.arange(len(k)), w)),
     ],
-    passed="True exactly where the key is in the future or window or more positions back: prefills, decode steps, a "
-           "ring buffer out of order, window 1 and a window wider than the sequence.",
+    passed="True where k > q or q - k >= window: prefills, decode steps, a ring buffer, windows 1 to 10.",
     forbidden=("attention_course.decoding.decode_mask",),
     instead="Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].",
 )
