@@ -232,7 +232,7 @@ WINDOW_MASK = Exercise(
                                       ([7, 8, 9], [*range(10)], 3), ([12, 13], [12, 9, 13, 10, 11], 4),
                                       *(([*range(n)], [*range(n)], w) for n, w in ((4, 1), (6, 3), (5, 10))))],
     mistakes=[
-        _band("window + 1", "lets each query see window + 1 keys: an OFF BY ONE, hiding q - k > W. " + SEES, far=1),
+        _band("window + 1", "lets a query see window + 1 keys: an OFF BY ONE, hiding q - k > window. " + SEES, far=1),
         _band("window - 1", "lets each query see window - 1 keys: an OFF BY ONE. " + SEES, far=-1),
         _band("symmetric", "hides |q - k| >= window, a symmetric band: NOT CAUSAL. Hide k > q too.", band="symmetric"),
         _band("no causal", "hides only the keys too far back: NOT CAUSAL. Hide k > q too.", near=-math.inf),
