@@ -74,7 +74,8 @@ def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", 
 
 _rope_case = lambda B, h, at, d, dtype=torch.float64: Case(  # noqa: E731
     f"positions {at}, x of shape {(B, h, len(at), d)}" + " in float32" * (dtype == F32),
-    (randn(B, h, len(at), d, seed=11, dtype=dtype), torch.tensor(at)))
+    (randn(B, h, len(at), d, seed=11, dtype=dtype), torch.tensor(at)),
+    {"at the frequencies i > 0, whose theta_i is not 1": (torch.arange(d) % (d // 2) > 0).expand(B, h, len(at), d)})
 _turn = lambda name, says, **switches: Mistake(name, says, partial(_rope, **switches))  # noqa: E731
 HALVES = "here features i and i + d/2 turn together: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1)."
 APPLY_ROPE = Exercise(
@@ -217,8 +218,7 @@ def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat
 
 
 def _window_case(q, k, window):
-    q, k = torch.tensor(q), torch.tensor(k)
-    back = q[:, None] - k[None, :]
+    back = (q := torch.tensor(q))[:, None] - (k := torch.tensor(k))[None, :]
     marks = {"where the key is after the query (k > q)": back < 0, "at the query's own key (k = q)": back == 0,
              "at keys exactly window positions back": back == window, "at keys window - 1 back": back == window - 1}
     return Case(f"queries at {q.tolist()}, keys at {k.tolist()}, window {window}", (q, k, window), marks)
@@ -229,7 +229,7 @@ SEES = "A query sees itself and the window - 1 positions before it: hide q - k >
 WINDOW_MASK = Exercise(
     what="your window_mask", reference=_window,
     cases=[_window_case(*c) for c in (([0], [0], 1), ([9], [*range(10)], 4), ([10], [8, 9, 10, 7], 3),
-                                      ([7, 8, 9], [*range(10)], 3), ([12, 13], [12, 9, 13, 10, 11], 4),
+                                      ([7, 8, 9], [*range(10)], 3), ([2, 13], [13, 9, 4, 12, 11], 4),
                                       *(([*range(n)], [*range(n)], w) for n, w in ((4, 1), (6, 3), (5, 10))))],
     mistakes=[
         _band("window + 1", "lets a query see window + 1 keys: an OFF BY ONE, hiding q - k > window. " + SEES, far=1),
