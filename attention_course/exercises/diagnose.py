@@ -5,13 +5,15 @@ cases it allows), a **reference** (the right answer) and a **catalogue of mistak
 (two indices swapped, a shift by one, a term dropped, an order reversed, another dtype) with the words that tell the
 learner what it does. :func:`check` runs the answer on every case, on a fresh copy of the inputs, and then:
 
-1. every case right and every input untouched: "Correct: ...";
+1. every case right and every input untouched: "Correct: ..." (unless the answer called a function the statement
+   forbids, :attr:`Exercise.forbidden`: then it is refused);
 2. a mistake of the catalogue that **agrees with the answer on every case** (the same values, the same exception,
    the same inputs changed), and only one: the message names it;
 3. otherwise the message **describes what the answer did** on the smallest case where it is wrong: the exception and
    its likeliest cause there, the inputs it changed, its type, shape or dtype, or the pattern of the entries that
-   differ (inverted, transposed, a whole row, the diagonal, a constant offset or factor, the right values in
-   another order, a region the case marks such as a block boundary).
+   differ (inverted, transposed, a whole row, the diagonal, a constant offset or factor, float32's rounding, the
+   right values in another order, a region the case marks such as a block boundary); or, if the answer gives another
+   result when called again on that case, that it keeps a state between calls.
 
 ``tests/test_catalogues.py`` holds every catalogue to this: each mistake rejected and named on its own, each pair
 of mistakes told apart by some case.
