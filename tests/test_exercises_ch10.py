@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.exercises import ExerciseError, ch10
-from mutants.ch10 import interleaved_complex, through_the_permutation
+from mutants.ch10 import attend, interleaved_complex, through_the_permutation
 
 DT = torch.float64
 CHECKERS = (ch10.check_repeat_kv, ch10.check_apply_rope, ch10.check_decode_step, ch10.check_window_mask)
@@ -16,6 +16,18 @@ CHECKERS = (ch10.check_repeat_kv, ch10.check_apply_rope, ch10.check_decode_step,
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=DT)
+
+
+def recomputed(q, k, v):
+    """Causal attention over all N tokens at once, RoPE at 0 .. N-1: what a cache must reproduce. (B, h, N, d)."""
+    positions = torch.arange(q.shape[2])
+    return attend(ch10._rope(q, positions), ch10._rope(k, positions), v, positions[None, :] > positions[:, None])
+
+
+def step_inputs(q, k, v, T, L):
+    """The new tokens' q, k, v (unrotated) and the cache of the T before them (keys rotated)."""
+    new = lambda t: t[:, :, T:T + L].clone()  # noqa: E731
+    return new(q), new(k), new(v), ch10._rope(k[:, :, :T], torch.arange(T)), v[:, :, :T].clone()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -27,7 +39,7 @@ def test_repeat_kv_pairs_query_heads_as_sdpa_enable_gqa_does():
     convention; tiling (repeat) gives another result."""
     q, k, v = randn(2, 6, 5, 4, seed=1), randn(2, 2, 7, 4, seed=2), randn(2, 2, 7, 4, seed=3)
     gqa = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    ours = F.scaled_dot_product_attention(q, ch10._reference_repeat_kv(k, 3), ch10._reference_repeat_kv(v, 3))
+    ours = F.scaled_dot_product_attention(q, ch10.REPEAT_KV.reference(k, 3), ch10.REPEAT_KV.reference(v, 3))
     tiled = F.scaled_dot_product_attention(q, k.repeat(1, 3, 1, 1), v.repeat(1, 3, 1, 1))
     torch.testing.assert_close(ours, gqa, atol=1e-12, rtol=0)
     assert (tiled - gqa).abs().max() > 0.1
@@ -36,7 +48,7 @@ def test_repeat_kv_pairs_query_heads_as_sdpa_enable_gqa_does():
 def test_rope_turns_each_pair_by_position_times_frequency():
     """Feature i and i + d/2 of a token at position p, as a complex number, are multiplied by e^(i p theta_i)."""
     x, positions = randn(1, 1, 3, 8), torch.tensor([0, 5, 97])
-    out = ch10._reference_rope(x, positions)
+    out = ch10._rope(x, positions)
     for l, p in enumerate(positions.tolist()):
         for i in range(4):
             theta = 10000.0 ** (-2 * i / 8)
@@ -48,8 +60,8 @@ def test_rope_turns_each_pair_by_position_times_frequency():
 
 def test_rope_scores_depend_on_the_distance_only():
     q, k = randn(1, 2, 1, 8, seed=4), randn(1, 2, 1, 8, seed=5)
-    score = lambda m, n: (ch10._reference_rope(q, torch.tensor([m])) *  # noqa: E731
-                          ch10._reference_rope(k, torch.tensor([n]))).sum(-1)
+    score = lambda m, n: (ch10._rope(q, torch.tensor([m])) *  # noqa: E731
+                          ch10._rope(k, torch.tensor([n]))).sum(-1)
     for m, n in [(3, 1), (10, 8), (102, 100)]:
         torch.testing.assert_close(score(m, n), score(m - n, 0), atol=1e-12, rtol=0)
     assert (score(3, 1) - score(3, 2)).abs().max() > 1e-3
@@ -59,9 +71,9 @@ def test_the_two_conventions_agree_up_to_a_fixed_permutation():
     """Interleaved RoPE (Meta's complex numbers) on the features permuted (i -> 2i, i + d/2 -> 2i + 1) is
     split-halves RoPE, and on the features as they are it is not."""
     x, positions = randn(2, 3, 5, 8, seed=6), torch.arange(3, 8)
-    torch.testing.assert_close(through_the_permutation(x, positions), ch10._reference_rope(x, positions),
+    torch.testing.assert_close(through_the_permutation(x, positions), ch10._rope(x, positions),
                                atol=1e-12, rtol=0)
-    assert (interleaved_complex(x, positions) - ch10._reference_rope(x, positions)).abs().max() > 0.1
+    assert (interleaved_complex(x, positions) - ch10._rope(x, positions)).abs().max() > 0.1
 
 
 @pytest.mark.slow  # imports transformers (seconds): make check leaves transformers to make test
@@ -77,28 +89,28 @@ def test_rope_is_transformers_llama_rope():
     angles = torch.cat([positions[:, None] * theta] * 2, -1)  # (L, d)
     got = modeling.apply_rotary_pos_emb(q, k, angles.cos()[None], angles.sin()[None])
     for theirs, x in zip(got, (q, k)):
-        torch.testing.assert_close(theirs, ch10._reference_rope(x, positions), atol=1e-12, rtol=0)
+        torch.testing.assert_close(theirs, ch10._rope(x, positions), atol=1e-12, rtol=0)
     config = LlamaConfig(hidden_size=3 * d, num_attention_heads=3, rope_theta=10000.0)
     cos, sin = modeling.LlamaRotaryEmbedding(config)(q, positions[None])
     theirs, _ = modeling.apply_rotary_pos_emb(q, k, cos.double(), sin.double())
-    assert (theirs - ch10._reference_rope(q, positions)).abs().max() < 1e-4  # float32 angles
+    assert (theirs - ch10._rope(q, positions)).abs().max() < 1e-4  # float32 angles
 
 
 def test_transformers_repeat_kv_is_the_reference():
     modeling = pytest.importorskip("transformers.models.llama.modeling_llama")
     x = randn(2, 3, 5, 4)
     for n_rep in (1, 2, 4):
-        assert torch.equal(modeling.repeat_kv(x, n_rep), ch10._reference_repeat_kv(x, n_rep))
+        assert torch.equal(modeling.repeat_kv(x, n_rep), ch10.REPEAT_KV.reference(x, n_rep))
 
 
 def test_cached_decoding_equals_full_recomputation_for_every_split():
     """The theorem the decode checker rests on: the reference step, for any cache length T and any number L of new
     tokens, gives the rows T .. T+L-1 of causal attention over all tokens at once."""
     q, k, v = (randn(2, 3, 7, 8, seed=s) for s in (9, 10, 11))
-    full = ch10._full(q, k, v)
+    full = recomputed(q, k, v)
     for T in range(7):
         for L in range(1, 8 - T):
-            out, cache_k, cache_v = ch10._reference_decode_step(*ch10._step_inputs(q, k, v, T, L))
+            out, cache_k, cache_v = ch10.DECODE_STEP.reference(*step_inputs(q, k, v, T, L))
             torch.testing.assert_close(out, full[:, :, T:T + L], atol=1e-12, rtol=0)
             torch.testing.assert_close(cache_k, ch10._rope(k[:, :, :T + L], torch.arange(T + L)), atol=1e-12, rtol=0)
             assert torch.equal(cache_v, v[:, :, :T + L])
@@ -110,22 +122,22 @@ def test_a_rolling_cache_with_the_window_mask_equals_the_full_cache():
     N, W = 9, 3
     q, k, v = (randn(1, 2, N, 4, seed=s) for s in (12, 13, 14))
     positions = torch.arange(N)
-    want = ch10._attend(q, k, v, ch10._reference_window_mask(positions, positions, W))
+    want = attend(q, k, v, ch10._window(positions, positions, W))
     ring_k, ring_v, ring_at = torch.zeros(1, 2, W, 4, dtype=DT), torch.zeros(1, 2, W, 4, dtype=DT), [-W] * W
     for t in range(N):
         slot = t % W  # the oldest entry is overwritten
         ring_k[:, :, slot], ring_v[:, :, slot], ring_at[slot] = k[:, :, t], v[:, :, t], t
-        mask = ch10._reference_window_mask(torch.tensor([t]), torch.tensor(ring_at), W)
-        got = ch10._attend(q[:, :, t:t + 1], ring_k, ring_v, mask)
+        mask = ch10._window(torch.tensor([t]), torch.tensor(ring_at), W)
+        got = attend(q[:, :, t:t + 1], ring_k, ring_v, mask)
         torch.testing.assert_close(got, want[:, :, t:t + 1], atol=1e-12, rtol=0)
 
 
 def test_window_mask_extremes():
     positions = torch.arange(5)
     causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
-    assert torch.equal(ch10._reference_window_mask(positions, positions, 5), causal)
-    assert torch.equal(ch10._reference_window_mask(positions, positions, 1), ~torch.eye(5, dtype=torch.bool))
-    assert (~ch10._reference_window_mask(positions, positions, 2)).sum(-1).tolist() == [1, 2, 2, 2, 2]
+    assert torch.equal(ch10._window(positions, positions, 5), causal)
+    assert torch.equal(ch10._window(positions, positions, 1), ~torch.eye(5, dtype=torch.bool))
+    assert (~ch10._window(positions, positions, 2)).sum(-1).tolist() == [1, 2, 2, 2, 2]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -133,10 +145,10 @@ def test_window_mask_extremes():
 
 
 @pytest.mark.parametrize("check, answer", [
-    (ch10.check_repeat_kv, ch10._reference_repeat_kv),
-    (ch10.check_apply_rope, ch10._reference_rope),
-    (ch10.check_decode_step, ch10._reference_decode_step),
-    (ch10.check_window_mask, ch10._reference_window_mask),
+    (ch10.check_repeat_kv, ch10.REPEAT_KV.reference),
+    (ch10.check_apply_rope, ch10._rope),
+    (ch10.check_decode_step, ch10.DECODE_STEP.reference),
+    (ch10.check_window_mask, ch10._window),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_a_right_answer_passes(check, answer, capsys):
     check(answer)
@@ -163,24 +175,23 @@ def decode_with_counter():
         rq, rk = ch10._rope(q, positions), ch10._rope(k, positions)
         keys, values = torch.cat([cache_k, rk], 2), torch.cat([cache_v, v], 2)
         future = torch.arange(keys.shape[2])[None, :] > torch.arange(cache_k.shape[2], keys.shape[2])[:, None]
-        return ch10._attend(rq, keys, values, future), keys, values
+        return attend(rq, keys, values, future), keys, values
     return step
 
 
 @pytest.mark.parametrize("check, answer, words", [
-    (ch10.check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "TILED n_rep times"),
+    (ch10.check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "is TILED"),
     (ch10.check_repeat_kv, lambda x, n: x, "NOT REPEATED"),
-    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, pairs="interleaved"), "INTERLEAVED pairs"),
-    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, start="zero"), "RESTARTED at 0"),
-    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, start="plus one"), "position + 1"),
-    (ch10.check_decode_step, lambda *a: ch10._decode(*a, start="zero"), "RESTARTED at 0"),
-    (ch10.check_decode_step, lambda *a: ch10._decode(*a, cat_dim=1), "WRONG AXIS"),
+    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, pairs=True), "INTERLEAVED pairs"),
+    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, start=0), "RESTARTED at 0"),
+    (ch10.check_apply_rope, lambda x, p: ch10._rope(x, p, start=1), "position + 1"),
+    (ch10.check_decode_step, lambda *a: ch10._decode(*a, start=0), "RESTARTED at 0"),
+    (ch10.check_decode_step, lambda *a: ch10._decode(*a, cat=1), "WRONG AXIS"),
     (ch10.check_decode_step, lambda *a: ch10._decode(*a, mask="hide cache"), "HIDES THE CACHE"),
-    (ch10.check_decode_step, lambda *a: ch10._decode(*a, own_key=False), "OLD CACHE ONLY"),
-    (ch10.check_decode_step, decode_with_counter(), "differ by up to"),
-    (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, low=">"), "OFF BY ONE"),
+    (ch10.check_decode_step, lambda *a: ch10._decode(*a, own=False), "OLD CACHE ONLY"),
+    (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, far=1), "OFF BY ONE"),
     (ch10.check_window_mask, lambda q, k, w: ch10._window(q, k, w, band="symmetric"), "NOT CAUSAL"),
-    (ch10.check_window_mask, lambda q, k, w: ~ch10._reference_window_mask(q, k, w), "convention SWAPPED"),
+    (ch10.check_window_mask, lambda q, k, w: ~ch10._window(q, k, w), "polarity swapped"),
 ])
 def test_each_classic_mistake_is_named(check, answer, words):
     with pytest.raises(ExerciseError) as info:
@@ -188,20 +199,10 @@ def test_each_classic_mistake_is_named(check, answer, words):
     assert words in str(info.value)
 
 
-def test_a_step_that_keeps_its_own_state_is_caught_by_the_generation():
-    """Right on every case when called fresh, wrong once the calls follow one another without the cases between."""
-    state = {"calls": 0}
-
-    def forgetful(q, k, v, cache_k, cache_v):
-        state["calls"] += 1
-        if state["calls"] > 5:  # from the generation's second step on, it drops the cache
-            cache_k, cache_v = cache_k[:, :, :0], cache_v[:, :, :0]
-            q, k = (ch10._rope(t, torch.arange(q.shape[2])) for t in (q, k))
-            return ch10._attend(q, k, v, None), k, v
-        return ch10._reference_decode_step(q, k, v, cache_k, cache_v)
-
-    with pytest.raises(ExerciseError, match=r"generation step 2 .*state of its own"):
-        ch10.check_decode_step(forgetful)
+def test_a_step_that_keeps_its_own_state_is_told_so():
+    """A step that counts positions across calls gives another result on the same inputs the second time."""
+    with pytest.raises(ExerciseError, match=r"another result when called again .* keeps a state between calls"):
+        ch10.check_decode_step(decode_with_counter())
 
 
 def test_the_spec_names_every_exercise():
@@ -217,13 +218,13 @@ def test_the_package_agrees_with_the_checkers():
     from attention_course.decoding import decode_mask, repeat_kv
     from attention_course.rope import apply_rope
 
-    for _, x, n_rep in ch10._repeat_kv_cases():
-        assert torch.equal(repeat_kv(x, n_rep), ch10._reference_repeat_kv(x, n_rep))
-    for _, x, positions in ch10._rope_cases():
-        torch.testing.assert_close(apply_rope(x, positions), ch10._reference_rope(x, positions), atol=1e-12, rtol=0)
-    for _, q_positions, k_positions, window in ch10._window_cases():
+    for x, n_rep in (case.args for case in ch10.REPEAT_KV.cases):
+        assert torch.equal(repeat_kv(x, n_rep), ch10.REPEAT_KV.reference(x, n_rep))
+    for x, positions in (case.args for case in ch10.APPLY_ROPE.cases):
+        torch.testing.assert_close(apply_rope(x, positions), ch10._rope(x, positions), atol=1e-12, rtol=0)
+    for q_positions, k_positions, window in (case.args for case in ch10.WINDOW_MASK.cases):
         assert torch.equal(decode_mask(q_positions, k_positions, window=window),
-                           ch10._reference_window_mask(q_positions, k_positions, window))
+                           ch10._window(q_positions, k_positions, window))
     for check, answer in ((ch10.check_repeat_kv, repeat_kv), (ch10.check_apply_rope, apply_rope),
                           (ch10.check_window_mask, lambda q, k, w: decode_mask(q, k, window=w))):
         with pytest.raises(ExerciseError, match="WITHOUT the ready-made function"):

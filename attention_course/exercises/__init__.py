@@ -141,12 +141,13 @@ def same_error(a: Exception, b: Exception) -> bool:
     """Whether two exceptions are the same failure: same type, same numbers (sizes, dims) in their messages.
 
     Used to name a mistake by rerunning the reference with that mistake applied: ``torch.where`` and
-    ``masked_fill`` word a broadcast error differently but name the same sizes. A message without numbers ("list
-    index out of range") is taken as the same failure as any of its type.
+    ``masked_fill`` word a broadcast error differently but name the same sizes. An IndexError without numbers ("list
+    index out of range") is taken as the same failure as any IndexError (a tensor's names the sizes).
     """
     numbers = lambda e: sorted(re.findall(r"\d+", str(e)))  # noqa: E731
     # "list index out of range" names no size: the same failure as a tensor's index error of that type
-    return type(a) is type(b) and (numbers(a) == numbers(b) or not numbers(a) or not numbers(b))
+    sizeless = type(a) in (IndexError, KeyError) and not (numbers(a) and numbers(b))
+    return type(a) is type(b) and (numbers(a) == numbers(b) or sizeless)
 
 
 def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -> str:

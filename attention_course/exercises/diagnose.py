@@ -5,13 +5,15 @@ cases it allows), a **reference** (the right answer) and a **catalogue of mistak
 (two indices swapped, a shift by one, a term dropped, an order reversed, another dtype) with the words that tell the
 learner what it does. :func:`check` runs the answer on every case, on a fresh copy of the inputs, and then:
 
-1. every case right and every input untouched: "Correct: ...";
+1. every case right and every input untouched: "Correct: ..." (unless the answer called a function the statement
+   forbids, :attr:`Exercise.forbidden`: then it is refused);
 2. a mistake of the catalogue that **agrees with the answer on every case** (the same values, the same exception,
    the same inputs changed), and only one: the message names it;
 3. otherwise the message **describes what the answer did** on the smallest case where it is wrong: the exception and
    its likeliest cause there, the inputs it changed, its type, shape or dtype, or the pattern of the entries that
-   differ (inverted, transposed, a whole row, the diagonal, a constant offset or factor, the right values in
-   another order, a region the case marks such as a block boundary).
+   differ (inverted, transposed, a whole row, the diagonal, a constant offset or factor, float32's rounding, the
+   right values in another order, a region the case marks such as a block boundary); or, if the answer gives another
+   result when called again on that case, that it keeps a state between calls.
 
 ``tests/test_catalogues.py`` holds every catalogue to this: each mistake rejected and named on its own, each pair
 of mistakes told apart by some case.
@@ -22,6 +24,7 @@ import copy
 import inspect
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,7 +67,9 @@ class Outcome:
 class Exercise:
     """``what``: the answer in messages ("your gather"); ``passed``: what a right answer got right; ``run(answer,
     *args)``: how an answer is called (a class is built, a function called); ``parts``: the names of the items of a
-    returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites."""
+    returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites;
+    ``forbidden``: the functions ("module.function", Python functions) the statement forbids: an answer right on every
+    case that calls one while it runs (by any name, inside a helper too) is refused, told ``instead``."""
     what: str
     reference: Callable
     cases: list[Case]
@@ -74,6 +79,8 @@ class Exercise:
     atol: float = 1e-10
     parts: tuple = ()
     hints: tuple = ()
+    forbidden: tuple = ()
+    instead: str = ""
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -106,18 +113,42 @@ class Exercise:
 
 def check(exercise: Exercise, answer) -> None:
     """Print "Correct: ..." or raise :class:`ExerciseError` that names or describes the mistake."""
-    got = [exercise.outcome(answer, case) for case in exercise.cases]
+    used = []
+    got = [exercise.outcome(watching(answer, exercise.forbidden, used), case) for case in exercise.cases]
     for case, o in zip(exercise.cases, got):
         if type(o.error) is NotImplementedError and not str(o.error):
             raise raised(o.error, exercise.what)  # the student edition's stub
     want = [exercise.expected("reference", exercise.reference, case) for case in exercise.cases]
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if not agree(g, w, exercise.atol)]
+    if not wrong and used:  # the statement's rule, once the answer is right: a wrong one is told its mistake first
+        raise ExerciseError(f"{exercise.what} calls {used[0]}: the exercise asks you to write it yourself, WITHOUT the "
+                            f"ready-made function (it is what the checker compares with). {exercise.instead}")
     if not wrong:
         return passed(exercise.passed)
-    named = naming(exercise, got)
+    named, case = naming(exercise, got), exercise.cases[wrong[0]]
     if len(named) == 1:
-        raise ExerciseError(f"{exercise.cases[wrong[0]].name}: {exercise.what} {named[0].says}")
+        raise ExerciseError(f"{case.name}: {exercise.what} {named[0].says}")
+    if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
+        raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
+                            f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
+                            f"it needs is in its arguments.")
     raise ExerciseError(describe(exercise, exercise.cases, got, want, wrong))
+
+
+def watching(answer, forbidden, used: list):
+    """``answer``, noting in ``used`` the ``forbidden`` functions it calls while it runs (of the modules imported)."""
+    codes = {getattr(getattr(sys.modules.get(f.rsplit(".", 1)[0]), f.rsplit(".", 1)[1], None), "__code__", None): f
+             for f in forbidden}
+    codes.pop(None, None)
+
+    def watched(*args):
+        previous = sys.getprofile()
+        sys.setprofile(lambda frame, *_: used.append(codes[frame.f_code]) if frame.f_code in codes else None)
+        try:
+            return answer(*args)
+        finally:
+            sys.setprofile(previous)
+    return watched if codes else answer
 
 
 def naming(exercise: Exercise, got: list[Outcome]) -> list[Mistake]:
@@ -240,9 +271,14 @@ def kind(got, want, exercise: Exercise) -> str:
 
 def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result", strong: bool = True) -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
+    parts = isinstance(want, tuple) and exercise.parts
+    expected = f"a tuple of {len(want)}, ({', '.join(exercise.parts)})" if parts else _show(want)
     if got is None and want is not None:
-        return f"{noun} is None: nothing returned (a `return` missing?), expected {_show(want)}."
-    if isinstance(want, tuple) and exercise.parts and isinstance(got, (tuple, list)) and len(got) == len(want):
+        return f"{noun} is None: nothing returned (a `return` missing?), expected {expected}."
+    if parts:
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            shown = _show(got) if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
+            return f"{noun} is {shown}{f' of {len(got)}' * isinstance(got, (tuple, list))}, expected {expected}."
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
     if isinstance(want, torch.Tensor):
@@ -263,13 +299,13 @@ def sequence_difference(got: list, want: list) -> str:
     shown = f"expected {_show(want)}, got {_show(got)}"
     if len(got) == len(want) and sorted(map(repr, got)) == sorted(map(repr, want)):
         return f"has the right items in another order: {shown}."
-    missing = [w for w in want if w not in got]
-    extra = [g for g in got if g not in want]
+    missing = [w for w in want if not any(same(w, g, 0.0) for g in got)]  # (`in` would compare tensors with ==)
+    extra = [g for g in got if not any(same(g, w, 0.0) for w in want)]
     if missing and not extra:
         return f"leaves out {_show(missing)}: {shown}."
     if extra and not missing:
         return f"has {_show(extra)} too many: {shown}."
-    i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    i = next((i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, 0.0)), min(len(got), len(want)))
     return f"differs first at item {i}: {shown}."
 
 
@@ -328,7 +364,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
     if not strong:
         return weak
     if want.dtype == torch.bool and torch.equal(got, ~want):
-        return "inverted", "is the opposite of the right one at every entry: True where it should be False."
+        return "inverted", ("is the opposite of the right one at every entry: True where it should be False (the polarity "
+                            "swapped).")
     if want.dtype == torch.bool and (got.all() or not got.any()):
         return "constant", f"is {bool(got.flatten()[0])} at every entry, expected {int(want.sum())} True of {total}."
     if want.ndim >= 2 and want.shape[-1] == want.shape[-2] and same(got, want.mT, atol):
@@ -341,8 +378,16 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         nz = finite & (w64.abs() > 1e-6)
         if n and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
+            if not r.any():
+                return "zeros", "is 0 at every entry where the right one is not: nothing was computed or added there."
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
+        gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
+        scale = max(1.0, float(w64[finite].abs().max())) if bool(finite.any()) else 1.0
+        if want.dtype == torch.float64 and n and gap <= 1e-4 * scale:  # float32's rounding, carried through
+            return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
+                               f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
+                               f"inputs' float64.")
     for axis in range(want.ndim):
         perm = _permutation(got, want, axis, tol)
         if perm is not None:
@@ -367,9 +412,9 @@ def _permutation(got, want, axis: int, tol: float):
     if size < 2:
         return None
     perm = []
-    for i in range(size):
+    for i in range(size):  # (equal slices are interchangeable: each is matched to one not yet taken)
         g = got.select(axis, i)
-        match = [j for j in range(size) if same(g, want.select(axis, j), tol)]
+        match = [j for j in range(size) if j not in perm and same(g, want.select(axis, j), tol)]
         if not match:
             return None
         perm.append(match[0] if i not in match else i)

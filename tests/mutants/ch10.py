@@ -79,7 +79,7 @@ def interleaved_then_reshaped(x, n_rep):
 REPEAT_KV = Catalogue(
     ch10.check_repeat_kv,
     correct={
-        "repeat_interleave (the reference)": ch10._reference_repeat_kv,
+        "repeat_interleave (the reference)": ch10.REPEAT_KV.reference,
         "expand and reshape (transformers' repeat_kv)": expand_reshape,
         "index_select with j // n_rep": index_select,
         "a loop over the query heads, stacked": stacked_heads,
@@ -98,28 +98,28 @@ REPEAT_KV = Catalogue(
         Mutant("repeated along the batch axis", lambda x, n: x.repeat_interleave(n, dim=0),
                (r"along dim 0", r"batch axis")),
         Mutant("repeat_interleave without dim", lambda x, n: x.repeat_interleave(n), (r"FLAT", r"without dim=")),
-        Mutant("n_rep ignored", lambda x, n: x, (r"NOT REPEATED", r"n_rep = 3 was not used")),
+        Mutant("n_rep ignored", lambda x, n: x, (r"NOT REPEATED", r"n_rep unused")),
         Mutant("repeated num_heads times", lambda x, n: x.repeat_interleave(x.shape[1] * n, dim=1),
-               (r"number of QUERY heads",)),
+               (r"once per QUERY head",)),
         Mutant("expanded, never merged (5-D)", expand_without_merge, (r"5-D", r"never merged")),
         Mutant("expand on the heads axis (multi-query only)", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1),
                (r"SIZE 1", r"multi-query")),
         Mutant("view after expand", view_after_expand, (r"view", r"\.reshape")),
         Mutant("(B, S, h, d) returned", lambda x, n: x.repeat_interleave(n, dim=1).transpose(1, 2),
-               (r"\(B, S, h, d\)", r"swapped")),
+               (r"axes in another order",)),
         Mutant("heads in reverse order", lambda x, n: x.repeat_interleave(n, dim=1).flip(1),
-               (r"read key/value heads \[1, 1, 1, 0, 0, 0\]",)),
-        Mutant("sentences mixed", lambda x, n: x.repeat_interleave(n, dim=1).flip(0), (r"not a copy",),
-               family="not a copy"),
-        Mutant("repeated along the sequence, reshaped into heads", interleaved_then_reshaped, (r"not a copy",),
-               family="not a copy"),
+               (r"slices along axis 1 in another order",)),
+        Mutant("sentences mixed", lambda x, n: x.repeat_interleave(n, dim=1).flip(0),
+               (r"slices along axis 0 in another order",)),
+        Mutant("repeated along the sequence, reshaped into heads", interleaved_then_reshaped,
+               (r"right values, arranged differently",)),
         Mutant("the package's repeat_kv", decoding.repeat_kv, (r"calls attention_course\.decoding\.repeat_kv",
                                                                 r"WITHOUT the ready-made"), family="package"),
         Mutant("the package's repeat_kv inside a helper", through_the_package,
                (r"calls attention_course\.decoding\.repeat_kv",), family="package"),
         Mutant("float32 result", lambda x, n: x.repeat_interleave(n, dim=1).float(),
-               (r"came back as float32", r"input's dtype")),
-        Mutant("no return statement", no_return, (r"return statement",)),
+               (r"in float32, expected float64", r"inputs' dtype")),
+        Mutant("no return statement", no_return, (r"nothing returned",)),
         Mutant("the stub", stub, (r"stub",)),
     ],
 )
@@ -211,7 +211,7 @@ def first_half_only(x, positions):
 
 
 def rotated_in_place(x, positions):
-    return x.copy_(ch10._reference_rope(x, positions))
+    return x.copy_(ch10._rope(x, positions))
 
 
 def base_1000(x, positions):
@@ -247,7 +247,7 @@ def rope_mutant(name, names, family=None, **switches):
 APPLY_ROPE = Catalogue(
     ch10.check_apply_rope,
     correct={
-        "rotate_half (the reference)": ch10._reference_rope,
+        "rotate_half (the reference)": ch10._rope,
         "complex numbers on the two halves": complex_halves,
         "a loop over the frequencies": frequency_loop,
         "2x2 rotation matrices and einsum": rotation_matrices,
@@ -256,39 +256,38 @@ APPLY_ROPE = Catalogue(
     mutants=[
         Mutant("interleaved pairs (Meta's complex numbers)", interleaved_complex, (r"turns INTERLEAVED pairs",),
                family="interleaved"),
-        rope_mutant("interleaved pairs, by hand", (r"turns INTERLEAVED pairs",), "interleaved", pairs="interleaved"),
+        rope_mutant("interleaved pairs, by hand", (r"turns INTERLEAVED pairs",), "interleaved", pairs=True),
         rope_mutant("interleaved pairs, sign flipped", (r"turns INTERLEAVED pairs",), "interleaved",
-                    pairs="interleaved", sign=-1.0),
-        rope_mutant("rotate_half sign flipped", (r"MINUS the angle", r"cat\(x2, -x1\)"), sign=-1.0),
-        rope_mutant("positions ignored (0 .. L-1)", (r"RESTARTED at 0",), start="zero"),
-        rope_mutant("positions + 1", (r"position \+ 1",), start="plus one"),
-        rope_mutant("exponent -i/d (the 2 lost)", (r"lost its factor 2",), exponent="i/d"),
-        rope_mutant("exponent +2i/d", (r"NEGATIVE",), exponent="+2i/d"),
-        rope_mutant("a frequency per feature", (r"per FEATURE",), exponent="per feature"),
+                    pairs=True, sign=-1),
+        rope_mutant("rotate_half sign flipped", (r"MINUS the angle", r"cat\(x2, -x1\)"), sign=-1),
+        rope_mutant("positions ignored (0 .. L-1)", (r"RESTARTED at 0",), start=0),
+        rope_mutant("positions + 1", (r"position \+ 1",), start=1),
+        rope_mutant("exponent -i/d (the 2 lost)", (r"lost its factor 2",), power=1),
+        rope_mutant("exponent +2i/d", (r"NEGATIVE",), power=-2),
+        rope_mutant("a frequency per feature", (r"per FEATURE",), power=1, layout="feature"),
         Mutant("integer division in the exponent", integer_division, (r"same angle", r"integer division")),
-        rope_mutant("cos and sin repeat_interleave(2)", (r"laid out PER PAIR", r"cat\(\[angles, angles\], -1\)"),
+        rope_mutant("cos and sin repeat_interleave(2)", (r"PER PAIR", r"not cat\(\[angles, angles\]\)"),
                     layout="pairs"),
         rope_mutant("cos and sin swapped", (r"SWAPPED",), swap=True),
-        rope_mutant("the sin term forgotten", (r"sin term is missing",), sin_term=False),
+        rope_mutant("the sin term forgotten", (r"sin term is missing",), sin_term=0),
         Mutant("frequencies in float32 (.float())", hf_float32, (r"FLOAT32 precision",), family="float32"),
-        rope_mutant("angles in float32", (r"FLOAT32 precision",), "float32", angle_dtype=torch.float32),
-        Mutant("computed in float64 whatever x's dtype", lambda x, p: ch10._reference_rope(x.double(), p),
-               (r"came back as float64", r"input's dtype")),
+        rope_mutant("angles in float32", (r"FLOAT32 precision",), "float32", dtype=torch.float32),
+        Mutant("computed in float64 whatever x's dtype", lambda x, p: ch10._rope(x.double(), p),
+               (r"in float64, expected float32", r"inputs' dtype")),
         Mutant("positions times frequencies, no outer product", no_outer_product, (r"OUTER",)),
-        Mutant("the first half only", first_half_only, (r"HALF the features",)),
-        Mutant("x rotated in place", rotated_in_place, (r"changed its input x IN PLACE",)),
-        Mutant("base 1000", base_1000, (r"differ by up to",)),
+        Mutant("the first half only", first_half_only, (r"first HALF of the features",)),
+        Mutant("x rotated in place", rotated_in_place, (r"modified its input `x` in place",)),
+        Mutant("base 1000", base_1000, (r"differs at \d+ of \d+ entries",)),
         Mutant("the package's apply_rope", lambda x, p: rope.apply_rope(x, p),
                (r"calls attention_course\.rope\.apply_rope", r"WITHOUT the ready-made"), family="package"),
         Mutant("the package's apply_rope, interleaved", lambda x, p: rope.apply_rope(x, p, interleaved=True),
                (r"turns INTERLEAVED pairs",), family="interleaved"),
         Mutant("the package's rotate_half", package_rotate_half, (r"calls attention_course\.rope\.rotate_half",),
                family="package"),
-        Mutant("angles not repeated for both halves", angles_not_repeated, (r"one per FREQUENCY",
-                                                                            r"cat\(\[angles, angles\], -1\)")),
+        Mutant("angles not repeated for both halves", angles_not_repeated, (r"one per FREQUENCY", r"both halves")),
         Mutant("angles (d/2, L), the outer product turned round", angles_transposed, (r"frequencies down",
                                                                                       r"positions\[:, None\]")),
-        Mutant("no return statement", no_return, (r"return statement",)),
+        Mutant("no return statement", no_return, (r"nothing returned",)),
         Mutant("the stub", stub, (r"stub",)),
     ],
 )
@@ -346,26 +345,32 @@ def is_causal_step(q, k, v, cache_k, cache_v):
 
 
 def prepended(q, k, v, cache_k, cache_v):
-    out, _, _ = ch10._reference_decode_step(q, k, v, cache_k, cache_v)
+    out, _, _ = ch10.DECODE_STEP.reference(q, k, v, cache_k, cache_v)
     T = cache_k.shape[2]
     rk = ch10._rope(k, torch.arange(T, T + q.shape[2]))
     return out, torch.cat((rk, cache_k), 2), torch.cat((v, cache_v), 2)
 
 
 def float32_step(q, k, v, cache_k, cache_v):
-    out, ck, cv = ch10._reference_decode_step(*(t.float() for t in (q, k, v, cache_k, cache_v)))
+    out, ck, cv = ch10.DECODE_STEP.reference(*(t.float() for t in (q, k, v, cache_k, cache_v)))
     return out.double(), ck.double(), cv.double()
 
 
 def float32_result(q, k, v, cache_k, cache_v):
-    return tuple(t.float() for t in ch10._reference_decode_step(q, k, v, cache_k, cache_v))
+    return tuple(t.float() for t in ch10.DECODE_STEP.reference(q, k, v, cache_k, cache_v))
 
 
 def queries_rotated_in_place(q, k, v, cache_k, cache_v):
     T = cache_k.shape[2]
     q.copy_(ch10._rope(q, torch.arange(T, T + q.shape[2])))
-    out, ck, cv = ch10._reference_decode_step(q, k, v, cache_k, cache_v)
+    out, ck, cv = ch10.DECODE_STEP.reference(q, k, v, cache_k, cache_v)
     return out, ck, cv
+
+
+def attend(q, keys, values, mask):
+    """softmax(q keys^T / sqrt(d), the ignore mask filled with -inf) values."""
+    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask, float("-inf"))
+    return scores.softmax(-1) @ values
 
 
 def step_parts(q, k, v, cache_k, cache_v):
@@ -419,7 +424,7 @@ def everything_rotated_again(q, k, v, cache_k, cache_v):
     """Rotated and appended, then the whole cache rotated "to be safe" at 0 .. S-1."""
     q, keys, values, positions, T = step_parts(q, k, v, cache_k, cache_v)
     keys = rope.apply_rope(keys, torch.arange(keys.shape[2]))
-    return ch10._attend(q, keys, values, torch.arange(keys.shape[2])[None, :] > positions[:, None]), keys, values
+    return attend(q, keys, values, torch.arange(keys.shape[2])[None, :] > positions[:, None]), keys, values
 
 
 def flat_mask(q, k, v, cache_k, cache_v):
@@ -436,7 +441,7 @@ def t_from_the_heads(q, k, v, cache_k, cache_v):
     q, k = rope.apply_rope(q, positions), rope.apply_rope(k, positions)
     keys, values = torch.cat([cache_k, k], dim=2), torch.cat([cache_v, v], dim=2)
     future = torch.arange(keys.shape[2])[None, :] > torch.arange(cache_k.shape[2], cache_k.shape[2] + L)[:, None]
-    return ch10._attend(q, keys, values, future), keys, values
+    return attend(q, keys, values, future), keys, values
 
 
 def keys_transposed_1_2(q, k, v, cache_k, cache_v):
@@ -453,63 +458,63 @@ def decode_mutant(name, names, family=None, **switches):
 DECODE_STEP = Catalogue(
     ch10.check_decode_step,
     correct={
-        "matmul and masked_fill (the reference)": ch10._reference_decode_step,
+        "matmul and masked_fill (the reference)": ch10.DECODE_STEP.reference,
         "SDPA with an allow mask, complex RoPE": sdpa_step,
         "a loop over the new queries": loop_step,
         "einsum and triu(T + 1)": einsum_step,
         "a finite fill, -1e9": finite_fill_step,
     },
     mutants=[
-        decode_mutant("positions restart at 0", (r"RESTARTED at 0",), "restart", start="zero"),
-        decode_mutant("positions restart at 0, mask too", (r"RESTARTED at 0",), "restart", start="zero", mask="zero"),
-        decode_mutant("positions one too far", (r"one position too far",), start="plus one"),
-        decode_mutant("cache grown along the heads", (r"WRONG AXIS", r"dim 1, the heads"), "axis", cat_dim=1),
-        decode_mutant("cache grown along the features", (r"WRONG AXIS", r"dim 3, the feature"), "axis", cat_dim=3),
-        decode_mutant("cache grown along the batch", (r"WRONG AXIS", r"dim 0, the batch"), "axis", cat_dim=0),
+        decode_mutant("positions restart at 0", (r"RESTARTED at 0",), "restart", start=0),
+        decode_mutant("positions restart at 0, mask too", (r"RESTARTED at 0",), "restart", start=0, mask="zero"),
+        decode_mutant("positions one too far", (r"one position too far",), start=1),
+        decode_mutant("cache grown along the heads", (r"WRONG AXIS", r"dim 1, the heads"), "axis", cat=1),
+        decode_mutant("cache grown along the features", (r"WRONG AXIS", r"dim 3, the feature"), "axis", cat=3),
+        decode_mutant("cache grown along the batch", (r"WRONG AXIS", r"dim 0, the batch"), "axis", cat=0),
         decode_mutant("causal mask aligned top-left (triu(1))", (r"TOP-LEFT",), "top-left", mask="top-left"),
         Mutant("SDPA is_causal=True", is_causal_step, (r"TOP-LEFT", r"is_causal"), "top-left"),
         decode_mutant("the mask hides the cache", (r"HIDES THE CACHE",), mask="hide cache"),
         decode_mutant("the new tokens' own (L, L) mask", (r"own \(L, L\) causal mask",), mask="L x L"),
         decode_mutant("no causal mask", (r"NO CAUSAL MASK",), mask="none"),
-        decode_mutant("own key not appended before attending", (r"OLD CACHE ONLY",), own_key=False),
-        decode_mutant("own key not appended, own value appended", (r"KEYS are not appended",),
-                      own_key="values only"),
-        decode_mutant("values rotated", (r"VALUES are rotated",), rope_on="qkv"),
-        decode_mutant("queries not rotated", (r"QUERIES are not rotated",), rope_on="k"),
-        decode_mutant("new keys not rotated", (r"KEYS are not rotated",), rope_on="q"),
-        decode_mutant("cached keys rotated again", (r"cached keys are ROTATED AGAIN",), rerotate=True),
+        decode_mutant("own key not appended before attending", (r"OLD CACHE ONLY",), own=False),
+        decode_mutant("own key not appended, own value appended", (r"not the new KEYS",),
+                      own="values"),
+        decode_mutant("values rotated", (r"rotates the VALUES",), turn="qkv"),
+        decode_mutant("queries not rotated", (r"not rotate the QUERIES",), turn="k"),
+        decode_mutant("new keys not rotated", (r"not rotate the new KEYS",), turn="q"),
+        decode_mutant("cached keys rotated again", (r"cached keys AGAIN",), again="cache"),
         Mutant("keep mask in masked_fill (polarity swapped)", keep_mask_filled, (r"POLARITY IS SWAPPED",
                                                                                  r"only the keys AFTER")),
-        Mutant("ignore mask handed to SDPA", ignore_mask_to_sdpa, (r"IGNORE mask went to F\.scaled_dot_product",
-                                                                   r"True = MAY attend")),
+        Mutant("ignore mask handed to SDPA", ignore_mask_to_sdpa, (r"IGNORE mask to F\.scaled_dot_product",
+                                                                   r"True as MAY attend")),
         Mutant("mask built (S, L)", transposed_mask, (r"TRANSPOSED, \(S, L\)",)),
         Mutant("comparison turned round (key < query hidden)", past_hidden, (r"TURNED ROUND",)),
-        decode_mutant("hidden scores filled with 0", (r"set to 0, not -inf",), fill=0.0),
-        decode_mutant("hidden scores filled with +inf", (r"filled with \+inf",), fill=float("inf")),
+        decode_mutant("hidden scores filled with 0", (r"hidden scores to 0, not -inf",), fill=0.0),
+        decode_mutant("hidden scores filled with +inf", (r"with \+inf",), fill=float("inf")),
         Mutant("positions compared element by element", flat_mask, (r"ELEMENT BY ELEMENT",)),
-        decode_mutant("softmax over the heads", (r"softmax runs over the HEADS",), softmax_dim=1),
-        decode_mutant("mask after the softmax", (r"AFTER THE SOFTMAX",), where="after"),
+        decode_mutant("softmax over the heads", (r"softmax over the HEADS",), softmax=1),
+        decode_mutant("mask after the softmax", (r"AFTER THE SOFTMAX",), after=True),
         Mutant("whole cache rotated again", everything_rotated_again, (r"ROTATED TWICE", r"whole cache")),
-        decode_mutant("new keys rotated twice", (r"new keys are ROTATED TWICE",), twice="k"),
-        decode_mutant("new queries and keys rotated twice", (r"queries and keys are ROTATED TWICE",), twice="qk"),
+        decode_mutant("new keys rotated twice", (r"new keys TWICE",), turn="qkk"),
+        decode_mutant("new queries and keys rotated twice", (r"queries and keys TWICE",), turn="qqkk"),
         Mutant("T read from cache_k.shape[1]", t_from_the_heads, (r"number of HEADS", r"shape\[1\]")),
-        Mutant("keys transposed on dims 1, 2", keys_transposed_1_2, (r"transposed on the wrong axes",
+        Mutant("keys transposed on dims 1, 2", keys_transposed_1_2, (r"on the wrong axes",
                                                                      r"transpose\(-2, -1\)")),
-        decode_mutant("scaled by 1/d", (r"divided by d:",), scale="d"),
-        decode_mutant("not scaled", (r"not scaled",), scale="none"),
-        decode_mutant("softmax over the queries", (r"softmax runs over the QUERIES",), softmax_dim=-2),
+        decode_mutant("scaled by 1/d", (r"divides the scores by d",), power=1),
+        decode_mutant("not scaled", (r"unscaled",), power=0),
+        decode_mutant("softmax over the queries", (r"softmax over the QUERIES",), softmax=-2),
         decode_mutant("cache returned unchanged", (r"NOT GROWN",), store="unchanged"),
-        decode_mutant("only the new entries returned", (r"hold ONLY THE NEW keys",), store="new only"),
-        Mutant("new entries put in front", prepended, (r"out is right", r"FRONT")),
-        decode_mutant("new keys stored unrotated", (r"UNROTATED",), store="raw"),
+        decode_mutant("only the new entries returned", (r"caches of ONLY THE NEW keys",), store="new"),
+        Mutant("new entries put in front", prepended, (r"right out", r"FRONT")),
+        decode_mutant("new keys stored unrotated", (r"stores the new keys UNROTATED",), store="raw"),
         Mutant("computed in float32", float32_step, (r"float32 precision",)),
-        Mutant("float32 returned", float32_result, (r"came back as float32",)),
-        Mutant("only out returned", lambda *a: ch10._reference_decode_step(*a)[0], (r"returned one tensor",)),
-        Mutant("(out, (k, v)) returned", lambda *a: (ch10._reference_decode_step(*a)[0],
-                                                     ch10._reference_decode_step(*a)[1:]),
-               (r"got tuple of 2",)),
-        Mutant("queries rotated in place", queries_rotated_in_place, (r"changed its input q IN PLACE",)),
-        Mutant("no return statement", no_return, (r"return statement",)),
+        Mutant("float32 returned", float32_result, (r"in float32, expected float64",)),
+        Mutant("only out returned", lambda *a: ch10.DECODE_STEP.reference(*a)[0], (r"is a tensor of shape .* expected a tuple of 3",)),
+        Mutant("(out, (k, v)) returned", lambda *a: (ch10.DECODE_STEP.reference(*a)[0],
+                                                     ch10.DECODE_STEP.reference(*a)[1:]),
+               (r"is a tuple of 2, expected a tuple of 3",)),
+        Mutant("queries rotated in place", queries_rotated_in_place, (r"modified its input `q` in place",)),
+        Mutant("no return statement", no_return, (r"nothing returned",)),
         Mutant("the stub", stub, (r"stub",)),
     ],
 )
@@ -563,41 +568,41 @@ def window_mutant(name, names, family=None, **switches):
 WINDOW_MASK = Catalogue(
     ch10.check_window_mask,
     correct={
-        "comparisons of the positions (the reference)": ch10._reference_window_mask,
+        "comparisons of the positions (the reference)": ch10._window,
         "the keep mask, negated": keep_negated,
         "loops": window_loop,
         "torch.where": window_where,
     },
     mutants=[
-        window_mutant("window + 1 keys seen", (r"window \+ 1 keys", r"OFF BY ONE"), low=">"),
-        window_mutant("window - 1 keys seen", (r"window - 1 keys", r"OFF BY ONE"), low=">=-1"),
+        window_mutant("window + 1 keys seen", (r"window \+ 1 keys", r"OFF BY ONE"), far=1),
+        window_mutant("window - 1 keys seen", (r"window - 1 keys", r"OFF BY ONE"), far=-1),
         window_mutant("symmetric band", (r"symmetric", r"NOT CAUSAL"), "not causal", band="symmetric"),
-        window_mutant("no causal part", (r"NOT CAUSAL",), "not causal", causal="none"),
-        window_mutant("window ignored", (r"WINDOW IS IGNORED",), low="none"),
-        window_mutant("own key hidden", (r"OWN KEY",), causal="self"),
-        Mutant("keep mask (convention swapped)", lambda q, k, w: ~ch10._reference_window_mask(q, k, w),
-               (r"convention SWAPPED",)),
-        Mutant("built from indices 0 .. L-1", from_indices, (r"INDICES", r"0 \.\. L-1 for the queries"),
+        window_mutant("no causal part", (r"NOT CAUSAL",), "not causal", near=-math.inf),
+        window_mutant("window ignored", (r"WINDOW IS IGNORED",), far=math.inf),
+        window_mutant("own key hidden", (r"OWN KEY",), near=1),
+        Mutant("keep mask (convention swapped)", lambda q, k, w: ~ch10._window(q, k, w),
+               (r"polarity swapped",)),
+        Mutant("built from indices 0 .. L-1", from_indices, (r"INDICES", r"0 \.\. L-1 and 0 \.\. S-1"),
                family="indices"),
         Mutant("built from key indices", from_key_indices, (r"INDICES", r"S-L \.\. S-1"), family="indices"),
-        Mutant("transposed", lambda q, k, w: ch10._reference_window_mask(k, q, w), (r"TRANSPOSED",),
+        Mutant("transposed", lambda q, k, w: ch10._window(k, q, w), (r"axes in another order",),
                family="transposed"),
-        Mutant("(L, S) mask returned .T", lambda q, k, w: ch10._reference_window_mask(q, k, w).T,
-               (r"TRANSPOSED", r"comes out \(S, L\)"), family="transposed"),
+        Mutant("(L, S) mask returned .T", lambda q, k, w: ch10._window(q, k, w).T,
+               (r"axes in another order",), family="transposed"),
         Mutant("window looks forward (k - q)", looking_forward, (r"LOOKS FORWARD", r"AFTER it")),
         Mutant("positions compared element by element", element_by_element, (r"ELEMENT BY ELEMENT",)),
         Mutant("the package's decode_mask", lambda q, k, w: decoding.decode_mask(q, k, window=w),
                (r"calls attention_course\.decoding\.decode_mask",)),
         Mutant("additive float mask", lambda q, k, w: torch.zeros(len(q), len(k)).masked_fill(
-            ch10._reference_window_mask(q, k, w), float("-inf")), (r"ADDITIVE",)),
-        Mutant("keep mask as numbers", lambda q, k, w: (~ch10._reference_window_mask(q, k, w)).float(),
-               (r"KEEP mask as numbers",)),
-        Mutant("mask as integers", lambda q, k, w: ch10._reference_window_mask(q, k, w).int(),
-               (r"no \.int\(\)",)),
-        Mutant("(1, L, S) returned", lambda q, k, w: ch10._reference_window_mask(q, k, w)[None],
-               (r"mask itself",)),
-        Mutant("a list returned", lambda q, k, w: ch10._reference_window_mask(q, k, w).tolist(),
-               (r"must return a torch\.Tensor",)),
+            ch10._window(q, k, w), float("-inf")), (r"float32, expected bool", r"mask of numbers"), family="numbers"),
+        Mutant("keep mask as numbers", lambda q, k, w: (~ch10._window(q, k, w)).float(),
+               (r"float32, expected bool", r"mask of numbers"), family="numbers"),
+        Mutant("mask as integers", lambda q, k, w: ch10._window(q, k, w).int(),
+               (r"int32, expected bool", r"mask of numbers"), family="numbers"),
+        Mutant("(1, L, S) returned", lambda q, k, w: ch10._window(q, k, w)[None],
+               (r"axis of size 1 too many",)),
+        Mutant("a list returned", lambda q, k, w: ch10._window(q, k, w).tolist(),
+               (r"expected a torch\.Tensor",)),
         Mutant("the stub", stub, (r"stub",)),
     ],
 )
