@@ -108,3 +108,17 @@ def test_an_offset_or_a_factor_is_found_whatever_the_tensor(rows, cols, c, seed)
     assert f"plus the same {c:.4g}" in offset
     if abs(c - 1) > 1e-3:
         assert f"{c:.4g} times the right one" in describe(TOY, cases, [Outcome(want * c)], [Outcome(want)], [0])
+
+
+def test_an_answer_that_returns_where_the_statement_asks_for_an_exception_is_told_so():
+    """The reference raises (a size the statement refuses): returning there is said so, with the shapes returned."""
+    def halves(x):
+        if len(x) % 2:
+            raise ValueError("the length must be even")
+        return x[: len(x) // 2], x[len(x) // 2:]
+
+    ex = Exercise(what="your halves", reference=halves, cases=[Case(f"length {n}", (torch.arange(n * 1.0),))
+                                                                  for n in (4, 3)], mistakes=[], passed="ok")
+    text = message(lambda x: (x[: len(x) // 2], x[len(x) // 2:]), ex)
+    assert text == ("length 3: your halves returned (a tensor of shape (1,), a tensor of shape (2,)), where it should "
+                    "raise ValueError (the length must be even)."), text

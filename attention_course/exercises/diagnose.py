@@ -212,12 +212,15 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         text = str(raised(got[i].error, what))
         text += "" if text[-1] in ".!?" else "."
         return f"{case.name}: {text}" + ("" if classic_hint(got[i].error) else likeliest_cause(exercise, got[i].error))
+    if want[i].error is not None:  # the statement asks for an exception here, and the answer returned
+        return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
+                f"{type(want[i].error).__name__} ({want[i].error}).")
     words = []
     if got[i].changed != want[i].changed:
         changed = ", ".join(f"`{n}`" for n in got[i].changed)
         words.append(f"{what} modified its input {changed} in place; the caller still needs it: work on a copy "
                      f"(x.clone(), list(x), sorted(x) rather than x.sort()), or an out-of-place operation.")
-    valued = [j for j in wrong if got[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
+    valued = [j for j in wrong if got[j].error is None and want[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
     if valued:
         j = i if i in valued else valued[0]
         kinds = {kind(got[k].value, want[k].value, exercise) for k in valued}
@@ -250,6 +253,8 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
 
 
 def _show(x) -> str:
+    if isinstance(x, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in x):  # shapes, not values
+        return "(" + ", ".join(map(_show, x)) + ("," if len(x) == 1 else "") + ")"
     text = repr(x) if not isinstance(x, torch.Tensor) else f"a tensor of shape {tuple(x.shape)}"
     return text if len(text) < 120 else text[:117] + "..."
 
