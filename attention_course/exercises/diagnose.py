@@ -242,7 +242,11 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
     if got is None and want is not None:
         return f"{noun} is None: nothing returned (a `return` missing?), expected {_show(want)}."
-    if isinstance(want, tuple) and exercise.parts and isinstance(got, (tuple, list)) and len(got) == len(want):
+    if isinstance(want, tuple) and exercise.parts:
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            shown = _show(got) if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
+            size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
+            return f"{noun} is {shown}{size}, expected a tuple of {len(want)}, ({', '.join(exercise.parts)})."
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
     if isinstance(want, torch.Tensor):
@@ -263,13 +267,13 @@ def sequence_difference(got: list, want: list) -> str:
     shown = f"expected {_show(want)}, got {_show(got)}"
     if len(got) == len(want) and sorted(map(repr, got)) == sorted(map(repr, want)):
         return f"has the right items in another order: {shown}."
-    missing = [w for w in want if w not in got]
-    extra = [g for g in got if g not in want]
+    missing = [w for w in want if not any(same(w, g, 0.0) for g in got)]  # (`in` would compare tensors with ==)
+    extra = [g for g in got if not any(same(g, w, 0.0) for w in want)]
     if missing and not extra:
         return f"leaves out {_show(missing)}: {shown}."
     if extra and not missing:
         return f"has {_show(extra)} too many: {shown}."
-    i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    i = next((i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, 0.0)), min(len(got), len(want)))
     return f"differs first at item {i}: {shown}."
 
 
@@ -342,6 +346,12 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             r = ratio[nz]
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
+        gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
+        scale = max(1.0, float(w64[finite].abs().max())) if bool(finite.any()) else 1.0
+        if want.dtype == torch.float64 and n and gap <= 1e-4 * scale:  # float32's rounding, carried through
+            return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
+                               f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
+                               f"inputs' float64.")
     for axis in range(want.ndim):
         perm = _permutation(got, want, axis, tol)
         if perm is not None:
