@@ -249,6 +249,9 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
             return f"{noun} is {shown}{size}, expected a tuple of {len(want)}, ({', '.join(exercise.parts)})."
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
+    if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():  # each key names its item
+        key = next(k for k in want if not same(got[k], want[k], exercise.atol))
+        return value_difference(got[key], want[key], case, exercise, noun=key, strong=strong)
     if isinstance(want, torch.Tensor):
         return f"{noun} {tensor_difference(got, want, case, exercise.atol, strong)}"
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
