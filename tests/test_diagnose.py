@@ -78,6 +78,15 @@ def test_an_exception_is_reported_with_its_case_and_a_cause():
     assert "Likeliest cause here: an index past the end" in text
 
 
+def test_an_exercises_own_hint_comes_before_the_generic_one():
+    """The exercise knows its shapes: its cause of a broadcast error replaces torch's generic hint."""
+    ex = Exercise(what="your scaled", reference=scaled, cases=cases(), mistakes=[], passed="ok",
+                  hints=((r"must match the size", "n is one number: divide by its root, not by a tensor."),))
+    text = message(lambda x, n: x / torch.ones(7), ex)
+    assert "Likeliest cause here: n is one number" in text and "broadcasting cannot line up" not in text
+    assert "broadcasting cannot line up" in message(lambda x, n: x / torch.ones(7))
+
+
 def test_a_strong_pattern_is_claimed_only_where_every_wrong_case_shows_it():
     """A factor on one case, other numbers elsewhere: the entries that differ, not a factor."""
     text = message(lambda x, n: x * 2 if x.ndim == 1 else x + torch.linspace(0, 1, x.numel()).view(x.shape))

@@ -191,9 +191,10 @@ _PYTHON_ERRORS = [
 ]
 
 
-def likeliest_cause(exercise: Exercise, err: Exception) -> str:
-    """The usual cause of this error in this exercise (its ``hints``), else in any code (a list index, a None)."""
-    for pattern, cause in (*exercise.hints, *_PYTHON_ERRORS):
+def likeliest_cause(exercise: Exercise, err: Exception, generic: bool = True) -> str:
+    """The usual cause of this error in this exercise (its ``hints``), else, with ``generic``, in any code (a list
+    index, a None)."""
+    for pattern, cause in (*exercise.hints, *(_PYTHON_ERRORS if generic else ())):
         if re.search(pattern, str(err)) or re.search(pattern, type(err).__name__):
             return f" Likeliest cause here: {cause}"
     return ""
@@ -209,9 +210,11 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     i = shown_case(exercise, got, want, wrong)
     what, case = exercise.what, cases[i]
     if got[i].error is not None:
-        text = str(raised(got[i].error, what))
+        err = got[i].error
+        own = likeliest_cause(exercise, err, generic=False)  # the exercise's own cause before torch's generic one
+        text = f"{what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, what))
         text += "" if text[-1] in ".!?" else "."
-        return f"{case.name}: {text}" + ("" if classic_hint(got[i].error) else likeliest_cause(exercise, got[i].error))
+        return f"{case.name}: {text}" + (own or ("" if classic_hint(err) else likeliest_cause(exercise, err)))
     if want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
