@@ -87,6 +87,16 @@ def test_an_exercises_own_hint_comes_before_the_generic_one():
     assert "broadcasting cannot line up" in message(lambda x, n: x / torch.ones(7))
 
 
+def test_a_tuple_is_shown_where_its_first_differing_item_can_show_a_pattern():
+    """One entry is an offset and a factor at once: the case shown and the kinds compared are those where the item
+    that differs has 4 entries or more, as for a tensor result."""
+    one = Case("x of shape (1,), n = 4", (torch.ones(1, dtype=torch.float64), 4))
+    ex = Exercise(what="your pair", reference=lambda x, n: (x.sum(), scaled(x, n)), cases=[one, *cases()], mistakes=[],
+                  passed="ok", parts=("total", "scaled"))
+    text = message(lambda x, n: (x.sum(), 2 * scaled(x, n)), ex)
+    assert text.startswith("x of shape (4,), n = 16: your pair's scaled is 2 times the right one"), text
+
+
 def test_a_strong_pattern_is_claimed_only_where_every_wrong_case_shows_it():
     """A factor on one case, other numbers elsewhere: the entries that differ, not a factor."""
     text = message(lambda x, n: x * 2 if x.ndim == 1 else x + torch.linspace(0, 1, x.numel()).view(x.shape))

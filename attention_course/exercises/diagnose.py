@@ -201,9 +201,25 @@ def likeliest_cause(exercise: Exercise, err: Exception, generic: bool = True) ->
 
 
 def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
-    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one."""
-    big = [i for i in wrong if not isinstance(want[i].value, torch.Tensor) or want[i].value.numel() >= 4]
-    return (big or wrong)[0]
+    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one (of a
+    tuple's or a dict's items, the first that differs)."""
+    return (_big(exercise, got, want, wrong) or wrong)[0]
+
+
+def _big(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> list[int]:
+    shown = [_differing(got[i].value, want[i].value, exercise.atol)[2] for i in wrong]
+    return [i for i, w in zip(wrong, shown) if not isinstance(w, torch.Tensor) or w.numel() >= 4]
+
+
+def _differing(got, want, atol: float, key=None):
+    """(key, got's item, want's item) of the first item of a tuple or dict result that differs; the whole result
+    if it is neither, or its items do not pair up."""
+    if isinstance(want, tuple) and isinstance(got, (tuple, list)) and len(got) == len(want) or \
+            isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
+        k = next((k for k in (want if isinstance(want, dict) else range(len(want))) if not same(got[k], want[k], atol)),
+                 None)
+        return (key, got, want) if k is None else _differing(got[k], want[k], atol, k)
+    return key, got, want
 
 
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
@@ -226,7 +242,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     valued = [j for j in wrong if got[j].error is None and want[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
     if valued:
         j = i if i in valued else valued[0]
-        kinds = {kind(got[k].value, want[k].value, exercise) for k in valued}
+        kinds = {kind(got[k].value, want[k].value, exercise) for k in _big(exercise, got, want, valued) or valued}
         phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
         words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}")
     return f"{case.name}: " + " And ".join(words)
@@ -234,7 +250,10 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
 
 def kind(got, want, exercise: Exercise) -> str:
     """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
-    wrong case shows the same."""
+    wrong case shows the same (of a tuple's or a dict's items, the first that differs, and which)."""
+    key, got, want = _differing(got, want, exercise.atol)
+    if key is not None:
+        return f"{key}: {kind(got, want, exercise)}"
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
         return pattern(got.to(want.dtype), want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype or \
             (got.is_floating_point() and want.is_floating_point()) else "dtype"
