@@ -303,15 +303,23 @@ def sequence_difference(got: list, want: list) -> str:
 
 
 def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> str:
+    if isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
+        return ("is a pair of tensors (values, indices), as max(dim), min(dim), sort and topk return: take its "
+                ".values (amax(dim) and amin(dim) give the values alone).")
     if not isinstance(got, torch.Tensor):
         return f"is a {type(got).__name__}, expected a torch.Tensor."
     if got.shape != want.shape:
         return shape_difference(got, want)
     prefix = ""
     if got.dtype != want.dtype:
-        if got.dtype != torch.bool and want.dtype != torch.bool and same(got.to(want.dtype), want, 1e-5):
+        size = float(want.abs().nan_to_num(0.0, 0.0, 0.0).max()) if want.is_floating_point() and want.numel() else 0.0
+        if got.dtype != torch.bool and want.dtype != torch.bool and same(got.to(want.dtype), want,
+                                                                         1e-5 * max(1.0, size)):  # relative
             return (f"holds the right values in {_name(got.dtype)}, expected {_name(want.dtype)} (the inputs' "
                     f"dtype): a tensor made without dtype=, or a .float() or .double() on the way.")
+        if want.is_floating_point() and not got.is_floating_point() and got.dtype != torch.bool:
+            return (f"is {_name(got.dtype)}, expected {_name(want.dtype)}: integers where values are expected "
+                    f"(positions from argmax or .indices, or a tensor built from Python ints).")
         if want.dtype == torch.bool:
             return (f"is {_name(got.dtype)}, expected bool: a mask of numbers is not a selection; build it with "
                     f"comparisons (==, <, >) and combine with & and |.")
@@ -329,7 +337,29 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
         return f"{shown}: the right number of entries arranged in another shape (a view or reshape to other sizes)."
+    if got.ndim == 0:
+        return f"{shown}: one number, a reduction over every axis (a sum, mean, max or argmax without dim=)."
+    extra = _extra(want.shape, got.shape)
+    if extra:
+        return (f"{shown}: the expected axes and more, of size{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
+                f"(a reduction over too few axes, or a broadcast that added one).")
+    missing = _extra(got.shape, want.shape)
+    if missing:
+        return (f"{shown}: an axis of size{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} missing (a "
+                f"reduction over too many axes).")
     return f"{shown}."
+
+
+def _extra(short, long) -> list:
+    """The sizes of ``long`` left over once ``short`` is found in it in order (a subsequence), else []."""
+    rest, left = list(long), list(short)
+    extra = []
+    for size in rest:
+        if left and size == left[0]:
+            left.pop(0)
+        else:
+            extra.append(size)
+    return extra if not left else []
 
 
 def _name(dtype) -> str:
@@ -369,7 +399,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         nz = finite & (w64.abs() > 1e-6)
         if n and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
-            if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
+            if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6 and r[0] != 0:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
         scale = max(1.0, float(w64[finite].abs().max())) if bool(finite.any()) else 1.0
