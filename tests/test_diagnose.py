@@ -63,6 +63,7 @@ def test_the_smallest_case_that_shows_it_is_shown():
      "a pair of tensors (values, indices)"),
     (lambda x, n: scaled(x, n).argsort(), "integers where values are expected"),
     (lambda x, n: scaled(x, n) * 0, "differs at"),
+    (lambda x, n: scaled(x, n).float().double(), "FLOAT32 PRECISION"),
     (lambda x, n: scaled(x, n).mT.contiguous().view(x.shape[::-1]) if x.ndim == 3 else scaled(x, n),
      "another order"),
     (lambda x, n: None, "is None: nothing returned"),
@@ -102,6 +103,17 @@ def test_a_tuple_is_shown_where_its_first_differing_item_can_show_a_pattern():
                   passed="ok", parts=("total", "scaled"))
     text = message(lambda x, n: (x.sum(), 2 * scaled(x, n)), ex)
     assert text.startswith("x of shape (4,), n = 16: your pair's scaled is 2 times the right one"), text
+
+
+def test_float32_rounding_is_judged_entry_by_entry():
+    """A gap of 1 on entries of size 1 is no rounding, even beside an entry of 1e30."""
+    x = torch.tensor([1e30, 1.5, -2.0, 0.5, 3.0], dtype=torch.float64)
+    ex = Exercise(what="your copy", reference=lambda x: x.clone(), cases=[Case("x", (x,))], mistakes=[], passed="ok")
+    assert "FLOAT32" not in message(lambda x: x + (x.abs() < 1e29), ex)
+    assert "FLOAT32 PRECISION" in message(lambda x: x + 1e-7 * x * (x.abs() < 1e29), ex)
+    assert "FLOAT32" not in message(lambda x: x.masked_fill(x > 1e29, 0.0), Exercise(
+        what="your copy", reference=lambda x: x.masked_fill(x > 1e29, -torch.inf), cases=[Case("x", (x,))],
+        mistakes=[], passed="ok"))  # 0 where -inf is expected: no rounding
 
 
 def test_a_strong_pattern_is_claimed_only_where_every_wrong_case_shows_it():

@@ -402,8 +402,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6 and r[0] != 0:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
-        scale = max(1.0, float(w64[finite].abs().max())) if bool(finite.any()) else 1.0
-        if want.dtype == torch.float64 and n and gap <= 1e-4 * scale:  # float32's rounding, carried through
+        near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size
+        if want.dtype == torch.float64 and n and bool(near.all()):  # float32's rounding, carried through
             return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
                                f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
                                f"inputs' float64.")
