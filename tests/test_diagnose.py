@@ -63,6 +63,7 @@ def test_the_smallest_case_that_shows_it_is_shown():
      "a pair of tensors (values, indices)"),
     (lambda x, n: scaled(x, n).argsort(), "integers where values are expected"),
     (lambda x, n: scaled(x, n) * 0, "differs at"),
+    (lambda x, n: scaled(x, n).clone().fill_(-torch.inf), "has -inf at"),
     (lambda x, n: scaled(x, n).float().double(), "FLOAT32 PRECISION"),
     (lambda x, n: scaled(x, n).mT.contiguous().view(x.shape[::-1]) if x.ndim == 3 else scaled(x, n),
      "another order"),

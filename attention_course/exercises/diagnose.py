@@ -375,7 +375,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         g64, w64 = got.to(torch.float64), want.to(torch.float64)
         bad = ~torch.isfinite(got) & torch.isfinite(want)
         if bool(bad.any()):
-            kinds = [k for k, m in (("NaN", got.isnan()), ("inf", got.isinf())) if bool((m & bad).any())]
+            kinds = [k for k, m in (("NaN", got.isnan()), ("inf", got == math.inf), ("-inf", got == -math.inf))
+                     if bool((m & bad).any())]
             return "nonfinite", (f"has {' and '.join(kinds)} at {int(bad.sum())} of {bad.numel()} entries where the "
                                  f"right answer is finite{_where(bad, case)}.")
         differ = ((g64 - w64).abs() > tol) & ~(got.isnan() & want.isnan()) & (got != want)
