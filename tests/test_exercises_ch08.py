@@ -46,7 +46,7 @@ def test_a_right_merge_passes(capsys):
     [
         (unscaled, "Rescale each one to the common maximum"),
         (nan_on_empty, "exp(-inf - -inf)"),
-        (wrong_max, "m has inf at 1 of 4 entries where the right answer is finite"),
+        (wrong_max, "m has -inf at 1 of 4 entries where the right answer is finite"),
         (scaled_both, "l is 2 times the right one"),
         (swapped, "acc differs at"),
         (stub, "still the exercise's stub"),
