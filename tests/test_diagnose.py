@@ -58,6 +58,14 @@ def test_the_smallest_case_that_shows_it_is_shown():
     (lambda x, n: scaled(x, n).mT if x.ndim > 1 else scaled(x, n), "transpose of the right one"),
     (lambda x, n: scaled(x, n).flip(0), "along axis 0 in another order"),
     (lambda x, n: scaled(x, n)[None], "an axis of size 1 too many"),
+    (lambda x, n: scaled(x, n).sum(), "one number, a reduction over every axis"),
+    (lambda x, n: scaled(x, n).expand(2, *x.shape), "the expected axes and more, of size 2"),
+    (lambda x, n: scaled(x, n)[0] if x.ndim > 1 else scaled(x, n), "an axis of size"),
+    (lambda x, n: scaled(x, n).sort(-1) if x.ndim == 1 else scaled(x, n).max(-1, keepdim=True),
+     "a pair of tensors (values, indices)"),
+    (lambda x, n: scaled(x, n).argsort(), "integers where values are expected"),
+    (lambda x, n: scaled(x, n).clone().fill_(-torch.inf), "has -inf at"),
+    (lambda x, n: scaled(x, n).float().double(), "FLOAT32 PRECISION"),
     (lambda x, n: scaled(x, n).mT.contiguous().view(x.shape[::-1]) if x.ndim == 3 else scaled(x, n),
      "another order"),
     (lambda x, n: None, "is None: nothing returned"),
@@ -78,6 +86,36 @@ def test_an_exception_is_reported_with_its_case_and_a_cause():
     text = message(lambda x, n: x / n ** 0.5 if x.ndim < 3 else [1, 2][n])
     assert text.startswith("x of shape (2, 5, 5), n = 9: your scaled raised IndexError: list index out of range")
     assert "Likeliest cause here: an index past the end" in text
+
+
+def test_an_exercises_own_hint_comes_before_the_generic_one():
+    """The exercise knows its shapes: its cause of a broadcast error replaces torch's generic hint."""
+    ex = Exercise(what="your scaled", reference=scaled, cases=cases(), mistakes=[], passed="ok",
+                  hints=((r"must match the size", "n is one number: divide by its root, not by a tensor."),))
+    text = message(lambda x, n: x / torch.ones(7), ex)
+    assert "Likeliest cause here: n is one number" in text and "broadcasting cannot line up" not in text
+    assert "broadcasting cannot line up" in message(lambda x, n: x / torch.ones(7))
+
+
+def test_a_tuple_is_shown_where_its_first_differing_item_can_show_a_pattern():
+    """One entry is an offset and a factor at once: the case shown and the kinds compared are those where the item
+    that differs has 4 entries or more, as for a tensor result."""
+    one = Case("x of shape (1,), n = 4", (torch.ones(1, dtype=torch.float64), 4))
+    ex = Exercise(what="your pair", reference=lambda x, n: (x.sum(), scaled(x, n)), cases=[one, *cases()], mistakes=[],
+                  passed="ok", parts=("total", "scaled"))
+    text = message(lambda x, n: (x.sum(), 2 * scaled(x, n)), ex)
+    assert text.startswith("x of shape (4,), n = 16: your pair's scaled is 2 times the right one"), text
+
+
+def test_float32_rounding_is_judged_entry_by_entry():
+    """A gap of 1 on entries of size 1 is no rounding, even beside an entry of 1e30."""
+    x = torch.tensor([1e30, 1.5, -2.0, 0.5, 3.0], dtype=torch.float64)
+    ex = Exercise(what="your copy", reference=lambda x: x.clone(), cases=[Case("x", (x,))], mistakes=[], passed="ok")
+    assert "FLOAT32" not in message(lambda x: x + (x.abs() < 1e29), ex)
+    assert "FLOAT32 PRECISION" in message(lambda x: x + 1e-7 * x * (x.abs() < 1e29), ex)
+    assert "FLOAT32" not in message(lambda x: x.masked_fill(x > 1e29, 0.0), Exercise(
+        what="your copy", reference=lambda x: x.masked_fill(x > 1e29, -torch.inf), cases=[Case("x", (x,))],
+        mistakes=[], passed="ok"))  # 0 where -inf is expected: no rounding
 
 
 def test_a_strong_pattern_is_claimed_only_where_every_wrong_case_shows_it():

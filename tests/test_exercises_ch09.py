@@ -1,6 +1,8 @@
-"""The exercise checkers of chapter 9: each accepts a right answer and names each typical wrong answer."""
+"""The exercise checkers of chapter 9: each accepts a right answer, names the mistakes of its catalogue, describes the
+others by what they did, and runs over sizes that a hard-coded one fails."""
 import pytest
 import torch
+from torch import nn
 
 from attention_course.exercises import ExerciseError, ch09
 from attention_course.multihead import MultiheadAttention
@@ -23,39 +25,63 @@ def course_to_bert(mha, block, order=(0, 1, 2), transpose=False, biases=True, de
             block.output.LayerNorm.weight.mul_(2.0)
 
 
+def views(mha, block):
+    """nn.Parameters of the chunks without .clone(): the block's memory is mha's."""
+    for name, w, b in zip(("query", "key", "value"), mha.in_proj_weight.detach().chunk(3),
+                          mha.in_proj_bias.detach().chunk(3)):
+        getattr(block.self, name).weight, getattr(block.self, name).bias = nn.Parameter(w), nn.Parameter(b)
+    block.output.dense.weight = nn.Parameter(mha.out_proj.weight.detach())
+    block.output.dense.bias = nn.Parameter(mha.out_proj.bias.detach())
+
+
 def test_course_to_bert_accepts_a_right_answer(capsys):
     ch09.check_course_to_bert(course_to_bert)
     assert capsys.readouterr().out.startswith("Correct")
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda m, b: course_to_bert(m, b, order=(1, 0, 2)), "query.weight holds the key block"),
+    (lambda m, b: course_to_bert(m, b, order=(1, 0, 2)), r"weights \(torch.cat, as in_proj_weight\) holds the right "
+                                                         r"slices along axis 0 in another order"),
     (lambda m, b: course_to_bert(m, b, transpose=True), "TRANSPOSED"),
-    (lambda m, b: course_to_bert(m, b, biases=False), "query.bias is UNCHANGED"),
-    (lambda m, b: course_to_bert(m, b, dense=False), "block.output.dense.weight is not mha.out_proj"),
-    (lambda m, b: course_to_bert(m, b, norm=True), "changed block.output.LayerNorm"),
-    (lambda m, b: None, "copy did not happen"),
-    (lambda m, b: setattr(b.self, "query", m), "keep it an nn.Linear"),
+    (lambda m, b: course_to_bert(m, b, biases=False), r"biases \(torch.cat, as in_proj_bias\) has NaN"),
+    (lambda m, b: course_to_bert(m, b, dense=False), "block.output.dense.weight has NaN"),
+    (lambda m, b: course_to_bert(m, b, norm=True), "LayerNorm.weight, which must stay as it was, is 2 times"),
+    (lambda m, b: None, "has NaN at 12 of 12 entries"),
+    (lambda m, b: setattr(b.self, "query", m), "is a MultiheadAttention after your course_to_bert"),
+    (views, "SHARE MEMORY with mha"),
 ])
-def test_course_to_bert_names_each_mistake(fn, message):
+def test_course_to_bert_names_or_describes_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch09.check_course_to_bert(fn)
 
 
-def test_the_bert_stand_in_computes_what_the_course_layer_computes():
-    """The checker's reference: BERT's q/k/v Linears + output dense = MultiheadAttention with stacked weights."""
+def test_a_parameter_aliased_alone_is_told():
+    """out_proj itself in the block, the rest copied: the values are right, the memory is shared."""
+    def dense_shared(mha, block):
+        course_to_bert(mha, block, dense=False)
+        block.output.dense = mha.out_proj
+    with pytest.raises(ExerciseError, match=r"share memory with mha .* \['output.dense.weight', 'output.dense.bias'\]"):
+        ch09.check_course_to_bert(dense_shared)
+
+
+def bert_attention_output(block, x, keep, h):
+    """BERT's computation up to its output dense (before dropout, residual and LayerNorm): (B, L, D)."""
+    B, L, D = x.shape
+    heads = lambda t: t.view(B, L, h, D // h).transpose(1, 2)  # noqa: E731  (B, h, L, d)
+    q, k, v = (heads(getattr(block.self, name)(x)) for name in ("query", "key", "value"))
+    scores = (q @ k.transpose(-2, -1) / (D // h) ** 0.5).masked_fill(keep[:, None, None, :] == 0, float("-inf"))
+    return block.output.dense((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D))
+
+
+@pytest.mark.parametrize("D, h", [(8, 2), (12, 3), (4, 4)])
+def test_the_checkers_copy_makes_the_bert_stand_in_compute_what_the_course_layer_computes(D, h):
     torch.manual_seed(0)
-    block = ch09._bert_attention(8)
-    mha = MultiheadAttention(8, 2, dtype=torch.float64)
-    s = block.self
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([s.query.weight, s.key.weight, s.value.weight]))
-        mha.in_proj_bias.copy_(torch.cat([s.query.bias, s.key.bias, s.value.bias]))
-        mha.out_proj.load_state_dict(block.output.dense.state_dict())
-    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    mha, block = MultiheadAttention(D, h, dtype=torch.float64), ch09._bert_attention(D)
+    ch09._course_to_bert(mha, block)
+    x = torch.randn(2, 4, D, dtype=torch.float64)
     keep = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     want, _ = mha(x, x, x, key_padding_mask=keep == 0)
-    torch.testing.assert_close(ch09._bert_attention_output(block, x, keep, 2), want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(bert_attention_output(block, x, keep, h), want, atol=1e-12, rtol=0)
 
 
 def test_a_stub_is_reported_as_a_stub():
@@ -78,36 +104,27 @@ def previous_scores(weights, keep):
 
 def test_previous_token_accepts_a_right_answer(capsys):
     ch09.check_previous_token_scores(previous_scores)
-    out = capsys.readouterr().out
-    assert out.startswith("Correct") and "head 2" in out
+    assert capsys.readouterr().out.startswith("Correct: one score per head")
 
 
-def test_the_planted_heads_are_what_they_claim():
-    weights, keep = ch09._planted_weights()
-    scores = ch09._previous_token_scores(weights, keep)
-    assert int(scores.argmax()) == 2 and scores[2] > 0.9
-    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
-
-
-@pytest.mark.parametrize("variant, message", [
+@pytest.mark.parametrize("switch, message", [
     (dict(offset=1), "NEXT token"),
     (dict(offset=0), "ITSELF"),
-    (dict(queries="all"), "pad queries too"),
-    (dict(first_query=True), "counts query 0"),
-    (dict(reduce="sum"), "adds the weights up"),
+    (dict(queries=lambda keep, n: torch.ones_like(keep[:, -n:])), "pad queries too"),
+    (dict(count=lambda keep: keep.sum()), "counts query 0"),
 ])
-def test_previous_token_names_each_mistake(variant, message):
-    fn = lambda w, k: ch09._previous_token_scores(w, k, **variant)  # noqa: E731
+def test_previous_token_names_each_mistake(switch, message):
     with pytest.raises(ExerciseError, match=message):
-        ch09.check_previous_token_scores(fn)
+        ch09.check_previous_token_scores(lambda w, k: ch09._previous(w, k, **switch))
 
 
 @pytest.mark.parametrize("fn, message", [
     (lambda w, k: previous_scores(w, k).argmax(), "one number"),
-    (lambda w, k: previous_scores(w, k)[None], "shape \\(1, 4\\)"),
-    (lambda w, k: previous_scores(w, k) * 0.5, "expected \\["),
+    (lambda w, k: previous_scores(w, k)[None], "an axis of size 1 too many"),
+    (lambda w, k: previous_scores(w, k) * 0.5, "0.5 times the right one"),
+    (lambda w, k: previous_scores(w, k).view(4), r"shape '\[4\]' is invalid"),  # four heads, hard-coded
 ])
-def test_previous_token_other_mistakes(fn, message):
+def test_previous_token_describes_other_mistakes(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch09.check_previous_token_scores(fn)
 
@@ -127,13 +144,15 @@ def test_max_pool_accepts_a_right_answer(capsys):
 
 @pytest.mark.parametrize("fn, message", [
     (lambda x, k: x.amax(1), "includes the pads"),
-    (lambda x, k: (x * k[..., None]).amax(1), "multiplied by the keep mask"),
+    (lambda x, k: (x * k[..., None]).amax(1), "multiplies by the keep mask"),
     (lambda x, k: x.masked_fill(k[..., None] == 1, float("-inf")).amax(1), "wrong way round"),
-    (lambda x, k: max_pool(x, k).T, "shape \\(5, 3\\)"),
-    (lambda x, k: x.amax(2), "wrong axis"),
-    (lambda x, k: max_pool(x, k) + 1, "largest value over the tokens"),
-    (lambda x, k: max_pool(x, k).tolist(), "must return a torch.Tensor"),
+    (lambda x, k: max_pool(x, k).T, r"has shape \(4, 2\), expected \(2, 4\): the right sizes"),
+    (lambda x, k: x.amax(2), r"has shape \(2, 3\), expected \(2, 4\)"),
+    (lambda x, k: max_pool(x, k) * 2, "2 times the right one at every entry"),
+    (lambda x, k: max_pool(x, k) + 1, "differs at"),  # not float32's rounding, beside -1e30
+    (lambda x, k: max_pool(x, k).tolist(), "is a list, expected a torch.Tensor"),
+    (lambda x, k: max_pool(x[..., :4], k), r"has shape \(3, 4\), expected \(3, 5\)"),  # four features, hard-coded
 ])
-def test_max_pool_names_each_mistake(fn, message):
+def test_max_pool_names_or_describes_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch09.check_max_pool(fn)

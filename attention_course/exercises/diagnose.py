@@ -158,8 +158,12 @@ def naming(exercise: Exercise, got: list[Outcome]) -> list[Mistake]:
 
 
 def agree(a: Outcome, b: Outcome, atol: float) -> bool:
+    """Whether the answer's outcome ``a`` is the expected one ``b``: the same values and inputs changed, or the same
+    failure (an expected error that names no size, "world_size must divide num_heads", is met by any of its type)."""
     if a.error is not None or b.error is not None:
-        return a.error is not None and b.error is not None and same_error(a.error, b.error)
+        sizeless = b.error is not None and not re.search(r"\d", str(b.error))
+        return a.error is not None and b.error is not None and (same_error(a.error, b.error) or
+                                                                 (sizeless and type(a.error) is type(b.error)))
     return a.changed == b.changed and same(a.value, b.value, atol)
 
 
@@ -222,27 +226,46 @@ _PYTHON_ERRORS = [
 ]
 
 
-def likeliest_cause(exercise: Exercise, err: Exception) -> str:
-    """The usual cause of this error in this exercise (its ``hints``), else in any code (a list index, a None)."""
-    for pattern, cause in (*exercise.hints, *_PYTHON_ERRORS):
+def likeliest_cause(exercise: Exercise, err: Exception, generic: bool = True) -> str:
+    """The usual cause of this error in this exercise (its ``hints``), else, with ``generic``, in any code (a list
+    index, a None)."""
+    for pattern, cause in (*exercise.hints, *(_PYTHON_ERRORS if generic else ())):
         if re.search(pattern, str(err)) or re.search(pattern, type(err).__name__):
             return f" Likeliest cause here: {cause}"
     return ""
 
 
 def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
-    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one."""
-    big = [i for i in wrong if not isinstance(want[i].value, torch.Tensor) or want[i].value.numel() >= 4]
-    return (big or wrong)[0]
+    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one (of a
+    tuple's or a dict's items, the first that differs)."""
+    return (_big(exercise, got, want, wrong) or wrong)[0]
+
+
+def _big(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> list[int]:
+    shown = [_differing(got[i].value, want[i].value, exercise.atol)[2] for i in wrong]
+    return [i for i, w in zip(wrong, shown) if not isinstance(w, torch.Tensor) or w.numel() >= 4]
+
+
+def _differing(got, want, atol: float, key=None):
+    """(key, got's item, want's item) of the first item of a tuple or dict result that differs; the whole result
+    if it is neither, or its items do not pair up."""
+    if isinstance(want, tuple) and isinstance(got, (tuple, list)) and len(got) == len(want) or \
+            isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
+        k = next((k for k in (want if isinstance(want, dict) else range(len(want))) if not same(got[k], want[k], atol)),
+                 None)
+        return (key, got, want) if k is None else _differing(got[k], want[k], atol, k)
+    return key, got, want
 
 
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
     i = shown_case(exercise, got, want, wrong)
     what, case = exercise.what, cases[i]
     if got[i].error is not None:
-        text = str(raised(got[i].error, what))
+        err = got[i].error
+        own = likeliest_cause(exercise, err, generic=False)  # the exercise's own cause before torch's generic one
+        text = f"{what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, what))
         text += "" if text[-1] in ".!?" else "."
-        return f"{case.name}: {text}" + ("" if classic_hint(got[i].error) else likeliest_cause(exercise, got[i].error))
+        return f"{case.name}: {text}" + (own or ("" if classic_hint(err) else likeliest_cause(exercise, err)))
     if want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
@@ -254,7 +277,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     valued = [j for j in wrong if got[j].error is None and want[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
     if valued:
         j = i if i in valued else valued[0]
-        kinds = {kind(got[k].value, want[k].value, exercise) for k in valued}
+        kinds = {kind(got[k].value, want[k].value, exercise) for k in _big(exercise, got, want, valued) or valued}
         phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
         words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}")
     return f"{case.name}: " + " And ".join(words)
@@ -262,10 +285,12 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
 
 def kind(got, want, exercise: Exercise) -> str:
     """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
-    wrong case shows the same."""
+    wrong case shows the same (of a tuple's or a dict's items, the first that differs, and which)."""
+    key, got, want = _differing(got, want, exercise.atol)
+    if key is not None:
+        return f"{key}: {kind(got, want, exercise)}"
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
-        return pattern(got.to(want.dtype), want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype or \
-            (got.is_floating_point() and want.is_floating_point()) else "dtype"
+        return pattern(got, want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype else "dtype"
     return type(got).__name__
 
 
@@ -281,6 +306,9 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
             return f"{noun} is {shown}{f' of {len(got)}' * isinstance(got, (tuple, list))}, expected {expected}."
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
+    if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():  # each key names its item
+        key = next(k for k in want if not same(got[k], want[k], exercise.atol))
+        return value_difference(got[key], want[key], case, exercise, noun=key, strong=strong)
     if isinstance(want, torch.Tensor):
         return f"{noun} {tensor_difference(got, want, case, exercise.atol, strong)}"
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
@@ -310,15 +338,23 @@ def sequence_difference(got: list, want: list) -> str:
 
 
 def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> str:
+    if isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
+        return ("is a pair of tensors (values, indices), as max(dim), min(dim), sort and topk return: take its "
+                ".values (amax(dim) and amin(dim) give the values alone).")
     if not isinstance(got, torch.Tensor):
         return f"is a {type(got).__name__}, expected a torch.Tensor."
     if got.shape != want.shape:
         return shape_difference(got, want)
     prefix = ""
     if got.dtype != want.dtype:
-        if got.dtype != torch.bool and want.dtype != torch.bool and same(got.to(want.dtype), want, 1e-5):
+        size = float(want.abs().nan_to_num(0.0, 0.0, 0.0).max()) if want.is_floating_point() and want.numel() else 0.0
+        if got.dtype != torch.bool and want.dtype != torch.bool and same(got.to(want.dtype), want,
+                                                                         1e-5 * max(1.0, size)):  # relative
             return (f"holds the right values in {_name(got.dtype)}, expected {_name(want.dtype)} (the inputs' "
                     f"dtype): a tensor made without dtype=, or a .float() or .double() on the way.")
+        if want.is_floating_point() and not got.is_floating_point() and got.dtype != torch.bool:
+            return (f"is {_name(got.dtype)}, expected {_name(want.dtype)}: integers where values are expected "
+                    f"(positions from argmax or .indices, or a tensor built from Python ints).")
         if want.dtype == torch.bool:
             return (f"is {_name(got.dtype)}, expected bool: a mask of numbers is not a selection; build it with "
                     f"comparisons (==, <, >) and combine with & and |.")
@@ -336,7 +372,29 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
         return f"{shown}: the right number of entries arranged in another shape (a view or reshape to other sizes)."
+    if got.ndim == 0:
+        return f"{shown}: one number, a reduction over every axis (a sum, mean, max or argmax without dim=)."
+    extra = _extra(want.shape, got.shape)
+    if extra:
+        return (f"{shown}: the expected axes and more, of size{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
+                f"(a reduction over too few axes, or a broadcast that added one).")
+    missing = _extra(got.shape, want.shape)
+    if missing:
+        return (f"{shown}: an axis of size{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} missing (a "
+                f"reduction over too many axes).")
     return f"{shown}."
+
+
+def _extra(short, long) -> list:
+    """The sizes of ``long`` left over once ``short`` is found in it in order (a subsequence), else []."""
+    rest, left = list(long), list(short)
+    extra = []
+    for size in rest:
+        if left and size == left[0]:
+            left.pop(0)
+        else:
+            extra.append(size)
+    return extra if not left else []
 
 
 def _name(dtype) -> str:
@@ -360,6 +418,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
     else:
         differ = got != want
     n, total = int(differ.sum()), differ.numel()
+    if not n:
+        return "equal", "has the right values."
     weak = "entries", f"differs at {n} of {total} entries{_where(differ, case)}, e.g. at {_first(differ, got, want)}."
     if not strong:
         return weak
@@ -383,8 +443,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
-        scale = max(1.0, float(w64[finite].abs().max())) if bool(finite.any()) else 1.0
-        if want.dtype == torch.float64 and n and gap <= 1e-4 * scale:  # float32's rounding, carried through
+        near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size
+        if want.dtype == torch.float64 and n and bool(near.all()):  # float32's rounding, carried through
             return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
                                f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
                                f"inputs' float64.")

@@ -101,6 +101,24 @@ def doubled(m1, l1, acc1, m2, l2, acc2):  # acc / l right, l and acc on another 
     return m, 2 * l, 2 * acc
 
 
+def in_place(m1, l1, acc1, m2, l2, acc2):
+    """Each block rescaled in its own tensors (mul_), the caller's states overwritten."""
+    m = torch.maximum(m1, m2)
+    shift = m.masked_fill(m == NEG_INF, 0.0)
+    for c, l, acc in ((torch.exp(m1 - shift), l1, acc1), (torch.exp(m2 - shift), l2, acc2)):
+        l.mul_(c)
+        acc.mul_(c)
+    return m, l1 + l2, acc1 + acc2
+
+
+def stand_in_returned(m1, l1, acc1, m2, l2, acc2):
+    """The stand-in (0 where no key) returned as m."""
+    m = torch.maximum(m1, m2)
+    m = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+    c1, c2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, c1 * l1 + c2 * l2, c1 * acc1 + c2 * acc2
+
+
 def no_return(m1, l1, acc1, m2, l2, acc2):
     ch08._reference_merge(m1, l1, acc1, m2, l2, acc2)
 
@@ -144,9 +162,10 @@ CATALOGUES = [
             Mutant("acc returned divided by l", normalised_acc, r"already divided by l"),
             mutant("reference 0 instead of the common maximum (exp(m1))", r"acc / l is right",
                    family="reference", factor=lambda mb, mc: torch.exp(mb)),
-            Mutant("l and acc doubled", doubled, r"acc / l is right", family="reference"),
+            Mutant("l and acc doubled", doubled, r"l is 2 times the right one", family="reference"),
             Mutant("returns (m, acc, l)", reordered, r"order"),
-            Mutant("keepdim lost: m of shape (...,)", no_keepdim, (r"shape", r"keepdim")),
+            Mutant("keepdim lost: m of shape (...,)", no_keepdim,
+                   (r"m has shape \(\d+,\), expected \(\d+, 1\)", r"keepdim")),
             Mutant("float32 result", float32_result, r"float32", family="dtype"),
             Mutant("float32 factors", float32_factors, r"float32", family="dtype"),
             Mutant("Python's max on tensors", lambda *s: merge(*s, take_max=max), (r"ONE truth value",
@@ -155,8 +174,12 @@ CATALOGUES = [
             Mutant("math.exp on a tensor", lambda *s: merge(*s, factor=lambda a, b: math.exp(a - b)),
                    (r"math\.exp", r"torch\.exp")),
             Mutant("factor broadcast without the last axis", squeezed_factor,
-                   (r"broadcasting cannot line up", r"keep\s+the last axis of size 1")),
-            Mutant("no return statement", no_return, r"return statement"),
+                   (r"must match the size of tensor b", r"keep\s+the last axis of size 1")),
+            Mutant("no return statement", no_return, r"`return` missing"),
+            Mutant("the states rescaled in place (mul_)", in_place, r"modified its input `l[12]`"),
+            Mutant("the stand-in 0 returned as m", stand_in_returned, r"expected -inf, got 0\b"),
+            mutant("finite fill finfo.min for -inf", r"expected -inf, got -1\.798e\+308",
+                   fill=torch.finfo(torch.float64).min),
             Mutant("the stub", stub, r"stub"),
         ],
     ),

@@ -24,7 +24,7 @@ def course_to_bert(mha, block, *, order=(0, 1, 2), bias_order=(0, 1, 2), transpo
             linear = getattr(block.self, name)
             w = (W[i].T if transpose else W[i]) * scale
             if rows is not None:
-                w = w[rows(D)]
+                w = w[rows(D, mha.num_heads)]
             if dtype is not None:
                 linear.weight = nn.Parameter(w.to(dtype))
             else:
@@ -63,13 +63,12 @@ def new_parameters(mha, block):
     block.output.dense.bias = nn.Parameter(mha.out_proj.bias.detach().clone())
 
 
-def heads_reversed(D):
-    d = D // 3
-    return torch.arange(D).view(3, d).flip(0).reshape(-1)  # head blocks 2, 1, 0
+def heads_reversed(D, h):
+    return torch.arange(D).view(h, D // h).flip(0).reshape(-1)  # head blocks h - 1, ..., 1, 0
 
 
-def heads_interleaved(D):
-    return torch.arange(D).view(3, D // 3).T.reshape(-1)  # view(d, h) read as view(h, d)
+def heads_interleaved(D, h):
+    return torch.arange(D).view(h, D // h).T.reshape(-1)  # view(d, h) read as view(h, d)
 
 
 def no_bias(mha, block):
@@ -88,60 +87,82 @@ def assign_tensor(mha, block):
     block.self.query.weight = mha.in_proj_weight.detach().chunk(3)[0].clone()
 
 
-BLOCK_ORDER = r"holds the \w+ block of in_proj_weight.*query; key; value"
+def views_as_parameters(mha, block):
+    """New nn.Parameters of the chunks, without .clone(): the block's parameters are mha's memory."""
+    for w, b, name in zip(mha.in_proj_weight.detach().chunk(3), mha.in_proj_bias.detach().chunk(3), QKV):
+        getattr(block.self, name).weight, getattr(block.self, name).bias = nn.Parameter(w), nn.Parameter(b)
+    block.output.dense.weight = nn.Parameter(mha.out_proj.weight.detach())
+    block.output.dense.bias = nn.Parameter(mha.out_proj.bias.detach())
+
+
+def dense_module_shared(mha, block):
+    """out_proj itself put in the block: one module in two models."""
+    course_to_bert(mha, block, dense=None)
+    block.output.dense = mha.out_proj
+
+
+BLOCK_ORDER = r"value weights \(torch\.cat, as in_proj_weight\) holds the right slices along axis 0 in another order"
 COURSE_TO_BERT = Catalogue(
     ch09.check_course_to_bert,
     correct={"chunk and copy_": course_to_bert, "slices and load_state_dict": by_slices,
              "new nn.Parameters": new_parameters},
     mutants=[
         Mutant("query and key swapped", lambda m, b: course_to_bert(m, b, order=(1, 0, 2)),
-               (r"query\.weight holds the key block", BLOCK_ORDER), family="block order"),
+               (BLOCK_ORDER, r"\[2, 3, 0, 1, 4, 5\]"), family="block order"),
         Mutant("key and value swapped", lambda m, b: course_to_bert(m, b, order=(0, 2, 1)),
-               (r"key\.weight holds the value block", BLOCK_ORDER), family="block order"),
+               (BLOCK_ORDER, r"\[0, 1, 4, 5, 2, 3\]"), family="block order"),
         Mutant("query and value swapped", lambda m, b: course_to_bert(m, b, order=(2, 1, 0)),
-               (r"query\.weight holds the value block", BLOCK_ORDER), family="block order"),
-        Mutant("blocks rotated", lambda m, b: course_to_bert(m, b, order=(2, 0, 1)), BLOCK_ORDER,
+               (BLOCK_ORDER, r"\[4, 5, 2, 3, 0, 1\]"), family="block order"),
+        Mutant("blocks rotated", lambda m, b: course_to_bert(m, b, order=(2, 0, 1)),
+               (BLOCK_ORDER, r"\[4, 5, 0, 1, 2, 3\]"),
                family="block order"),
         Mutant("weights transposed", lambda m, b: course_to_bert(m, b, transpose=True),
-               (r"query\.weight holds the query block TRANSPOSED", r"\(out, in\)")),
+               (r"copies each block TRANSPOSED", r"\(out, in\)")),
         Mutant("transposed and swapped", lambda m, b: course_to_bert(m, b, transpose=True, order=(1, 0, 2)),
-               (r"query\.weight holds the key block TRANSPOSED",)),
+               (r"value weights \(torch\.cat, as in_proj_weight\) holds the right values, arranged differently",)),
         Mutant("scale 1/sqrt(d) folded into the weights",
                lambda m, b: course_to_bert(m, b, scale=(m.embed_dim // m.num_heads) ** -0.5),
-               (r"SCALED", r"1/sqrt\(d\)", r"head size")),
+               (r"value weights .* is 0\.7071 times the right one at every entry \(1/√2\)",), family="scaled"),
         Mutant("scale 1/sqrt(D) folded into the weights", lambda m, b: course_to_bert(m, b, scale=m.embed_dim ** -0.5),
-               (r"SCALED", r"1/sqrt\(D\)", r"model width")),
+               (r"value weights .* is 0\.7071 times the right one at every entry \(1/√2\)",), family="scaled"),
         Mutant("heads in reverse order", lambda m, b: course_to_bert(m, b, rows=heads_reversed),
-               (r"HEADS in another order", r"\[2, 1, 0\]")),
+               (BLOCK_ORDER, r"\[3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8\]"), family="block order"),
         Mutant("rows interleaved across heads", lambda m, b: course_to_bert(m, b, rows=heads_interleaved),
-               (r"PERMUTED across the heads", r"view\(d, h\)")),
+               (BLOCK_ORDER, r"\[0, 3, 1, 4, 2, 5, 6, 9,"), family="block order"),
         Mutant("biases not copied", lambda m, b: course_to_bert(m, b, biases=False),
-               (r"query\.bias is UNCHANGED", r"in_proj_bias"), family="copy missing"),
+               (r"value biases \(torch\.cat, as in_proj_bias\) has NaN at 6 of 6",), family="copy missing"),
         Mutant("biases in the wrong order", lambda m, b: course_to_bert(m, b, bias_order=(1, 0, 2)),
-               (r"query\.bias holds the key block of in_proj_bias",)),
-        Mutant("a Linear without bias", no_bias, (r"no bias", r"bias=None")),
-        Mutant("nothing copied", lambda m, b: None, (r"query\.weight is UNCHANGED", r"copy did not happen"),
+               (r"value biases \(torch\.cat, as in_proj_bias\) holds the right slices along axis 0 in another order",)),
+        Mutant("a Linear without bias", no_bias, (r"block\.self\.key is a Linear with no bias", r"with its bias")),
+        Mutant("nothing copied", lambda m, b: None,
+               (r"value weights \(torch\.cat, as in_proj_weight\) has NaN at 12 of 12",),
                family="copy missing"),
         Mutant("only the query copied", lambda m, b: course_to_bert(m, b, only=("query",)),
-               (r"key\.weight is UNCHANGED", r"copy did not happen"), family="copy missing"),
+               (r"has NaN at 8 of 12 entries .*whole rows \[2, 3, 4, 5\]",), family="copy missing"),
         Mutant("copy without no_grad", lambda m, b: course_to_bert(m, b, no_grad=False),
                (r"in place", r"torch\.no_grad")),
-        Mutant("a tensor assigned to a parameter", assign_tensor, (r"nn\.Parameter, not a tensor", r"copy_")),
+        Mutant("a tensor assigned to a parameter", assign_tensor,
+               (r"cannot assign", r"torch\.nn\.Parameter or None expected")),
         Mutant("the whole in_proj_weight copied", whole_in_proj, (r"\(3D, D\)", r"chunk\(3\)")),
         Mutant("weights in float32", lambda m, b: course_to_bert(m, b, dtype=torch.float32),
                (r"float32", r"dtype")),
         Mutant("out_proj not copied", lambda m, b: course_to_bert(m, b, dense=None),
-               (r"dense\.weight is not mha\.out_proj", r"BertSelfOutput\.dense"), family="out_proj"),
+               (r"block\.output\.dense\.weight has NaN",), family="out_proj"),
         Mutant("out_proj's bias not copied", lambda m, b: course_to_bert(m, b, dense="weight"),
-               (r"dense\.bias is not mha\.out_proj\.bias",), family="out_proj"),
+               (r"block\.output\.dense\.bias has NaN",), family="out_proj"),
         Mutant("out_proj transposed", lambda m, b: course_to_bert(m, b, dense="transposed"),
-               (r"dense\.weight", r"TRANSPOSED"), family="out_proj"),
+               (r"block\.output\.dense\.weight is the transpose",), family="out_proj"),
         Mutant("LayerNorm changed", lambda m, b: course_to_bert(m, b, norm="scaled"),
-               (r"changed block\.output\.LayerNorm",), family="LayerNorm"),
+               (r"LayerNorm\.weight, which must stay as it was",), family="LayerNorm"),
         Mutant("LayerNorm reset", lambda m, b: course_to_bert(m, b, norm="reset"),
-               (r"changed block\.output\.LayerNorm",), family="LayerNorm"),
+               (r"LayerNorm\.weight, which must stay as it was",), family="LayerNorm"),
         Mutant("the layer put in place of the Linear", lambda m, b: setattr(b.self, "query", m),
-               (r"keep it an nn\.Linear",)),
+               (r"block\.self\.query is a MultiheadAttention", r"keep BERT's nn\.Linear")),
+        Mutant("new nn.Parameters of the chunks, not cloned", views_as_parameters, (r"SHARE MEMORY", r"clone"),
+               family="shared"),
+        Mutant("out_proj itself put in the block", dense_module_shared,
+               (r"share memory with mha .* has \['output\.dense\.weight', 'output\.dense\.bias'\] too many",),
+               family="shared"),
     ],
 )
 
@@ -214,28 +235,29 @@ PREVIOUS_TOKEN = Catalogue(
         Mutant("mask shifted by one", lambda w, k: diagonal_scores(w, k, queries="keys"),
                (r"shifted by one", r"keep\[:, 1:\]")),
         Mutant("query 0 counted", lambda w, k: diagonal_scores(w, k, count="with query 0"), (r"query 0",)),
-        Mutant("sum, not mean", lambda w, k: diagonal_scores(w, k, reduce="sum"), (r"adds the weights up",)),
+        Mutant("sum, not mean", lambda w, k: diagonal_scores(w, k, reduce="sum"),
+               (r"result is 10 times the right one",)),
         Mutant("mean of sentence means", lambda w, k: diagonal_scores(w, k, reduce="sentences"),
                (r"each sentence first",)),
         Mutant("divided by all queries", lambda w, k: diagonal_scores(w, k, count="all"),
-               (r"divides by the count of ALL queries",)),
+               (r"result is 0\.6667 times the right one",)),
         Mutant("averaged over the heads", lambda w, k: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean((0, 1)),
-               (r"averaged over the HEADS",), family="axes"),
+               (r"has shape \(5,\), expected \(4,\)",), family="axes"),
         Mutant("averaged over heads and queries",
                lambda w, k: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean((1, 2)),
-               (r"averaged over the HEADS",), family="axes"),
+               (r"has shape \(3,\), expected \(4,\)",), family="axes"),
         Mutant("batch axis left", lambda w, k: (w.diagonal(offset=-1, dim1=-2, dim2=-1)
                                                 * k[:, None, 1:]).sum(2) / k[:, None, 1:].sum(2),
-               (r"an axis is left",), family="axes"),
+               (r"the expected axes and more",), family="axes"),
         Mutant("argmax returned", lambda w, k: diagonal_scores(w, k).argmax(), (r"one number",)),
         Mutant("computed in float32", lambda w, k: diagonal_scores(w, k, dtype=torch.float32),
                (r"float32", r"dtype")),
         Mutant("weights changed in place", in_place_scores, (r"in place",)),
         Mutant("diagonal() of the first two axes", lambda w, k: w.diagonal(offset=-1).mean((0, 1)),
-               (r"FIRST two axes", r"dim1=-2, dim2=-1")),
+               (r"has shape \(2,\), expected \(4,\)",)),
         Mutant("keep without the heads axis", lambda w, k: (w.diagonal(offset=-1, dim1=-2, dim2=-1) * k[:, 1:]).sum(
-            (0, 2)) / k[:, 1:].sum(), (r"keep\[:, None, 1:\]", r"batch axis against the heads")),
-        Mutant("scores halved", lambda w, k: diagonal_scores(w, k) / 2, (r"expected \[",)),
+            (0, 2)) / k[:, 1:].sum(), (r"matched from the RIGHT", r"missing axes as size 1")),
+        Mutant("scores halved", lambda w, k: diagonal_scores(w, k) / 2, (r"result is 0\.5 times the right one",)),
     ],
 )
 
@@ -277,16 +299,16 @@ MAX_POOL = Catalogue(
     mutants=[
         Mutant("no mask", lambda x, k: x.amax(1), (r"includes the pads",)),
         Mutant("multiplied by the keep mask", lambda x, k: (x * k[..., None]).amax(1),
-               (r"multiplied by the keep mask",), family="zero"),
-        Mutant("filled with 0", lambda x, k: max_pool(x, k, fill=0.0), (r"filled with 0",), family="zero"),
+               (r"multiplies by the keep mask",), family="zero"),
+        Mutant("filled with 0", lambda x, k: max_pool(x, k, fill=0.0), (r"fills the pads with 0",), family="zero"),
         Mutant("filled with -1e4", lambda x, k: max_pool(x, k, fill=-1e4), (r"FINITE value, -1e4\b",),
                family="finite fill"),
         Mutant("filled with -1e9", lambda x, k: max_pool(x, k, fill=-1e9), (r"FINITE value, -1e9\b",),
                family="finite fill"),
         Mutant("added -1e4 at the pads", lambda x, k: max_pool(x, k, fill=-1e4, add=True),
-               (r"ADDED a finite penalty, -1e4\b",), family="penalty"),
+               (r"ADDS a finite penalty to the pads, -1e4\b",), family="penalty"),
         Mutant("added -1e9 at the pads", lambda x, k: max_pool(x, k, fill=-1e9, add=True),
-               (r"ADDED a finite penalty, -1e9\b",), family="penalty"),
+               (r"ADDS a finite penalty to the pads, -1e9\b",), family="penalty"),
         Mutant("mask inverted", lambda x, k: max_pool(x, k, pads=lambda k: k == 1), (r"wrong way round",)),
         Mutant("int mask as bool", lambda x, k: max_pool(x, k, pads=lambda k: k), (r"INTEGER mask", r"keep == 0"),
                family="int mask"),
@@ -299,20 +321,21 @@ MAX_POOL = Catalogue(
         Mutant("last real token left out", lambda x, k: sliced_pool(x, k, -1), (r"LAST real token",)),
         Mutant("first pad taken in", lambda x, k: sliced_pool(x, k, 1), (r"FIRST PAD",)),
         Mutant("max over the features", lambda x, k: x.amax(2),
-               (r"wrong axis",), family="axis"),
+               (r"has shape \(2, 3\), expected \(2, 4\)",), family="axis"),
         Mutant("max over the batch", lambda x, k: x.masked_fill(k[..., None] == 0, float("-inf")).amax(0),
-               (r"wrong axis",), family="axis"),
-        Mutant("result transposed", lambda x, k: max_pool(x, k).T, (r"TRANSPOSED",)),
+               (r"has shape \(3, 4\), expected \(2, 4\)",), family="axis"),
+        Mutant("result transposed", lambda x, k: max_pool(x, k).T, (r"axes in another order \(a transpose",)),
         Mutant("max(dim) pair returned", lambda x, k: x.masked_fill(k[..., None] == 0, float("-inf")).max(1),
                (r"\.values",)),
         Mutant("indices returned", lambda x, k: x.masked_fill(k[..., None] == 0, float("-inf")).argmax(1),
-               (r"positions \(indices",)),
+               (r"integers where values are expected", r"argmax")),
         Mutant("computed in float32", lambda x, k: max_pool(x.float(), k), (r"float32", r"dtype")),
         Mutant("hidden changed in place", in_place_pool, (r"in place",)),
         Mutant("the token at n = keep[b].sum() taken", lambda x, k: torch.stack(
             [x[b, :int(k[b].sum()) + 1].amax(0) if k[b].sum() < k.shape[1] else x[b, int(k[b].sum())].amax(0)
-             for b in range(len(x))]), (r"position n is a pad",)),
-        Mutant("a list returned", lambda x, k: max_pool(x, k).tolist(), (r"must return a torch\.Tensor",)),
+             for b in range(len(x))]), (r"out of bounds", r"runs one too far")),
+        Mutant("a list returned", lambda x, k: max_pool(x, k).tolist(), (r"is a list, expected a torch\.Tensor",)),
+        Mutant("filled with -1e30", lambda x, k: max_pool(x, k, fill=-1e30), (r"differs at .* got -1e\+30",)),
     ],
 )
 
