@@ -209,7 +209,7 @@ def describe(exercise: Exercise, case: Case, got: Outcome, want: Outcome) -> str
     if got.error is not None:
         text = str(raised(got.error, what))
         cause = "" if classic_hint(got.error) else likeliest_cause(exercise, case, got.error)
-        return text + cause
+        return (text if not cause or text.endswith((".", "!", "?")) else text + ".") + cause
     words = []
     if got.changed != want.changed:
         changed = ", ".join(f"`{n}`" for n in got.changed)
@@ -308,10 +308,11 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
     if want.is_floating_point():
         delta, ratio = g64 - w64, g64 / w64
         finite = torch.isfinite(w64) & torch.isfinite(g64)
-        if finite.all() and n and float(delta.max() - delta.min()) <= tol:
+        varied = n and bool((w64 != w64.flatten()[0]).any())  # one right value everywhere: offset and factor alike
+        if finite.all() and varied and float(delta.max() - delta.min()) <= tol:
             return f"is the right one plus the same {float(delta.flatten()[0]):.4g} at every entry: a constant offset."
         nz = finite & (w64.abs() > 1e-6)
-        if n and bool(nz.any()) and not (differ & ~nz).any():
+        if varied and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
                 return f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}: a factor."
