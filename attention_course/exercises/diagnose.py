@@ -362,7 +362,7 @@ def _where(differ: torch.Tensor, case: Case) -> str:
     for name, region in case.marks.items():
         if region.shape == differ.shape and bool(differ.any()) and not (differ & ~region).any():
             return f", all of them {name}"
-    if differ.ndim >= 2 and bool(differ.any()):
+    if differ.ndim >= 2 and min(differ.shape[-2:]) > 1 and bool(differ.any()):  # a 1 x n matrix has no triangles
         i = torch.arange(differ.shape[-2])[:, None]
         j = torch.arange(differ.shape[-1])[None, :]
         for name, region in (("on the diagonal (key = query)", i == j), ("above the diagonal (key after query)", j > i),
