@@ -30,29 +30,34 @@ def test_softmax_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda s, dim=-1: softmax(s, dim, shift=None), "NaN or inf for scores around 1000.*subtract each row's maximum"),
-    (lambda s, dim=-1: softmax(s, dim, shift="global"), "subtracted ONE maximum for the whole tensor"),
-    (lambda s, dim=-1: softmax(s, dim, ignore_dim=True), "ignores its `dim`"),
-    (lambda s, dim=-1: softmax(s, 0), "sum to 1 down each COLUMN"),
-    (lambda s, dim=-1: softmax(s, dim, shift=None, use_exp=False), "divided the scores by their sum without .*exp"),
-    (lambda s, dim=-1: softmax(s, dim, normalise=False), "took exp but did not divide"),
-    (lambda s, dim=-1: softmax(s, dim, keepdim=False), "forget keepdim=True"),
-    (lambda s, dim=-1: -softmax(s, dim), "negative weights"),
-    (lambda s, dim=-1: softmax(s, dim) * 0.5, "do not sum to 1"),
-    (lambda s, dim=-1: softmax(2 * s, dim), "are not softmax\\(scores\\)"),
-    (lambda s, dim=-1: softmax(s, dim)[0], "the result has shape \\(5,\\), expected the shape of scores"),
-    (lambda s, dim=-1: s.tolist(), "must return a torch.Tensor"),
+    (lambda s, dim=-1: softmax(s, dim, shift=None), r"^the rows \[-1000, 0, 500\] and \[-800, 0, 800\], shape \(2, 3\): "
+     r"your softmax takes exp of the scores as they are: exp\(1000\) overflows.*subtract each row's maximum"),
+    (lambda s, dim=-1: softmax(s, dim, shift="global"), r"^the rows \[-1000, 0, 500\] and \[-800, 0, 800\], shape "
+     r"\(2, 3\): your softmax subtracts ONE maximum for the whole tensor"),
+    (lambda s, dim=-1: softmax(s, dim, ignore_dim=True), r"ordinary scores, shape \(3, 5\), dim=0: .*ignores its `dim`"),
+    (lambda s, dim=-1: softmax(s, 0), "normalises down the COLUMNS"),
+    (lambda s, dim=-1: softmax(s, dim, shift=None, use_exp=False), "divides the scores by their sum without taking exp"),
+    (lambda s, dim=-1: softmax(s, dim, normalise=False), "takes exp but does not divide by the sum"),
+    (lambda s, dim=-1: softmax(s, dim, keepdim=False), r"subtracts scores.max\(dim\).values taken without keepdim=True"),
+    (lambda s, dim=-1: -softmax(s, dim), r"^one score, shape \(1,\): your softmax's result differs at 1 of 1 entries, "
+     r"e.g. at \[0\]: expected 1, got -1.$"),
+    (lambda s, dim=-1: softmax(2 * s, dim), r"^two rows 1000 apart, shape \(2, 5\): your softmax's result differs at 10 "
+     r"of 10 entries, whole rows \[0, 1\]"),
+    (lambda s, dim=-1: softmax(s, dim)[0], r"result has shape \(\), expected \(1,\): an axis of size 1"),
+    (lambda s, dim=-1: s.tolist(), "result is a list, expected a torch.Tensor"),
+    (lambda s, dim=-1: torch.softmax(s.clamp(max=500.0), dim), r"^scores around 1000, shape \(3, 5\): your softmax's "
+     r"result differs at 15 of 15 entries"),
 ])
 def test_softmax_names_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch02.check_softmax(fn)
 
 
-def test_softmax_with_a_large_shift_only_right_on_small_scores_is_named():
-    def shifted_by_1000(s, dim=-1):  # right for scores near 0, wrong (not NaN) around 1000
-        return torch.softmax(s.clamp(max=500.0), dim)
-    with pytest.raises(ExerciseError, match="for scores around 1000 your weights differ"):
-        ch02.check_softmax(shifted_by_1000)
+def test_softmax_cases_cover_every_size_the_statement_leaves_free():
+    shapes = {tuple(c.args[0].shape) for c in ch02.SOFTMAX.cases}
+    dims = {c.args[1] if len(c.args) > 1 else -1 for c in ch02.SOFTMAX.cases}
+    assert {(1,), (4, 4), (2, 3, 4)} <= shapes and dims == {-1, 0, 1}
+    assert {c.args[0].dtype for c in ch02.SOFTMAX.cases} == {torch.float32, torch.float64}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -72,26 +77,41 @@ def test_attention_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda q, k, v: attention(q, k, v, scale=1.0), "did not scale the scores: divide q k\\^T by sqrt\\(d\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=4.0), "divided the scores by d; the scale is sqrt\\(d\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(6)), "divided by sqrt\\(dv\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(5)), "divided by sqrt\\(S\\)"),
-    (lambda q, k, v: attention(q, k, v, softmax_dim=-2), "COLUMNS sum to 1"),
-    (lambda q, k, v: attention(q, k, v, swap=True), "raised RuntimeError .* its weights are those of k q\\^T"),
-    (lambda q, k, v: (torch.zeros(1), torch.softmax(k @ q.mT / 2, -1)), "the transpose of \\(B, L, S\\): you computed k q\\^T"),
-    (lambda q, k, v: attention(q, k, v, values="k"), "you averaged the keys"),
-    (lambda q, k, v: attention(q, k, v, plain_t=True), "works on one sentence .* k.transpose\\(-2, -1\\)"),
-    (lambda q, k, v: (attention(q, k, v)[0] * 2, attention(q, k, v)[1]), "weights are right but the output is not"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1] * 0.5), "rows of your weights do not sum to 1"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(3 * q, k, v)[1]), "weights are not softmax\\(q k\\^T / sqrt"),
-    (lambda q, k, v: attention(q, k, v)[0], "return a pair"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1][0]), "weights has shape \\(3, 5\\), expected"),
-    (lambda q, k, v: 1 / 0, "raised ZeroDivisionError on a batch"),
+    (lambda q, k, v: attention(q, k, v, scale=1.0), r"^B=1, L=1 query, S=3 keys, d=2, dv=3: your attention did not "
+     r"scale the scores: divide q k\^T by sqrt\(d\)"),
+    (lambda q, k, v: attention(q, k, v, scale=q.shape[-1]), r"divided the scores by d; the scale is sqrt\(d\)"),
+    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(v.shape[-1])), r"divided the scores by sqrt\(dv\)"),
+    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(k.shape[-2])), r"divided the scores by sqrt\(S\)"),
+    (lambda q, k, v: attention(q, k, v, softmax_dim=-2), r"normalised over the queries \(softmax dim=-2\)"),
+    (lambda q, k, v: attention(q, k, v, swap=True), r"computes k q\^T: row i must be query i"),
+    (lambda q, k, v: attention(q, k, v, values="k"), "averaged the keys: the output is weights @ v"),
+    (lambda q, k, v: attention(q, k, v, plain_t=True), r"uses k.T: on a 3-D tensor .* k.transpose\(-2, -1\)"),
+    (lambda q, k, v: (attention(q, k, v)[0] * 2, attention(q, k, v)[1]), r"your attention's output differs at"),
+    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1] * 0.5), r"tensor of weights differs .* got 0.5"),
+    (lambda q, k, v: attention(q, k, v)[0], r"returns the output alone: return the pair \(output, weights\)"),
+    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1][0]), r"tensor of weights has shape \(1, 1\), "
+     r"expected \(1, 1, 1\)"),
+    (lambda q, k, v: 1 / 0, "your attention raised ZeroDivisionError"),
 ])
 @pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the mistake under test
 def test_attention_names_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch02.check_attention(fn)
+
+
+def test_attention_weights_divided_after_the_softmax_are_named_as_such_not_as_a_softmax_axis():
+    def after(q, k, v):
+        weights = torch.softmax(q @ k.mT, -1) / math.sqrt(q.shape[-1])
+        return weights @ v, weights
+    with pytest.raises(ExerciseError, match=r"divided the WEIGHTS by sqrt\(d\), after the softmax") as err:
+        ch02.check_attention(after)
+    assert "dim=-2" not in str(err.value) and "BATCH" not in str(err.value)
+
+
+def test_attention_cases_leave_every_size_free():
+    sizes = [(*q.shape, k.shape[1], v.shape[2]) for q, k, v in (c.args for c in ch02.ATTENTION.cases)]  # B, L, d, S, dv
+    assert (1, 1, 1, 1, 1) in sizes and any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
+    assert all(len({s[i] for s in sizes}) > 2 for i in range(5))  # B, L, S, d, dv: each takes three values or more
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,9 +12,6 @@ import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-# ----------------------------------------------------------------------------------------------------------
-# Exercise 1: a stable softmax
-
 
 def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True)):
     """The reference, and the classic slips as options (``over``: the axis the answer really uses)."""
@@ -29,9 +26,9 @@ def _scores(name, s, dim=-1):
     return Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' if dim != -1 else ''}", (s,) if dim == -1 else (s, dim))
 
 
+_sm = lambda **slip: lambda s, dim=-1: _softmax(s, dim, **slip)  # noqa: E731
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(2))
-_row = _r(5)
-MAXIMUM = "Subtract the row's MAXIMUM, not its minimum or mean: every exponent is then <= 0."
+SHARE = "Weights are exp(s_j) / sum_k exp(s_k)."
 KEEPDIM = "without keepdim=True: it has one axis fewer and lines up with another axis. Use keepdim=True."
 
 SOFTMAX = Exercise(
@@ -39,36 +36,31 @@ SOFTMAX = Exercise(
     reference=_softmax,
     cases=[_scores("one score", _r(1)), _scores("ordinary scores", _r(3, 5)), _scores("a square matrix", _r(4, 4)),
            _scores("ordinary scores", _r(3, 5), 0), _scores("scores around 1000", _r(3, 5) + 1000),
-           _scores("two rows 1000 apart", torch.stack([_row, _row - 1000])), _scores("a batch", _r(2, 3, 4), 1),
+           _scores("two rows 1000 apart", _r(5) - torch.tensor([[0.], [1e3]])), _scores("a batch", _r(2, 3, 4), 1),
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
            _scores("float32 scores", _r(3, 5).float())],
     mistakes=[
         Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf and inf / inf = NaN. "
                 "Softmax does not change when a constant is subtracted from a row: subtract each row's maximum "
-                "first, scores - scores.max(dim, keepdim=True).values.", lambda s, dim=-1: _softmax(s, dim, None)),
+                "first, scores - scores.max(dim, keepdim=True).values.", _sm(shift=None)),
         Mistake("global max", "subtracts ONE maximum for the whole tensor: a row far below it underflows to 0 / 0 = "
-                "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.",
-                lambda s, dim=-1: _softmax(s, dim, "global")),
-        Mistake("min", f"shifts each row by its minimum, and exp overflows on a wide row. {MAXIMUM}",
-                lambda s, dim=-1: _softmax(s, dim, "min")),
-        Mistake("mean", f"shifts each row by its mean, and exp overflows on a wide row. {MAXIMUM}",
-                lambda s, dim=-1: _softmax(s, dim, "mean")),
-        Mistake("no exp", "divides the scores by their sum without taking exp first: a negative score gets a "
-                "negative share. Weights are exp(s_j) / sum_k exp(s_k).", lambda s, dim=-1: _softmax(s, dim, None, exp=False)),
-        Mistake("no division", "takes exp but does not divide by the sum along `dim`: exp(s_j) / sum_k exp(s_k).",
-                lambda s, dim=-1: _softmax(s, dim, divide=False)),
-        Mistake("log", "returns log_softmax, the LOG of the weights (all <= 0): return exp(s_j) / sum_k exp(s_k).",
+                "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.", _sm(shift="global")),
+        *[Mistake(stat, f"shifts each row by its {stat}, and exp overflows on a wide row. Subtract the row's "
+                  f"MAXIMUM, not its minimum or mean: every exponent is then <= 0.", _sm(shift=stat))
+          for stat in ("min", "mean")],
+        Mistake("no exp", f"divides the scores by their sum without taking exp first: a negative score gets a negative "
+                f"share. {SHARE}", _sm(shift=None, exp=False)),
+        Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
+        Mistake("log", f"returns log_softmax, the LOG of the weights (all <= 0). {SHARE}",
                 lambda s, dim=-1: torch.log_softmax(s, dim)),
-        Mistake("argmax", "is one-hot: all the weight on the largest score, an argmax. Softmax gives every score a "
-                "positive share, exp(s_j) / sum_k exp(s_k).",
+        Mistake("argmax", f"is one-hot: all the weight on the largest score, an argmax. {SHARE}",
                 lambda s, dim=-1: torch.zeros_like(s).scatter(dim, s.argmax(dim, keepdim=True), 1.0)),
         Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: take the max and the sum along `dim`.",
-                lambda s, dim=-1: _softmax(s, over=0)),
+                _sm(over=0)),
         Mistake("dim ignored", "ignores its `dim` argument and normalises along the last axis: take the max and the "
-                "sum along `dim`.", lambda s, dim=-1: _softmax(s, over=-1)),
-        Mistake("max keepdim", f"subtracts scores.max(dim).values taken {KEEPDIM}",
-                lambda s, dim=-1: _softmax(s, dim, keep=(False, True))),
-        Mistake("sum keepdim", f"divides by a sum taken {KEEPDIM}", lambda s, dim=-1: _softmax(s, dim, keep=(True, False))),
+                "sum along `dim`.", _sm(over=-1)),
+        Mistake("max keepdim", f"subtracts scores.max(dim).values taken {KEEPDIM}", _sm(keep=(False, True))),
+        Mistake("sum keepdim", f"divides by a sum taken {KEEPDIM}", _sm(keep=(True, False))),
     ],
     passed="stable for scores around 1000 and rows 1000 apart, `dim` respected, any shape, the scores' dtype.",
 )
@@ -79,15 +71,11 @@ def check_softmax(fn) -> None:
     check(SOFTMAX, fn)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Exercise 2: attention of a batch
-
-
 def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda k: k.mT, after=False,
                softmax=True, swap=False, values=None):
-    """The reference, and the classic slips as options: ``by`` what the scores are divided. Returns (output, weights)."""
-    scores = k @ q.mT if swap else q @ kT(k)  # (B, L, S)
-    weights = torch.softmax(scores / (1 if after else by(q, k, v)), dim) if softmax else scores / by(q, k, v)
+    """The reference, and the classic slips as options (``by``: the scores' divisor). Returns (output, weights)."""
+    scores = (k @ q.mT if swap else q @ kT(k)) / (1 if after else by(q, k, v))  # (B, L, S)
+    weights = torch.softmax(scores, dim) if softmax else scores
     weights = weights / by(q, k, v) if after else weights
     return weights @ (v if values is None else values(k)), weights
 
@@ -95,13 +83,11 @@ def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda
 def _qkv(B, L, S, d, dv):
     g = torch.Generator().manual_seed(3)
     name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}"
-    return Case(name, tuple(torch.randn(B, n, m, generator=g, dtype=torch.float64) for n, m in ((L, d), (S, d), (S, dv))))
+    return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
 
 
-def _by(by):
-    return lambda q, k, v: _attention(q, k, v, by=by)
-
-
+_a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
+SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
 DIVIDE = "the scale is sqrt(d), the size of the vectors in each dot product: q k^T / sqrt(d)."
 
 ATTENTION = Exercise(
@@ -109,26 +95,23 @@ ATTENTION = Exercise(
     reference=_attention,
     cases=[_qkv(*s) for s in ((1, 1, 1, 1, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1))],
     mistakes=[
-        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d) before the softmax.", _by(lambda *a: 1)),
-        Mistake("d", f"divided the scores by d; {DIVIDE}", _by(lambda q, k, v: q.shape[-1])),
-        Mistake("times sqrt d", f"MULTIPLIED the scores by sqrt(d); {DIVIDE}", _by(lambda q, k, v: q.shape[-1] ** -0.5)),
-        Mistake("sqrt dv", f"divided by sqrt(dv), the size of the VALUES; {DIVIDE}", _by(lambda q, k, v: v.shape[-1] ** 0.5)),
-        Mistake("sqrt S", f"divided by sqrt(S), the number of keys; {DIVIDE}", _by(lambda q, k, v: k.shape[-2] ** 0.5)),
-        Mistake("sqrt L", f"divided by sqrt(L), the number of queries; {DIVIDE}", _by(lambda q, k, v: q.shape[-2] ** 0.5)),
+        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d), before the softmax.",
+                _a(by=lambda *a: 1)),
+        *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (
+            ("d", lambda q, k, v: q.shape[-1]), ("sqrt(S), the number of keys", lambda q, k, v: k.shape[-2] ** 0.5),
+            ("sqrt(dv), the size of the VALUES", lambda q, k, v: v.shape[-1] ** 0.5),
+            ("sqrt(L), the number of queries", lambda q, k, v: q.shape[-2] ** 0.5))],
+        Mistake("times sqrt d", f"MULTIPLIED the scores by sqrt(d); {DIVIDE}", _a(by=lambda q, k, v: q.shape[-1]**-.5)),
         Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: their rows sum to 1/sqrt(d). The scale "
-                "belongs to the scores: softmax(q k^T / sqrt(d)).", lambda q, k, v: _attention(q, k, v, after=True)),
-        Mistake("queries", "normalised over the queries (softmax dim=-2): each query's weights over the keys must sum "
-                "to 1, softmax(..., dim=-1).", lambda q, k, v: _attention(q, k, v, dim=-2)),
-        Mistake("batch", "normalised over the BATCH (softmax dim=0), mixing the sentences: each query's weights over "
-                "the keys must sum to 1, softmax(..., dim=-1).", lambda q, k, v: _attention(q, k, v, dim=0)),
-        Mistake("no softmax", "returns the scaled scores as weights: no softmax was applied.",
-                lambda q, k, v: _attention(q, k, v, softmax=False)),
+                "belongs to the scores: softmax(q k^T / sqrt(d)).", _a(after=True)),
+        Mistake("queries", f"normalised over the queries (softmax dim=-2): {SUM}", _a(dim=-2)),
+        Mistake("batch", f"normalised over the BATCH (softmax dim=0), mixing the sentences: {SUM}", _a(dim=0)),
+        Mistake("no softmax", "returns the scaled scores as weights: no softmax was applied.", _a(softmax=False)),
         Mistake("k q^T", "computes k q^T: row i must be query i and column j key j, so the scores are q @ "
-                "k.transpose(-2, -1), (B, L, S).", lambda q, k, v: _attention(q, k, v, swap=True)),
+                "k.transpose(-2, -1), (B, L, S).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
-                "last two: k.transpose(-2, -1).", lambda q, k, v: _attention(q, k, v, kT=lambda k: k.permute(2, 1, 0))),
-        Mistake("keys averaged", "averaged the keys: the output is weights @ v.",
-                lambda q, k, v: _attention(q, k, v, values=lambda k: k)),
+                "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
+        Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(values=lambda k: k)),
         Mistake("pair swapped", "returns (weights, output): return (output, weights), in that order.",
                 lambda q, k, v: _attention(q, k, v)[::-1]),
         Mistake("output only", "returns the output alone: return the pair (output, weights).",
