@@ -140,14 +140,15 @@ def test_padding_mask_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(polarity="keep"), "True at the REAL tokens.*allow \\(or keep\\) mask"),
+    (dict(polarity="keep"), r"^lengths \[1\], max_len 1: your padding mask's result is the opposite of the right one "
+                            r"at every entry: True where it should be False \(polarity swapped\).$"),
     (dict(compare=">"), "misses the first pad.*not >"),
     (dict(compare=">=-1"), "also hides the last real token"),
-    (dict(query_axis=False), "the key padding mask itself.*mask\\[:, None, :\\]"),
-    (dict(shape="rows"), "\\(B, S, 1\\).*the QUERIES"),
+    (dict(query_axis=False), r"returns \(B, S\), the key padding mask itself.*mask\[:, None, :\]"),
+    (dict(shape="rows"), r"returns \(B, S, 1\): that axis is the QUERIES"),
     (dict(shape="expanded"), "already expanded over the queries"),
-    (dict(shape="max"), "max\\(lengths\\) columns.*max_len = 6"),
-    (dict(dtype=torch.long), "dtype torch.int64, numbers; an ignore mask is bool.*1 at the pads"),
+    (dict(shape="max"), r"^lengths \[3\], max_len 5: your padding mask has max\(lengths\) columns"),
+    (dict(dtype=torch.long), "result is int64, expected bool: a mask of numbers is not a selection"),
 ])
 def test_padding_mask_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
@@ -157,10 +158,17 @@ def test_padding_mask_names_each_mistake(options, message):
 def test_padding_mask_reports_any_other_difference():
     def one_wrong(lengths, max_len):
         mask = padding(lengths, max_len).clone()
-        mask[1, 0, 0] = True
+        mask[-1, 0, 0] = len(lengths) == 4  # right for one, two and three sentences, wrong for four
         return mask
-    with pytest.raises(ExerciseError, match="differs from the padding at 1 positions, e.g. .* \\(1, 0, 0\\)"):
+    with pytest.raises(ExerciseError, match=r"^lengths \[5, 2, 4, 1\], max_len 5: your padding mask's result differs "
+                                            r"at 1 of 20 entries, e.g. at \[3, 0, 0\]: expected False, got True.$"):
         ch03.check_padding_mask(one_wrong)
+
+
+def test_padding_mask_cases_cover_one_sentence_no_pad_and_padding_beyond_the_longest():
+    cases = [c.args for c in ch03.PADDING_MASK.cases]
+    assert any(len(n) == 1 for n, _ in cases) and any(s == max(n) for n, s in cases) and any(s > max(n) for n, s in cases)
+    assert any(min(n) == 1 for n, _ in cases) and len({len(n) for n, _ in cases}) >= 3
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -174,16 +182,17 @@ def test_masked_softmax_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(apply=False), "puts weight up to 0\\.\\d\\d on pad positions: the mask was not applied"),
-    (dict(after=True, zero_empty=False), "you zeroed the pads AFTER the softmax"),
-    (dict(renormalise=True, zero_empty=False), "returns NaN or inf.*renormalise"),
-    (dict(inverted=True), "the weight on the pads and none on the real tokens.*inverted polarity"),
-    (dict(inverted=True, zero_empty=False), "sentence WITHOUT pads gets NaN.*inverted polarity"),
-    (dict(fill=-1e9), "puts weight 1\\.00 on the masked key: a large finite fill like -1e4 or -1e9"),
-    (dict(zero_empty=False), "all masked gives NaN"),
-    (dict(dim=-2, zero_empty=False), "sum to 1 down the columns: softmax ran over the queries.*softmax\\(\\.\\.\\., dim=-1\\)"),
-    (dict(fill=-5.0), "weight up to .* on pad positions.*finite fill.*before the softmax"),
-    (dict(query_axis=True), "masks whole query ROWS.*QUERY axis.*\\(B, 1, S\\) mask as it comes"),
+    (dict(apply=False), r"^scores around -1e10, the masked key highest, scores \(1, 1, 3\), mask \[\[\[0, 0, 1\]\]\]: "
+                        r"your masked softmax puts weight on the masked keys: the mask was not applied"),
+    (dict(after=True, zero_empty=False), "zeroed the pads AFTER the softmax"),
+    (dict(renormalise=True, zero_empty=False), r"renormalised: .* 0 / 0 = NaN"),
+    (dict(inverted=True), r"inverted polarity. Here True = IGNORE .* mask where the mask is True.$"),
+    (dict(inverted=True, zero_empty=False), r"inverted polarity.*And a row whose keys are all masked gets NaN"),
+    (dict(fill=-1e9), r"fills the masked scores with -1e9, a finite fill"),
+    (dict(fill=-1e4), r"fills the masked scores with -1e4, a finite fill"),
+    (dict(zero_empty=False), r"^one key, masked, .*: your masked softmax gives NaN on a row whose keys are all masked"),
+    (dict(dim=-2, zero_empty=False), r"softmax ran over the queries.*softmax\(\.\.\., dim=-1\).*gets NaN"),
+    (dict(query_axis=True), r"masks whole query ROWS.*QUERY axis.*\(B, 1, S\) mask as it comes"),
     (dict(added=True), "ADDED the bool mask.*masked_fill"),
 ])
 def test_masked_softmax_names_each_mistake(options, message):
@@ -191,14 +200,17 @@ def test_masked_softmax_names_each_mistake(options, message):
         ch03.check_masked_softmax(lambda s, m: masked(s, m, **options))
 
 
-def test_masked_softmax_names_a_uniform_fully_masked_row():
+def test_masked_softmax_describes_a_uniform_fully_masked_row_and_a_small_fill():
     def uniform_when_empty(scores, mask):  # right everywhere except the fully masked row
         weights = masked(scores, mask, zero_empty=False)
         return torch.where(mask.all(-1, keepdim=True), 1.0 / scores.shape[-1], weights)
-    with pytest.raises(ExerciseError, match="summing to 1\\.00: .* should all be 0"):
+    with pytest.raises(ExerciseError, match=r"^one key, masked, .* differs at 1 of 1 entries, all of them at the "
+                                            r"masked keys, e.g. at \[0, 0, 0\]: expected 0, got 1.$"):
         ch03.check_masked_softmax(uniform_when_empty)
+    with pytest.raises(ExerciseError, match=r"differs at 3 of 3 entries, all of them in the rows that have a masked key"):
+        ch03.check_masked_softmax(lambda s, m: masked(s, m, fill=-5.0))
 
 
 def test_masked_softmax_rejects_wrong_shapes():
-    with pytest.raises(ExerciseError, match="your weights has shape \\(3, 4\\), expected the shape of scores"):
+    with pytest.raises(ExerciseError, match=r"result has shape \(1, 1\), expected \(1, 1, 1\)"):
         ch03.check_masked_softmax(lambda s, m: masked(s, m).sum(-1))
