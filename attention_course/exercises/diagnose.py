@@ -322,7 +322,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
             return (f"holds the right slices along axis {axis} in another order: position i holds the right "
                     f"answer's {perm} ({_kind(perm)}).")
     if got.numel() > 1 and same(got.flatten().sort().values, want.flatten().sort().values, atol):
-        return "holds the right values, arranged differently."
+        return f"holds the right values, arranged differently: {n} of {total} entries moved{_where(differ, case)}."
     return f"differs at {n} of {total} entries{_where(differ, case)}, e.g. at {_first(differ, got, want)}."
 
 
