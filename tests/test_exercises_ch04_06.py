@@ -154,21 +154,27 @@ def test_split_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
-     r"right shape \(2, 2, 4, 4\) .* head 0's row 1 of sentence 0 holds token 0's features 4..7 \(sentence 0\) "
-     r"instead of token 1's features 0..3: you reshaped to \(B, h, L, d\) \(or to \(B\*h, L, d\)\) without transposing"),
-    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2),
-     r"holds token 0's features \[0, 2, 4, 6\].*every h-th feature \(strided\)"),
-    (lambda x, h: split_right(x, h).flatten(0, 1), r"shape \(4, 4, 4\).*flat \(B\*h, L, d\) layout"),
-    (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"shape \(2, 4, 2, 4\).*Add .transpose\(1, 2\)"),
-    (lambda x, h: split_right(x, h)[:, :, :, :1], r"holds 16 numbers, the input 64"),
-    (lambda x, h: split_right(x, h).flip(2), r"head 0's row 0 of sentence 0 holds token 3's features 0..3"),
-    (lambda x, h: split_right(x, h) + 0.5, r"not elements of the input"),
-    (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError"),  # hard-coded for the first shape
-    (lambda x, h: [1, 2], r"must return a torch.Tensor"),
+     r"^x of shape \(1, 2, 3\), num_heads=3: your split reshaped to \(B, h, L, d\) without transposing"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2), r"every h-th feature \(strided\)"),
+    (lambda x, h: split_right(x, h).flatten(0, 1), r"flat \(B\*h, L, d\) layout"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"returns \(B, L, h, d\).*Add .transpose\(1, 2\)"),
+    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2: your split's result has "
+                                                  r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\).$"),  # d = 1 before
+    (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
+    (lambda x, h: split_right(x, h) + 0.5, r"expected 1, got 1.5"),
+    (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError.*Print x.shape"),  # hard-coded sizes
+    (lambda x, h: [1, 2], r"result is a list, expected a torch.Tensor"),
 ])
 def test_split_heads_names_each_mistake(wrong, message):
     with pytest.raises(ExerciseError, match=message):
         ch05.check_split_heads(wrong)
+
+
+def test_split_and_merge_cases_take_h_from_1_to_D():
+    sizes = {(c.args[0].shape[2], c.args[1]) for c in ch05.SPLIT.cases}  # (D, h)
+    assert any(h == 1 < D for D, h in sizes) and any(h == D > 1 for D, h in sizes) and len({h for _, h in sizes}) >= 4
+    assert [tuple(c.args[0].shape) for c in ch05.MERGE.cases] == [
+        (B, h, L, D // h) for B, L, D, h in sorted(ch05.SIZES, key=lambda s: s[0] * s[1] * s[2])]
 
 
 def merge_right(x):
@@ -185,11 +191,11 @@ def test_merge_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x: x.reshape(x.shape[0], x.shape[2], -1),
-     r"token 0 of sentence 0 holds features of several tokens.*straight to \(B, L, D\) without transposing"),
-    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*\.contiguous\(\)\.view"),
+     r"^x of shape \(1, 3, 2, 1\): your merge reshaped \(B, h, L, d\) straight to \(B, L, D\) without transposing"),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*call .contiguous\(\) before .view"),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), r"interleaved"),
-    (lambda x: x.transpose(1, 2), r"shape \(2, 4, 2, 4\).*join the last two axes with .flatten\(2\)"),
-    (lambda x: merge_right(x).flip(1), r"token 0 of sentence 0 holds token 3's features 0..7"),
+    (lambda x: x.transpose(1, 2), r"returns \(B, L, h, d\): the transpose is done; now join the last two axes"),
+    (lambda x: merge_right(x).flip(1), r"right slices along axis 1 in another order: .* \[1, 0\] \(reversed\)"),
 ])
 def test_merge_heads_names_each_mistake(wrong, message):
     with pytest.raises(ExerciseError, match=message):
