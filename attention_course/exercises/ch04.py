@@ -142,7 +142,7 @@ def _layer(D):
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
 
 IN_PROJ_COPY = Exercise(
-    what="your copy",
+    what="your load_into_torch",
     reference=_copy,
     cases=[_layer(D) for D in (1, 2, 3, 4)],
     mistakes=[
