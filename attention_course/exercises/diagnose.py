@@ -225,8 +225,11 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
     if got is None and want is not None:
         return f"{noun} is None: nothing returned (a `return` missing?), expected {_show(want)}."
     if isinstance(want, tuple) and exercise.parts and isinstance(got, (tuple, list)) and len(got) == len(want):
+        right = [exercise.parts[j] for j, (g, w) in enumerate(zip(got, want)) if same(g, w, exercise.atol)]
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
-        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i])
+        named = f"{', '.join(right[:-1])} and {right[-1]} are" if len(right) > 1 else f"{right[0]} is" if right else ""
+        and_right = f" Its {named} right." if right else ""
+        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i]) + and_right
     if isinstance(want, torch.Tensor):
         return f"{noun} {tensor_difference(got, want, case, exercise.atol)}"
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
@@ -315,6 +318,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
         if varied and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
             if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
+                if float(r[0]) == 0:
+                    return "is 0 at every entry where the right one is not."
                 return f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}: a factor."
     for axis in range(want.ndim):
         perm = _permutation(got, want, axis, tol)
@@ -327,8 +332,9 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
 
 
 def _root(r: float) -> str:
-    for value, name in ((r * r, "√{:.0f}"), (1 / (r * r), "1/√{:.0f}")):
-        if abs(value - round(value)) < 1e-6 and round(value) > 1:
+    """" (√8)" for 2.828, " (1/√6)" for 0.408: a square root of a whole number that is not itself whole; 0: none."""
+    for value, name in ((r * r, "√{:.0f}"), (1 / (r * r) if r else 0.0, "1/√{:.0f}")):
+        if abs(value - round(value)) < 1e-6 and round(value) > 1 and math.isqrt(round(value)) ** 2 != round(value):
             return " (" + name.format(round(value)) + ")"
     return ""
 
