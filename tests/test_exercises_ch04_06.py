@@ -110,7 +110,7 @@ def test_in_proj_copy_accepts_a_right_answer(capsys):
 @pytest.mark.parametrize("options, message", [
     (dict(transpose=False), r"^D=2: your load_into_torch copies W_q, W_k and W_v without transposing"),
     (dict(order=("k", "q", "v")), r"^D=1: your load_into_torch puts W_k.T in the W_q block and W_q.T in the W_k block"),
-    (dict(biases=False), r"^D=1: your load_into_torch's in_proj_bias differs at 3 of 3 entries"),  # and out_proj.bias: not named
+    (dict(biases=False), r"^D=1: your load_into_torch's in_proj_bias differs at 3 of 3 entries"),  # out_proj.bias too
     (dict(out_proj=False), r"^D=1: your load_into_torch leaves out_proj.weight as it was"),
     (dict(transpose_out=False), r"^D=2: your load_into_torch's out_proj.weight is the transpose of the right one"),
 ])

@@ -78,11 +78,13 @@ def softmax_catalogue():
             Mutant("log-softmax returned", lambda s, dim=-1: torch.log_softmax(s, dim), r"log_softmax|log-softmax"),
             Mutant("rows sum to one half", lambda s, dim=-1: softmax(s, dim) * 0.5, r"expected 1, got 0\.5\."),
             Mutant("hard maximum (one-hot)", hard_max, (r"one-hot", r"argmax")),
-            Mutant("scores doubled", lambda s, dim=-1: softmax(2 * s, dim), r"two rows 1000 apart, shape \(2, 5\): your softmax's result differs"),
+            Mutant("scores doubled", lambda s, dim=-1: softmax(2 * s, dim),
+                   r"two rows 1000 apart, shape \(2, 5\): your softmax's result differs"),
             Mutant("shifted in place", in_place, r"in place"),
             Mutant("float32 result", lambda s, dim=-1: torch.softmax(s.float(), dim), r"in float32, expected float64"),
             Mutant("wrong shape", lambda s, dim=-1: softmax(s, dim)[0], r"has shape \(\), expected \(1,\)"),
-            Mutant("a list, not a tensor", lambda s, dim=-1: softmax(s, dim).tolist(), r"is a list, expected a torch\.Tensor"),
+            Mutant("a list, not a tensor", lambda s, dim=-1: softmax(s, dim).tolist(),
+                   r"is a list, expected a torch\.Tensor"),
         ],
     )
 
