@@ -30,29 +30,34 @@ def test_softmax_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda s, dim=-1: softmax(s, dim, shift=None), "NaN or inf for scores around 1000.*subtract each row's maximum"),
-    (lambda s, dim=-1: softmax(s, dim, shift="global"), "subtracted ONE maximum for the whole tensor"),
-    (lambda s, dim=-1: softmax(s, dim, ignore_dim=True), "ignores its `dim`"),
-    (lambda s, dim=-1: softmax(s, 0), "sum to 1 down each COLUMN"),
-    (lambda s, dim=-1: softmax(s, dim, shift=None, use_exp=False), "divided the scores by their sum without .*exp"),
-    (lambda s, dim=-1: softmax(s, dim, normalise=False), "took exp but did not divide"),
-    (lambda s, dim=-1: softmax(s, dim, keepdim=False), "forget keepdim=True"),
-    (lambda s, dim=-1: -softmax(s, dim), "negative weights"),
-    (lambda s, dim=-1: softmax(s, dim) * 0.5, "do not sum to 1"),
-    (lambda s, dim=-1: softmax(2 * s, dim), "are not softmax\\(scores\\)"),
-    (lambda s, dim=-1: softmax(s, dim)[0], "the result has shape \\(5,\\), expected the shape of scores"),
-    (lambda s, dim=-1: s.tolist(), "must return a torch.Tensor"),
+    (lambda s, dim=-1: softmax(s, dim, shift=None), r"^the rows \[-1000, 0, 500\] and \[-800, 0, 800\], shape \(2, 3\): "
+     r"your softmax takes exp of the scores as they are: exp\(1000\) overflows.*subtract each row's maximum"),
+    (lambda s, dim=-1: softmax(s, dim, shift="global"), r"^the rows \[-1000, 0, 500\] and \[-800, 0, 800\], shape "
+     r"\(2, 3\): your softmax subtracts ONE maximum for the whole tensor"),
+    (lambda s, dim=-1: softmax(s, dim, ignore_dim=True), r"ordinary scores, shape \(3, 5\), dim=0: .*ignores its `dim`"),
+    (lambda s, dim=-1: softmax(s, 0), "normalises down the COLUMNS"),
+    (lambda s, dim=-1: softmax(s, dim, shift=None, use_exp=False), "divides the scores by their sum without taking exp"),
+    (lambda s, dim=-1: softmax(s, dim, normalise=False), "takes exp but does not divide by the sum"),
+    (lambda s, dim=-1: softmax(s, dim, keepdim=False), r"subtracts scores.max\(dim\).values taken without keepdim=True"),
+    (lambda s, dim=-1: -softmax(s, dim), r"^one score, shape \(1,\): your softmax's result differs at 1 of 1 entries, "
+     r"e.g. at \[0\]: expected 1, got -1.$"),
+    (lambda s, dim=-1: softmax(2 * s, dim), r"^two rows 1000 apart, shape \(2, 5\): your softmax's result differs at 10 "
+     r"of 10 entries, whole rows \[0, 1\]"),
+    (lambda s, dim=-1: softmax(s, dim)[0], r"result has shape \(\), expected \(1,\): an axis of size 1"),
+    (lambda s, dim=-1: s.tolist(), "result is a list, expected a torch.Tensor"),
+    (lambda s, dim=-1: torch.softmax(s.clamp(max=500.0), dim), r"^scores around 1000, shape \(3, 5\): your softmax's "
+     r"result differs at 15 of 15 entries"),
 ])
 def test_softmax_names_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch02.check_softmax(fn)
 
 
-def test_softmax_with_a_large_shift_only_right_on_small_scores_is_named():
-    def shifted_by_1000(s, dim=-1):  # right for scores near 0, wrong (not NaN) around 1000
-        return torch.softmax(s.clamp(max=500.0), dim)
-    with pytest.raises(ExerciseError, match="for scores around 1000 your weights differ"):
-        ch02.check_softmax(shifted_by_1000)
+def test_softmax_cases_cover_every_size_the_statement_leaves_free():
+    shapes = {tuple(c.args[0].shape) for c in ch02.SOFTMAX.cases}
+    dims = {c.args[1] if len(c.args) > 1 else -1 for c in ch02.SOFTMAX.cases}
+    assert {(1,), (4, 4), (2, 3, 4)} <= shapes and dims == {-1, 0, 1}
+    assert {c.args[0].dtype for c in ch02.SOFTMAX.cases} == {torch.float32, torch.float64}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -72,26 +77,41 @@ def test_attention_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda q, k, v: attention(q, k, v, scale=1.0), "did not scale the scores: divide q k\\^T by sqrt\\(d\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=4.0), "divided the scores by d; the scale is sqrt\\(d\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(6)), "divided by sqrt\\(dv\\)"),
-    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(5)), "divided by sqrt\\(S\\)"),
-    (lambda q, k, v: attention(q, k, v, softmax_dim=-2), "COLUMNS sum to 1"),
-    (lambda q, k, v: attention(q, k, v, swap=True), "raised RuntimeError .* its weights are those of k q\\^T"),
-    (lambda q, k, v: (torch.zeros(1), torch.softmax(k @ q.mT / 2, -1)), "the transpose of \\(B, L, S\\): you computed k q\\^T"),
-    (lambda q, k, v: attention(q, k, v, values="k"), "you averaged the keys"),
-    (lambda q, k, v: attention(q, k, v, plain_t=True), "works on one sentence .* k.transpose\\(-2, -1\\)"),
-    (lambda q, k, v: (attention(q, k, v)[0] * 2, attention(q, k, v)[1]), "weights are right but the output is not"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1] * 0.5), "rows of your weights do not sum to 1"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(3 * q, k, v)[1]), "weights are not softmax\\(q k\\^T / sqrt"),
-    (lambda q, k, v: attention(q, k, v)[0], "return a pair"),
-    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1][0]), "weights has shape \\(3, 5\\), expected"),
-    (lambda q, k, v: 1 / 0, "raised ZeroDivisionError on a batch"),
+    (lambda q, k, v: attention(q, k, v, scale=1.0), r"^B=1, L=1 query, S=3 keys, d=2, dv=3: your attention did not "
+     r"scale the scores: divide q k\^T by sqrt\(d\)"),
+    (lambda q, k, v: attention(q, k, v, scale=q.shape[-1]), r"divided the scores by d; the scale is sqrt\(d\)"),
+    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(v.shape[-1])), r"divided the scores by sqrt\(dv\)"),
+    (lambda q, k, v: attention(q, k, v, scale=math.sqrt(k.shape[-2])), r"divided the scores by sqrt\(S\)"),
+    (lambda q, k, v: attention(q, k, v, softmax_dim=-2), r"normalised over the queries \(softmax dim=-2\)"),
+    (lambda q, k, v: attention(q, k, v, swap=True), r"computes k q\^T: row i must be query i"),
+    (lambda q, k, v: attention(q, k, v, values="k"), "averaged the keys: the output is weights @ v"),
+    (lambda q, k, v: attention(q, k, v, plain_t=True), r"uses k.T: on a 3-D tensor .* k.transpose\(-2, -1\)"),
+    (lambda q, k, v: (attention(q, k, v)[0] * 2, attention(q, k, v)[1]), r"your attention's output differs at"),
+    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1] * 0.5), r"tensor of weights differs .* got 0.5"),
+    (lambda q, k, v: attention(q, k, v)[0], r"returns the output alone: return the pair \(output, weights\)"),
+    (lambda q, k, v: (attention(q, k, v)[0], attention(q, k, v)[1][0]), r"tensor of weights has shape \(1, 1\), "
+     r"expected \(1, 1, 1\)"),
+    (lambda q, k, v: 1 / 0, "your attention raised ZeroDivisionError"),
 ])
 @pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the mistake under test
 def test_attention_names_each_mistake(fn, message):
     with pytest.raises(ExerciseError, match=message):
         ch02.check_attention(fn)
+
+
+def test_attention_weights_divided_after_the_softmax_are_named_as_such_not_as_a_softmax_axis():
+    def after(q, k, v):
+        weights = torch.softmax(q @ k.mT, -1) / math.sqrt(q.shape[-1])
+        return weights @ v, weights
+    with pytest.raises(ExerciseError, match=r"divided the WEIGHTS by sqrt\(d\), after the softmax") as err:
+        ch02.check_attention(after)
+    assert "dim=-2" not in str(err.value) and "BATCH" not in str(err.value)
+
+
+def test_attention_cases_leave_every_size_free():
+    sizes = [(*q.shape, k.shape[1], v.shape[2]) for q, k, v in (c.args for c in ch02.ATTENTION.cases)]  # B, L, d, S, dv
+    assert (1, 1, 1, 1, 1) in sizes and any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
+    assert all(len({s[i] for s in sizes}) > 2 for i in range(5))  # B, L, S, d, dv: each takes three values or more
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -120,14 +140,15 @@ def test_padding_mask_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(polarity="keep"), "True at the REAL tokens.*allow \\(or keep\\) mask"),
+    (dict(polarity="keep"), r"^lengths \[1\], max_len 1: your padding mask's result is the opposite of the right one "
+                            r"at every entry: True where it should be False \(polarity swapped\).$"),
     (dict(compare=">"), "misses the first pad.*not >"),
     (dict(compare=">=-1"), "also hides the last real token"),
-    (dict(query_axis=False), "the key padding mask itself.*mask\\[:, None, :\\]"),
-    (dict(shape="rows"), "\\(B, S, 1\\).*the QUERIES"),
+    (dict(query_axis=False), r"returns \(B, S\), the key padding mask itself.*mask\[:, None, :\]"),
+    (dict(shape="rows"), r"returns \(B, S, 1\): that axis is the QUERIES"),
     (dict(shape="expanded"), "already expanded over the queries"),
-    (dict(shape="max"), "max\\(lengths\\) columns.*max_len = 6"),
-    (dict(dtype=torch.long), "dtype torch.int64, numbers; an ignore mask is bool.*1 at the pads"),
+    (dict(shape="max"), r"^lengths \[3\], max_len 5: your padding mask has max\(lengths\) columns"),
+    (dict(dtype=torch.long), "result is int64, expected bool: a mask of numbers is not a selection"),
 ])
 def test_padding_mask_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
@@ -137,10 +158,17 @@ def test_padding_mask_names_each_mistake(options, message):
 def test_padding_mask_reports_any_other_difference():
     def one_wrong(lengths, max_len):
         mask = padding(lengths, max_len).clone()
-        mask[1, 0, 0] = True
+        mask[-1, 0, 0] = len(lengths) == 4  # right for one, two and three sentences, wrong for four
         return mask
-    with pytest.raises(ExerciseError, match="differs from the padding at 1 positions, e.g. .* \\(1, 0, 0\\)"):
+    with pytest.raises(ExerciseError, match=r"^lengths \[5, 2, 4, 1\], max_len 5: your padding mask's result differs "
+                                            r"at 1 of 20 entries, e.g. at \[3, 0, 0\]: expected False, got True.$"):
         ch03.check_padding_mask(one_wrong)
+
+
+def test_padding_mask_cases_cover_one_sentence_no_pad_and_padding_beyond_the_longest():
+    cases = [c.args for c in ch03.PADDING_MASK.cases]
+    assert any(len(n) == 1 for n, _ in cases) and any(s == max(n) for n, s in cases) and any(s > max(n) for n, s in cases)
+    assert any(min(n) == 1 for n, _ in cases) and len({len(n) for n, _ in cases}) >= 3
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -154,16 +182,17 @@ def test_masked_softmax_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(apply=False), "puts weight up to 0\\.\\d\\d on pad positions: the mask was not applied"),
-    (dict(after=True, zero_empty=False), "you zeroed the pads AFTER the softmax"),
-    (dict(renormalise=True, zero_empty=False), "returns NaN or inf.*renormalise"),
-    (dict(inverted=True), "the weight on the pads and none on the real tokens.*inverted polarity"),
-    (dict(inverted=True, zero_empty=False), "sentence WITHOUT pads gets NaN.*inverted polarity"),
-    (dict(fill=-1e9), "puts weight 1\\.00 on the masked key: a large finite fill like -1e4 or -1e9"),
-    (dict(zero_empty=False), "all masked gives NaN"),
-    (dict(dim=-2, zero_empty=False), "sum to 1 down the columns: softmax ran over the queries.*softmax\\(\\.\\.\\., dim=-1\\)"),
-    (dict(fill=-5.0), "weight up to .* on pad positions.*finite fill.*before the softmax"),
-    (dict(query_axis=True), "masks whole query ROWS.*QUERY axis.*\\(B, 1, S\\) mask as it comes"),
+    (dict(apply=False), r"^scores around -1e10, the masked key highest, scores \(1, 1, 3\), mask \[\[\[0, 0, 1\]\]\]: "
+                        r"your masked softmax puts weight on the masked keys: the mask was not applied"),
+    (dict(after=True, zero_empty=False), "zeroed the pads AFTER the softmax"),
+    (dict(renormalise=True, zero_empty=False), r"renormalised: .* 0 / 0 = NaN"),
+    (dict(inverted=True), r"inverted polarity. Here True = IGNORE .* mask where the mask is True.$"),
+    (dict(inverted=True, zero_empty=False), r"inverted polarity.*And a row whose keys are all masked gets NaN"),
+    (dict(fill=-1e9), r"fills the masked scores with -1e9, a finite fill"),
+    (dict(fill=-1e4), r"fills the masked scores with -1e4, a finite fill"),
+    (dict(zero_empty=False), r"^one key, masked, .*: your masked softmax gives NaN on a row whose keys are all masked"),
+    (dict(dim=-2, zero_empty=False), r"softmax ran over the queries.*softmax\(\.\.\., dim=-1\).*gets NaN"),
+    (dict(query_axis=True), r"masks whole query ROWS.*QUERY axis.*\(B, 1, S\) mask as it comes"),
     (dict(added=True), "ADDED the bool mask.*masked_fill"),
 ])
 def test_masked_softmax_names_each_mistake(options, message):
@@ -171,14 +200,17 @@ def test_masked_softmax_names_each_mistake(options, message):
         ch03.check_masked_softmax(lambda s, m: masked(s, m, **options))
 
 
-def test_masked_softmax_names_a_uniform_fully_masked_row():
+def test_masked_softmax_describes_a_uniform_fully_masked_row_and_a_small_fill():
     def uniform_when_empty(scores, mask):  # right everywhere except the fully masked row
         weights = masked(scores, mask, zero_empty=False)
         return torch.where(mask.all(-1, keepdim=True), 1.0 / scores.shape[-1], weights)
-    with pytest.raises(ExerciseError, match="summing to 1\\.00: .* should all be 0"):
+    with pytest.raises(ExerciseError, match=r"^one key, masked, .* differs at 1 of 1 entries, all of them at the "
+                                            r"masked keys, e.g. at \[0, 0, 0\]: expected 0, got 1.$"):
         ch03.check_masked_softmax(uniform_when_empty)
+    with pytest.raises(ExerciseError, match=r"differs at 3 of 3 entries, all of them in the rows that have a masked key"):
+        ch03.check_masked_softmax(lambda s, m: masked(s, m, fill=-5.0))
 
 
 def test_masked_softmax_rejects_wrong_shapes():
-    with pytest.raises(ExerciseError, match="your weights has shape \\(3, 4\\), expected the shape of scores"):
+    with pytest.raises(ExerciseError, match=r"result has shape \(1, 1\), expected \(1, 1, 1\)"):
         ch03.check_masked_softmax(lambda s, m: masked(s, m).sum(-1))

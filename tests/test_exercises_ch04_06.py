@@ -40,46 +40,50 @@ def attention(x, W_q, W_k, W_v, key_padding_mask, *, fill=float("-inf"), scale=N
 
 def test_self_attention_accepts_a_right_answer(capsys):
     ch04.check_self_attention(attention)
-    ch04.check_self_attention(lambda *a: attention(*a, fill=-1e9))  # a large finite fill is fine here
-    assert capsys.readouterr().out.startswith("Correct")
+    ch04.check_self_attention(lambda *a: attention(*a, where=True))
+    assert capsys.readouterr().out.count("Correct") == 2
+
+
+def test_self_attention_rejects_a_minus_1e9_fill_where_every_real_score_is_lower():
+    with pytest.raises(ExerciseError, match=r"^B=1, L=6, D=4, lengths \[4\], every score about -1e10: your attention "
+                                            r"filled the padded keys' scores with -1e9, a finite score"):
+        ch04.check_self_attention(lambda *a: attention(*a, fill=-1e9))
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(scale=1.0), "not scaled: divide Q K\\^T by sqrt\\(D\\)"),
-    (dict(scale=6.0), "divided by D; the scale is sqrt\\(D\\)"),
-    (dict(fill=-1e9, inverted=True), "the mask is inverted"),
-    (dict(inverted=True), "contain NaN and the padded keys get the weight.*inverted"),
+    (dict(scale=1.0), r"^B=1, L=3, D=2, lengths \[3\]: your attention did not scale the scores"),
+    (dict(scale=6.0), None),  # right for D = 6 only: described, not named
+    (dict(fill=-1e9, inverted=True), r"the mask is inverted.*not -1e9"),
+    (dict(inverted=True), r"^B=1, L=1, D=1, lengths \[1\]: your attention masked the real tokens .* inverted"),
     (dict(no_mask=True), "the mask was not applied"),
-    (dict(mask_rows=True), "contain NaN.*never whole query rows"),
-    (dict(mask_rows=True, fill=-1e9), "masked the padded QUERIES"),
-    (dict(softmax_dim=1), "COLUMNS sum to 1"),
-    (dict(transpose_w=True), "you used x @ W.T"),
-    (dict(swap_qk=True), "your scores are K Q\\^T, not Q K\\^T"),
-    (dict(out_from_x=True), "output is weights @ x"),
-    (dict(after=0.0), r"the mask was applied AFTER the softmax \(weights differ by up to 0.83.*no longer sum to 1.*"
-                      r"Mask the SCORES before the softmax: scores.masked_fill\(key_padding_mask\[:, None, :\]"),
-    (dict(after="multiply"), "the mask was applied AFTER the softmax"),
-    (dict(after=float("-inf")), r"AFTER the softmax \(weights have -inf at 10 of 50 entries where the right "
-                                r"answer's are finite, outputs have NaN, inf and -inf"),
-    (dict(after=-1e9), "the mask was applied AFTER the softmax"),
-    (dict(k_dot_T=True), r"raised RuntimeError: The size of tensor a \(2\) must match .* -- K.T reverses ALL the "
-                         r"axes of a 3-D tensor.*Q @ K.transpose\(-2, -1\)"),
-    (dict(raw_mask=True), r"raised RuntimeError: .* -- the key_padding_mask \(B, S\) = \(2, 5\) was applied to the "
-                          r"\(B, L, S\) scores as it is.*key_padding_mask\[:, None, :\], \(B, 1, S\)"),
-    (dict(raw_mask=True, where=True), r"the key_padding_mask \(B, S\) = \(2, 5\) was applied .* as it is"),
+    (dict(mask_rows=True), r"masked the padded QUERIES.*never whole query rows.$"),
+    (dict(mask_rows=True, fill=-1e9), r"masked the padded QUERIES.*not -1e9"),
+    (dict(softmax_dim=1), r"normalised over the queries \(softmax dim=-2\)"),
+    (dict(transpose_w=True), "used x @ W.T"),
+    (dict(swap_qk=True), r"computed the scores K Q\^T, not Q K\^T"),
+    (dict(out_from_x=True), "averaged x: the output is weights @ V"),
+    (dict(after=0.0), r"^B=3, L=4, D=3, lengths \[4, 1, 2\]: your attention applied the mask AFTER the softmax"),
+    (dict(after="multiply"), "applied the mask AFTER the softmax"),
+    (dict(after=float("-inf")), r"^B=3, L=4, D=3, lengths \[4, 1, 2\]: your attention's out has NaN and inf at 24 of "
+                                r"36 entries where the right answer is finite.$"),
+    (dict(k_dot_T=True), r"used K.T, which reverses ALL the axes.*Q @ K.transpose\(-2, -1\)"),
+    (dict(raw_mask=True), r"applied the \(B, S\) key_padding_mask to the \(B, L, S\) scores as it is"),
+    (dict(raw_mask=True, where=True), r"applied the \(B, S\) key_padding_mask .* as it is"),
 ])
 def test_self_attention_names_each_mistake(options, message):
-    with pytest.raises(ExerciseError, match=message):
+    with pytest.raises(ExerciseError, match=message or r"^B=1, L=3, D=2, lengths \[3\]: your attention's out differs"):
         ch04.check_self_attention(lambda *a: attention(*a, **options))
 
 
-def test_self_attention_rejects_wrong_shapes_and_types():
-    with pytest.raises(ExerciseError, match="return a pair"):
+def test_self_attention_rejects_wrong_shapes_types_and_randomness():
+    with pytest.raises(ExerciseError, match=r"returns out alone: return the pair \(out, weights\)"):
         ch04.check_self_attention(lambda *a: attention(*a)[0])
-    with pytest.raises(ExerciseError, match=r"weights has shape \(2, 5\), expected \(B, L, S\)"):
+    with pytest.raises(ExerciseError, match=r"tensor of weights has shape \(1, 1\), expected \(1, 1, 1\)"):
         ch04.check_self_attention(lambda *a: (attention(*a)[0], attention(*a)[1].sum(-1)))
     with pytest.raises(ExerciseError, match="raised ZeroDivisionError"):
         ch04.check_self_attention(lambda *a: 1 / 0)
+    with pytest.raises(ExerciseError, match="different results for the same inputs.*dropout"):
+        ch04.check_self_attention(lambda *a: (lambda o, w: (o, torch.nn.functional.dropout(w, 0.5)))(*attention(*a)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -104,12 +108,11 @@ def test_in_proj_copy_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(transpose=False), r"outputs differ by \d.*in_proj_weight\[0:4\] \(the W_q block\) holds W_q itself, not "
-                            r"W_q.T: did you copy W_q without transposing\?"),
-    (dict(order=("k", "q", "v")), r"in_proj_weight\[0:4\] \(the W_q block\) holds W_k.T instead of W_q.T"),
-    (dict(biases=False), "in_proj_bias was not copied.*biases are zero"),
-    (dict(out_proj=False), "outputs differ by .*out_proj.weight was not copied"),
-    (dict(transpose_out=False), "out_proj.weight holds W_o, not W_o.T"),
+    (dict(transpose=False), r"^D=2: your load_into_torch copies W_q, W_k and W_v without transposing"),
+    (dict(order=("k", "q", "v")), r"^D=1: your load_into_torch puts W_k.T in the W_q block and W_q.T in the W_k block"),
+    (dict(biases=False), r"^D=1: your load_into_torch's in_proj_bias differs at 3 of 3 entries"),  # out_proj.bias too
+    (dict(out_proj=False), r"^D=1: your load_into_torch leaves out_proj.weight as it was"),
+    (dict(transpose_out=False), r"^D=2: your load_into_torch's out_proj.weight is the transpose of the right one"),
 ])
 def test_in_proj_copy_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):
@@ -128,7 +131,7 @@ def test_in_proj_copy_rejects_a_replaced_parameter_of_the_wrong_shape():
     def replace(mha, W_q, W_k, W_v, *rest):
         mha.in_proj_weight = torch.nn.Parameter(torch.cat([W_q.T, W_k.T, W_v.T], dim=1))
 
-    with pytest.raises(ExerciseError, match=r"in_proj_weight now has shape \(4, 12\).*\(12, 4\)"):
+    with pytest.raises(ExerciseError, match=r"in_proj_weight has shape \(1, 3\), expected \(3, 1\): the right sizes"):
         ch04.check_in_proj_copy(replace)
 
 
@@ -151,21 +154,27 @@ def test_split_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
-     r"right shape \(2, 2, 4, 4\) .* head 0's row 1 of sentence 0 holds token 0's features 4..7 \(sentence 0\) "
-     r"instead of token 1's features 0..3: you reshaped to \(B, h, L, d\) \(or to \(B\*h, L, d\)\) without transposing"),
-    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2),
-     r"holds token 0's features \[0, 2, 4, 6\].*every h-th feature \(strided\)"),
-    (lambda x, h: split_right(x, h).flatten(0, 1), r"shape \(4, 4, 4\).*flat \(B\*h, L, d\) layout"),
-    (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"shape \(2, 4, 2, 4\).*Add .transpose\(1, 2\)"),
-    (lambda x, h: split_right(x, h)[:, :, :, :1], r"holds 16 numbers, the input 64"),
-    (lambda x, h: split_right(x, h).flip(2), r"head 0's row 0 of sentence 0 holds token 3's features 0..3"),
-    (lambda x, h: split_right(x, h) + 0.5, r"not elements of the input"),
-    (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError"),  # hard-coded for the first shape
-    (lambda x, h: [1, 2], r"must return a torch.Tensor"),
+     r"^x of shape \(1, 2, 3\), num_heads=3: your split reshaped to \(B, h, L, d\) without transposing"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2), r"every h-th feature \(strided\)"),
+    (lambda x, h: split_right(x, h).flatten(0, 1), r"flat \(B\*h, L, d\) layout"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"returns \(B, L, h, d\).*Add .transpose\(1, 2\)"),
+    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2: your split's result has "
+                                                  r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\).$"),  # d = 1 before
+    (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
+    (lambda x, h: split_right(x, h) + 0.5, r"expected 1, got 1.5"),
+    (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError.*Print x.shape"),  # hard-coded sizes
+    (lambda x, h: [1, 2], r"result is a list, expected a torch.Tensor"),
 ])
 def test_split_heads_names_each_mistake(wrong, message):
     with pytest.raises(ExerciseError, match=message):
         ch05.check_split_heads(wrong)
+
+
+def test_split_and_merge_cases_take_h_from_1_to_D():
+    sizes = {(c.args[0].shape[2], c.args[1]) for c in ch05.SPLIT.cases}  # (D, h)
+    assert any(h == 1 < D for D, h in sizes) and any(h == D > 1 for D, h in sizes) and len({h for _, h in sizes}) >= 4
+    assert [tuple(c.args[0].shape) for c in ch05.MERGE.cases] == [
+        (B, h, L, D // h) for B, L, D, h in sorted(ch05.SIZES, key=lambda s: s[0] * s[1] * s[2])]
 
 
 def merge_right(x):
@@ -182,11 +191,11 @@ def test_merge_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x: x.reshape(x.shape[0], x.shape[2], -1),
-     r"token 0 of sentence 0 holds features of several tokens.*straight to \(B, L, D\) without transposing"),
-    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*\.contiguous\(\)\.view"),
+     r"^x of shape \(1, 3, 2, 1\): your merge reshaped \(B, h, L, d\) straight to \(B, L, D\) without transposing"),
+    (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*call .contiguous\(\) before .view"),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), r"interleaved"),
-    (lambda x: x.transpose(1, 2), r"shape \(2, 4, 2, 4\).*join the last two axes with .flatten\(2\)"),
-    (lambda x: merge_right(x).flip(1), r"token 0 of sentence 0 holds token 3's features 0..7"),
+    (lambda x: x.transpose(1, 2), r"returns \(B, L, h, d\): the transpose is done; now join the last two axes"),
+    (lambda x: merge_right(x).flip(1), r"right slices along axis 1 in another order: .* \[1, 0\] \(reversed\)"),
 ])
 def test_merge_heads_names_each_mistake(wrong, message):
     with pytest.raises(ExerciseError, match=message):

@@ -1,242 +1,126 @@
-"""Checkers for chapter 3, padding and masks.
+"""Checkers for chapter 3, padding and masks. Masks are IGNORE masks: bool, True = this key may NOT be attended.
 
-* :func:`check_padding_mask` -- the (B, 1, S) ignore mask of a batch of right-padded sentences;
-* :func:`check_masked_softmax` -- softmax over the keys a query may attend, zeros for a query with none.
-
-Polarity throughout: an IGNORE mask, True = this key may NOT be attended (``nn.MultiheadAttention``'s).
+1. ``batch_padding_mask(lengths, max_len)`` -- grade_id ``ex-ch3-padding-mask``: ``lengths`` a list of B sentence
+   lengths, ``max_len`` = S >= max(lengths); returns the (B, 1, S) bool mask, True at the pads (position >= length).
+2. ``my_masked_softmax(scores, mask)`` -- grade_id ``ex-ch3-masked-softmax``: scores (B, L, S), a bool mask
+   (B, 1, S); the softmax over the keys not masked, exactly 0 on masked keys, and a row of zeros (not NaN) for a
+   query whose keys are all masked.
 """
 from __future__ import annotations
 
 import torch
 
-from . import DTYPE, ExerciseError, call, close, max_diff, passed, require_shape, require_tensor
-
-# ----------------------------------------------------------------------------------------------------------
-# Exercise: the padding mask of a batch
+from .diagnose import Case, Exercise, Mistake, check
 
 
-def _reference_padding_mask(lengths: list[int], max_len: int) -> torch.Tensor:
-    return (torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None])[:, None, :]  # (B, 1, S)
+def _pad(lengths, max_len, first=0, cols=None):
+    """The reference; the slips: the first pad ``first`` positions after the length, ``cols`` positions."""
+    positions = torch.arange(max_len if cols is None else cols)[None, :]  # (1, S)
+    return (positions >= torch.tensor(lengths)[:, None] + first)[:, None, :]  # (B, 1, S)
 
 
-def _numbers_not_bool(mask: torch.Tensor, want: torch.Tensor) -> str:
-    """The message for a mask of numbers where a bool ignore mask is expected: which convention it looks like."""
-    start = f"your mask has dtype {mask.dtype}, numbers; an ignore mask is bool, True at the pads."
-    if tuple(mask.shape) == tuple(want.shape):
-        values = mask.detach().cpu().double()
-        if torch.equal(values, torch.zeros_like(values).masked_fill(want, float("-inf"))):
-            return (f"{start} Yours is an ADDITIVE mask (0 at the real tokens, -inf at the pads), made to be added "
-                    f"to the scores; this exercise asks for the bool mask itself: positions >= length.")
-        if torch.equal(values, want.double()):
-            return (f"{start} Yours holds 1 at the pads and 0 elsewhere: the right positions as numbers. Keep the "
-                    f"comparison's bool result (positions >= length), with no .int(), .float() or .long().")
-        if torch.equal(values, (~want).double()):
-            return (f"{start} Yours holds 1 at the real tokens and 0 at the pads: a keep mask (1 = attend), the "
-                    f"other convention. Return positions >= length, a bool tensor True at the pads.")
-    return f"{start} Compare positions with lengths (positions >= length) instead of building numbers."
+_p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths, max_len, **slip))  # noqa: E731
+PADDING_MASK = Exercise(
+    what="your padding mask",
+    reference=_pad,
+    cases=[Case(f"lengths {n}, max_len {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
+                                                                  ([4, 1, 3], 6), ([5, 2, 4, 1], 5))],
+    mistakes=[
+        Mistake(">", "misses the first pad of each sentence: position lengths[b] is the first pad (positions start at "
+                "0), so the test is position >= length, not >.", _p(first=1)),
+        Mistake(">= length - 1", "also hides the last real token of each sentence: position lengths[b] - 1 is still "
+                "real. The test is position >= length.", _p(first=-1)),
+        Mistake("left", "puts the pads on the LEFT: these sentences are padded on the right, real at 0 .. lengths[b] "
+                "- 1 and pads from position lengths[b] on.", _p(turn=lambda m: m.flip(-1))),
+        Mistake("(B, S)", "returns (B, S), the key padding mask itself: add the query axis, mask[:, None, :] -> "
+                "(B, 1, S), which broadcasts over the queries of the (B, L, S) scores.", _p(turn=lambda m: m[:, 0])),
+        Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES, so it would blank whole rows. Padding hides "
+                "KEYS (columns): (B, 1, S).", _p(turn=lambda m: m.mT)),
+        Mistake("(B, S, S)", "is already expanded over the queries, (B, S, S): return (B, 1, S); broadcasting expands "
+                "it for free when it meets the scores.", _p(turn=lambda m: m.expand(-1, m.shape[-1], -1))),
+        Mistake("(1, B, S)", "puts the new axis FIRST, (1, B, S): the query axis goes between the sentences and the "
+                "keys, mask[:, None, :].", _p(turn=lambda m: m.transpose(0, 1))),
+        Mistake("max(lengths)", "has max(lengths) columns: the batch is padded to max_len, use torch.arange(max_len).",
+                lambda lengths, max_len: _pad(lengths, max_len, cols=max(lengths))),
+    ],
+    passed="(B, 1, S), True exactly at the pads, for one sentence or several, padded to max(lengths) or further.",
+)
 
 
 def check_padding_mask(fn) -> None:
-    """Check ``fn(lengths, max_len) -> mask``: a bool ignore mask (B, 1, S), True at the pads.
-
-    ``lengths`` is a list of B sentence lengths, ``max_len`` = S >= max(lengths). Sentence b is real at
-    positions ``0 .. lengths[b] - 1`` and padded from position ``lengths[b]`` on.
-    """
-    lengths, max_len = [4, 1, 3], 6  # max_len > max(lengths): the batch is padded further than its longest
-    B = len(lengths)
-    want = _reference_padding_mask(lengths, max_len)
-    mask = require_tensor(call(fn, lengths, max_len, what="your function"), f"lengths={lengths}", "your function")
-    if mask.dtype != torch.bool:
-        raise ExerciseError(_numbers_not_bool(mask, want))
-    shape = tuple(mask.shape)
-    if shape == (1, B, max_len):
-        raise ExerciseError(
-            f"your mask has shape (1, B, S) = {shape}: you put the new axis FIRST. The query axis goes between "
-            f"the sentences and the keys: mask[:, None, :] -> {(B, 1, max_len)}."
-        )
-    if shape in ((max_len, B), (max_len, 1, B)):
-        raise ExerciseError(
-            f"your mask has shape {shape}: one row per POSITION and one column per sentence, the transpose. "
-            f"Compare torch.arange(max_len)[None, :] (1, S) with torch.tensor(lengths)[:, None] (B, 1): one row "
-            f"per sentence, (B, S), then add the query axis: (B, 1, S)."
-        )
-    if shape == (B, max_len, 1):
-        raise ExerciseError(
-            f"your mask has shape (B, S, 1) = {shape}: that axis is the QUERIES, so it would blank whole rows. "
-            f"Padding hides KEYS (columns): return shape (B, 1, S) = {(B, 1, max_len)}."
-        )
-    if shape in ((B, max(lengths)), (B, 1, max(lengths))):
-        raise ExerciseError(
-            f"your mask has {max(lengths)} = max(lengths) columns, but the batch is padded to max_len = {max_len}. "
-            f"Use max_len for the number of positions, torch.arange(max_len)."
-        )
-    if shape == (B, max_len):
-        raise ExerciseError(
-            f"your mask has shape (B, S) = {shape}, the key padding mask itself. To broadcast it over the queries "
-            f"of the (B, L, S) scores, add the query axis: mask[:, None, :] -> {(B, 1, max_len)}."
-        )
-    if shape == (B, max_len, max_len):
-        raise ExerciseError(
-            f"your mask has shape (B, S, S) = {shape}: it is already expanded over the queries. Return the "
-            f"(B, 1, S) mask {(B, 1, max_len)}; broadcasting expands it for free when it meets the scores."
-        )
-    require_shape(mask, (B, 1, max_len), "your mask", "(B, 1, S)")
-    if torch.equal(mask, want):
-        passed(f"(B, 1, S) = {(B, 1, max_len)}, True exactly at the pads, for lengths {lengths} and max_len {max_len}.")
-        return
-    if torch.equal(mask, ~want):
-        raise ExerciseError(
-            "your mask is True at the REAL tokens and False at the pads: that is an allow (or keep) mask. The "
-            "ignore mask is True where a key may NOT be attended, the pads: positions >= length."
-        )
-    if torch.equal(mask, want.flip(-1)):
-        raise ExerciseError(
-            "your mask puts the pads on the LEFT (the first max_len - lengths[b] positions). These sentences are "
-            "padded on the right: real at 0 .. lengths[b] - 1, pads from position lengths[b] on."
-        )
-    positions = torch.arange(max_len)[None, None, :]
-    lens = torch.tensor(lengths)[:, None, None]
-    if torch.equal(mask, positions > lens):
-        raise ExerciseError(
-            "your mask misses the first pad of each sentence: position lengths[b] is the first pad (positions "
-            "start at 0), so the test is position >= length, not >."
-        )
-    if torch.equal(mask, positions >= lens - 1):
-        raise ExerciseError(
-            "your mask also hides the last real token of each sentence: positions lengths[b] - 1 is still real. "
-            "The test is position >= length."
-        )
-    wrong = (mask != want).nonzero().tolist()
-    raise ExerciseError(
-        f"your mask differs from the padding at {len(wrong)} positions, e.g. (sentence, 0, position) = "
-        f"{tuple(wrong[0])}. Sentence b is real at 0 .. lengths[b] - 1 and padded from lengths[b] on."
-    )
+    """Check ``fn(lengths, max_len) -> mask``: a bool ignore mask (B, 1, S), True at the pads."""
+    check(PADDING_MASK, fn)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Exercise: masked softmax
-
-
-def _masked_softmax(scores, mask, *, fill=float("-inf"), dim=-1, empty_zero=True, where="before"):
-    """Reference: softmax over the keys not masked; all-zero weights on a row with no key left.
-
-    The classic slips as options: another ``fill``, the softmax over another ``dim``, NaN left on empty rows
-    (``empty_zero=False``), the pads zeroed ``where="after"`` the softmax, the bool mask ``where="added"`` to the
-    scores, or ``where="nowhere"``.
-    """
-    if where == "after":
-        weights = torch.softmax(scores, dim).masked_fill(mask, 0.0)
+def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=False):
+    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, NaN left on the rows with every
+    key masked (``empty=False``), the pads zeroed ``after`` the softmax, softmax over ``dim``, the mask ``added``."""
+    m = turn(mask)
+    if after:
+        w = torch.softmax(scores, dim).masked_fill(m, 0.0)
+        w = w / w.sum(dim, keepdim=True) if after == "renormalise" else w
     else:
-        masked = {"before": lambda: scores.masked_fill(mask, fill), "added": lambda: scores + mask,
-                  "nowhere": lambda: scores}[where]()
-        weights = torch.softmax(masked, dim)
-    return weights.masked_fill(mask.all(-1, keepdim=True), 0.0) if empty_zero else weights
+        w = torch.softmax(scores + m if added else scores if fill is None else scores.masked_fill(m, fill), dim)
+    return w.masked_fill(m.all(-1, keepdim=True), 0.0) if empty else w
 
 
-def _pad_weight(weights: torch.Tensor, mask: torch.Tensor) -> float:
-    """The largest total weight a query row gives to masked keys (NaN counts as 0)."""
-    return float((weights.nan_to_num() * mask).sum(-1).max())
+_m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
+NAN = "And a row whose keys are all masked gets NaN: give it zeros, mask.all(-1, keepdim=True)."
+_both = lambda name, says, **slip: [Mistake(name, says, _m(**slip)),  # noqa: E731 - and with NaN on empty rows
+                                    Mistake(f"{name}, NaN", f"{says} {NAN}", _m(empty=False, **slip))]
 
 
-def _masked_softmax_mistake(weights: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor) -> str:
-    """What a wrong masked softmax did: each classic slip rerun on the same scores (with and without zeros on
-    the rows that have no key left) until one gives the learner's weights; then the symptoms."""
-    pads = mask.expand_as(scores)  # (B, L, S)
-    weight = f"{_pad_weight(weights, pads):.2f}"
-    slips = [
-        (dict(mask=mask.transpose(-2, -1)),
-         "your function masks whole query ROWS, not key columns: the mask was used on the QUERY axis, as (B, S, 1) "
-         "(a transpose, view or unsqueeze(-1)?). Use the (B, 1, S) mask as it comes: it broadcasts over the "
-         "queries and hides the pad keys of every row."),
-        (dict(mask=~mask),
-         ("the sentence WITHOUT pads gets NaN, and the others put their weight on the pads" if weights.isnan().any()
-          else "your function puts the weight on the pads and none on the real tokens") +
-         ": you used the mask with inverted polarity (a sentence without pads then has every key masked). Here "
-         "True = IGNORE "
-         "(nn.MultiheadAttention's convention): mask where mask is True, not where it is False (no mask == 0)."),
-        (dict(where="nowhere"),
-         f"your function puts weight up to {weight} on pad positions: the mask was not applied. Fill the masked "
-         f"scores with float('-inf') BEFORE the softmax."),
-        (dict(where="after"),
-         "your rows of real keys do not sum to 1: you zeroed the pads AFTER the softmax, so the share the pads "
-         "took is lost. Mask the scores with -inf before the softmax."),
-        (dict(fill=0.0),
-         f"your pads get weight (up to {weight} per row): you filled with 0, a finite fill, and a score of 0 is an "
-         f"ordinary score (e^0 = 1). Fill the masked scores with float('-inf')."),
-        (dict(dim=-2),
-         "your weights sum to 1 down the columns: softmax ran over the queries. Each query's weights over the "
-         "keys must sum to 1: softmax(..., dim=-1)."),
-        (dict(where="added"),
-         "you ADDED the bool mask to the scores: True counts as 1, so a pad's score goes up by 1 instead of "
-         "being blocked. Use scores.masked_fill(mask, float('-inf')) (adding works for a float mask of 0 and "
-         "-inf, not for a bool one)."),
-    ]
-    for options, message in slips:
-        options = {"mask": mask, **options}
-        if any(close(weights, _masked_softmax(scores, **options, empty_zero=z)) for z in (True, False)):
-            return message
-    if torch.isnan(weights).any():
-        return ("your weights contain NaN: a row whose scores are all -inf gives 0 / 0. Mask the padded KEYS "
-                "(the columns: the (B, 1, S) mask broadcasts over the rows), never whole query rows.")
-    if _pad_weight(weights, pads) > 1e-6:
-        return (f"your function puts weight up to {_pad_weight(weights, pads):.2g} on pad positions: the masked "
-                f"scores still count (a finite fill, or a mask that misses some pads?). Fill them with "
-                f"float('-inf') before the softmax.")
-    return ("the pads get 0 but the real weights differ from softmax over the unmasked keys: softmax the masked "
-            "scores over the last dimension.")
+def _scores(name, scores, mask):
+    mask = torch.tensor(mask, dtype=torch.bool)[:, None, :] if isinstance(mask, list) else mask  # (B, 1, S)
+    at = mask.expand_as(scores)
+    marks = {"at the masked keys": at, "in the rows whose keys are all masked": at.all(-1, keepdim=True).expand_as(at),
+             "in the rows that have a masked key": at.any(-1, keepdim=True).expand_as(at)}
+    return Case(f"{name}, scores {tuple(scores.shape)}, mask {mask.int().tolist()}", (scores, mask), marks)
+
+
+_r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(3))
+INF = "Fill the masked scores with float('-inf') BEFORE the softmax."
+
+MASKED_SOFTMAX = Exercise(
+    what="your masked softmax",
+    reference=_msm,
+    cases=[_scores("one key", _r(1, 1, 1), [[0]]), _scores("one key, masked", _r(1, 1, 1), [[1]]),
+           _scores("lengths 4, 3, 2", _r(3, 4, 4), torch.arange(4) >= torch.tensor([4, 3, 2])[:, None, None]),
+           _scores("a sentence all masked", _r(2, 3, 5), [[0, 1, 0, 1, 0], [1] * 5]),
+           _scores("scores around -1e10, the masked key highest", torch.tensor([[[-2e10, -2e10, -1e10]]]).double(),
+                   [[0, 0, 1]]),
+           _scores("scores around -1e6", _r(1, 2, 3) - 1e6, [[0, 0, 1]]),
+           _scores("float32 scores", _r(2, 2, 3).float(), [[0, 1, 0], [0, 0, 0]])],
+    mistakes=[
+        Mistake("not applied", f"puts weight on the masked keys: the mask was not applied. {INF}", _m(fill=None)),
+        Mistake("after", f"zeroed the pads AFTER the softmax: the share the pads took is lost and the rows no longer "
+                f"sum to 1. {INF}", _m(after="zero")),
+        Mistake("renormalised", f"zeroed the pads after the softmax and renormalised: when the masked keys hold all "
+                f"the weight, the real keys have underflowed to 0 and 0 / 0 = NaN. {INF}",
+                _m(after="renormalise", empty=False)),
+        *_both("inverted", "masks the keys where the mask is False: inverted polarity. Here True = IGNORE "
+               "(nn.MultiheadAttention's convention): mask where the mask is True.", turn=lambda m: ~m),
+        *_both("query axis", "masks whole query ROWS: the mask was used on the QUERY axis, as (B, S, 1). Use the "
+               "(B, 1, S) mask as it comes: it broadcasts over the queries and hides the masked keys.",
+               turn=lambda m: m.mT),
+        *_both("queries", "sums to 1 down the columns: softmax ran over the queries. Each query's weights over the "
+               "keys must sum to 1: softmax(..., dim=-1).", dim=-2),
+        *[Mistake(f"fill {t}", f"fills the masked scores with {t}, a finite fill: an ordinary score, which takes "
+                  f"weight wherever the real scores are not far above it. Fill them with float('-inf').", _m(fill=f))
+          for t, f in (("-1e9", -1e9), ("-1e4", -1e4), ("0", 0.0))],
+        Mistake("NaN", "gives NaN on a row whose keys are all masked (softmax of all -inf is 0 / 0): find those rows "
+                "with mask.all(-1, keepdim=True) and give them zeros.", _m(empty=False)),
+        Mistake("added", "ADDED the bool mask to the scores: True counts as 1, so a masked score goes up by 1 "
+                "instead of being blocked. Use scores.masked_fill(mask, float('-inf')).", _m(added=True)),
+    ],
+    passed="masked keys get exactly 0, the other weights sum to 1, huge scores are safe, a row with every key "
+           "masked gives zeros.",
+)
 
 
 def check_masked_softmax(fn) -> None:
-    """Check ``fn(scores, mask) -> weights`` for scores (B, L, S) and a bool ignore mask (B, 1, S).
+    """Check ``fn(scores, mask) -> weights`` for scores (B, L, S) and a bool ignore mask (B, 1, S)."""
+    check(MASKED_SOFTMAX, fn)
 
-    Expected: ``softmax`` over the last dimension of the keys where ``mask`` is False, exactly 0 where it is
-    True, and a row of zeros (not NaN) for a query whose keys are all masked.
-    """
-    gen = torch.Generator().manual_seed(3)
-    lengths, L, S = [4, 3, 2], 4, 4  # sentence 0 has no pad; 1 and 2 have pads
-    scores = torch.randn(len(lengths), L, S, generator=gen, dtype=DTYPE)  # (B, L, S)
-    mask = _reference_padding_mask(lengths, S)  # (B, 1, S)
-    weights = require_tensor(call(fn, scores, mask, what="your function"), "scores (3, 4, 4)", "your function")
-    require_shape(weights, scores.shape, "your weights", "the shape of scores (B, L, S)")
-    if weights.dtype != scores.dtype:
-        raise ExerciseError(
-            f"your weights have dtype {weights.dtype} for scores of dtype {scores.dtype}: keep the scores' dtype "
-            f"(no .float() or dtype= on the way)."
-        )
-    want = _masked_softmax(scores, mask)
-    if not close(weights, want):
-        raise ExerciseError(
-            f"{_masked_softmax_mistake(weights, scores, mask)} (largest difference: {max_diff(weights, want):.2g})"
-        )
 
-    # Huge logits: a finite fill such as -1e9 is then an ordinary score, not minus infinity.
-    big = torch.tensor([[[-3e10, -2e10, -1e10]]], dtype=DTYPE)  # (1, 1, 3): the last key is masked
-    big_mask = torch.tensor([[[False, False, True]]])
-    got = call(fn, big, big_mask, what="your function on scores around -1e10")
-    if not torch.isfinite(got).all():
-        raise ExerciseError(
-            "with scores around -1e10 (the masked key highest) your function returns NaN or inf. If you zero the "
-            "pads after the softmax and renormalise, the real keys have already underflowed to 0 and you divide "
-            "0 by 0: mask the scores with float('-inf') before the softmax."
-        )
-    if _pad_weight(got, big_mask) > 1e-6:
-        raise ExerciseError(
-            f"with scores around -1e10 your function puts weight {_pad_weight(got, big_mask):.2f} on the masked "
-            f"key: a large finite fill like -1e4 or -1e9 is not minus infinity once the real scores are even "
-            f"lower. Fill with float('-inf')."
-        )
-
-    # A query with nothing to attend to: a sentence of length 0.
-    empty = torch.ones(1, 1, S, dtype=torch.bool)
-    got = call(fn, scores[:1], empty, what="your function on a fully masked row")
-    if torch.isnan(got).any():
-        raise ExerciseError(
-            "a row whose keys are all masked gives NaN (softmax of all -inf is 0 / 0). Give such rows zero weights: "
-            "find them with mask.all(-1, keepdim=True) and masked_fill their weights with 0."
-        )
-    if not close(got, torch.zeros_like(got)):
-        raise ExerciseError(
-            f"a row whose keys are all masked gets weights summing to {float(got.sum(-1).max()):.2f}: with nothing "
-            f"to attend to, its weights should all be 0 (a -1e9 fill gives a uniform average of the pads instead)."
-        )
-    passed("pads get exactly 0, rows of real keys sum to 1, huge logits are safe, a fully masked row gives zeros.")
+EXERCISES = [PADDING_MASK, MASKED_SOFTMAX]

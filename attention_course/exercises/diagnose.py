@@ -304,8 +304,11 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             shown = _show(got) if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
             return f"{noun} is {shown}{f' of {len(got)}' * isinstance(got, (tuple, list))}, expected {expected}."
+        right = [exercise.parts[j] for j, (g, w) in enumerate(zip(got, want)) if same(g, w, exercise.atol)]
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
-        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong)
+        named = f"{', '.join(right[:-1])} and {right[-1]} are" if len(right) > 1 else f"{right[0]} is" if right else ""
+        and_right = f" Its {named} right." if right else ""
+        return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i], strong=strong) + and_right
     if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():  # each key names its item
         key = next(k for k in want if not same(got[k], want[k], exercise.atol))
         return value_difference(got[key], want[key], case, exercise, noun=key, strong=strong)
@@ -433,10 +436,11 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
     if want.is_floating_point():
         delta, ratio = g64 - w64, g64 / w64
         finite = torch.isfinite(w64) & torch.isfinite(g64)
-        if finite.all() and n and float(delta.max() - delta.min()) <= tol:
+        varied = n and bool((w64 != w64.flatten()[0]).any())  # one right value everywhere: offset and factor alike
+        if finite.all() and varied and float(delta.max() - delta.min()) <= tol:
             return "offset", f"is the right one plus the same {float(delta.flatten()[0]):.4g} at every entry."
         nz = finite & (w64.abs() > 1e-6)
-        if n and bool(nz.any()) and not (differ & ~nz).any():
+        if varied and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
             if not r.any():
                 return "zeros", "is 0 at every entry where the right one is not: nothing was computed or added there."
@@ -454,15 +458,15 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             return f"order {axis}", (f"holds the right slices along axis {axis} in another order: position i holds "
                                      f"the right answer's {perm} ({_kind(perm)}).")
     if got.numel() > 1 and same(got.flatten().sort().values, want.flatten().sort().values, atol):
-        return "arranged", "holds the right values, arranged differently."
+        return "arranged", (f"holds the right values, arranged differently: {n} of {total} entries moved"
+                            f"{_where(differ, case)}.")
     return weak
 
 
 def _root(r: float) -> str:
-    if not r:  # 0 times: no root to name
-        return ""
-    for value, name in ((r * r, "√{:.0f}"), (1 / (r * r), "1/√{:.0f}")):
-        if abs(value - round(value)) < 1e-6 and round(value) > 1:
+    """" (√8)" for 2.828, " (1/√6)" for 0.408: a square root of a whole number that is not itself whole; 0: none."""
+    for value, name in ((r * r, "√{:.0f}"), (1 / (r * r) if r else 0.0, "1/√{:.0f}")):
+        if abs(value - round(value)) < 1e-6 and round(value) > 1 and math.isqrt(round(value)) ** 2 != round(value):
             return " (" + name.format(round(value)) + ")"
     return ""
 

@@ -50,14 +50,18 @@ def attention(x, W_q, W_k, W_v, kpm, *, dim=-1, scale="D", mask="keys", fill=flo
     return {"pair": (out, weights), "swapped": (weights, out), "out": out}[returns]
 
 
-def attention_einsum(x, W_q, W_k, W_v, kpm):
-    """Another style: einsum, torch.where with a large finite fill, softmax written out."""
+def attention_einsum_fill(x, W_q, W_k, W_v, kpm, fill=float("-inf")):
+    """Another style: einsum, torch.where with -inf, softmax written out."""
     Q, K, V = (torch.einsum("bld,de->ble", x, W) for W in (W_q, W_k, W_v))
     scores = torch.einsum("bld,bsd->bls", Q, K) / x.shape[-1] ** 0.5  # (B, L, S)
-    scores = torch.where(kpm[:, None, :], torch.tensor(-1e9, dtype=x.dtype), scores)
+    scores = torch.where(kpm[:, None, :], torch.tensor(fill, dtype=x.dtype), scores)
     e = (scores - scores.amax(-1, keepdim=True)).exp()
     weights = e / e.sum(-1, keepdim=True)
     return torch.einsum("bls,bsd->bld", weights, V), weights
+
+
+def attention_einsum(x, W_q, W_k, W_v, kpm):
+    return attention_einsum_fill(x, W_q, W_k, W_v, kpm)
 
 
 def attention_additive(x, W_q, W_k, W_v, kpm):
@@ -75,21 +79,21 @@ def wrong(**options):
 
 SELF_ATTENTION = Catalogue(
     ch04.check_self_attention,
-    correct={"matmul and masked_fill(-inf)": attention, "einsum, torch.where(-1e9), softmax by hand": attention_einsum,
+    correct={"matmul and masked_fill(-inf)": attention, "einsum, torch.where(-inf), softmax by hand": attention_einsum,
              "additive float mask, F.softmax": attention_additive},
     mutants=[
-        Mutant("softmax over the queries (dim=-2)", wrong(dim=-2), (r"softmax ran over the queries", r"dim=-1"),
+        Mutant("softmax over the queries (dim=-2)", wrong(dim=-2), (r"normalised over the queries", r"dim=-1"),
                family="queries' softmax"),
-        Mutant("softmax over the queries (dim=1)", wrong(dim=1), (r"softmax ran over the queries", r"dim=-1"),
+        Mutant("softmax over the queries (dim=1)", wrong(dim=1), (r"normalised over the queries", r"dim=-1"),
                family="queries' softmax"),
         Mutant("softmax over the batch (dim=0)", wrong(dim=0), (r"over the batch", r"dim=-1")),
-        Mutant("weights returned transposed", wrong(weights_T=True), r"transpose of the right weights"),
+        Mutant("weights returned transposed", wrong(weights_T=True), r"tensor of weights is the transpose of the right one"),
         # the same scores: the checker names both
         Mutant("scores K Q^T", wrong(swap_qk=True), r"K Q\^T", family="K Q^T"),
         Mutant("W_q and W_k swapped", lambda x, q, k, v, m: attention(x, k, q, v, m), r"W_q and W_k",
                family="K Q^T"),
-        Mutant("no scale", wrong(scale="none"), r"not scaled"),
-        Mutant("divided by D, not sqrt(D)", wrong(scale="full D"), r"divided by D\b", family="wrong scale"),
+        Mutant("no scale", wrong(scale="none"), r"did not scale"),
+        Mutant("divided by D, not sqrt(D)", wrong(scale="full D"), r"divided the scores by D\b", family="wrong scale"),
         Mutant("divided by sqrt(L), not sqrt(D)", wrong(scale="L"), (r"sqrt\(L\)", r"sqrt\(D\)"),
                family="wrong scale"),
         Mutant("scaled after the softmax", wrong(scale_after=True), r"scaled the WEIGHTS"),
@@ -99,16 +103,20 @@ SELF_ATTENTION = Catalogue(
         Mutant("mask on the queries (-inf)", wrong(mask="queries"), r"query rows", family="queries"),
         Mutant("mask on the queries (-1e9)", wrong(mask="queries", fill=-1e9), r"masked the padded QUERIES",
                family="queries"),
-        Mutant("fill 0 instead of -inf", wrong(fill=0.0), r"filled with 0"),
+        Mutant("fill -1e9 instead of -inf", wrong(fill=-1e9), r"filled the padded keys' scores with -1e9",
+               family="finite fill"),
+        Mutant("torch.where(-1e9)", lambda *a: attention_einsum_fill(*a, fill=-1e9),
+               r"filled the padded keys' scores with -1e9", family="finite fill"),
+        Mutant("fill 0 instead of -inf", wrong(fill=0.0), r"filled the padded keys' scores with 0"),
         Mutant("bool mask added to the scores", wrong(add_bool=True), r"added the bool mask"),
         Mutant("mask applied after the softmax (fill 0)", wrong(after="fill"), r"AFTER the softmax",
                family="after"),
         Mutant("mask applied after the softmax (multiply)", wrong(after="multiply"), r"AFTER the softmax",
                family="after"),
-        Mutant("K.T on a 3-D tensor", wrong(k_dot_T=True), r"K\.T reverses ALL the axes"),
+        Mutant("K.T on a 3-D tensor", wrong(k_dot_T=True), r"K\.T, which reverses ALL the axes"),
         Mutant("(B, S) mask not given a query axis", wrong(mask="raw"), r"as it is.*key_padding_mask\[:, None, :\]"),
         Mutant("x @ W.T", wrong(transpose_w=True), r"x @ W\.T"),
-        Mutant("V = weights @ x", wrong(v_with="x"), r"weights @ x"),
+        Mutant("V = weights @ x", wrong(v_with="x"), r"averaged x"),
         Mutant("V computed with W_k", wrong(v_with="k"), r"V = x @ W_k"),
         Mutant("(weights, out) returned", wrong(returns="swapped"), r"\(out, weights\)", family="returns"),
         Mutant("only out returned", wrong(returns="out"), r"\(out, weights\)", family="returns"),
@@ -180,25 +188,30 @@ IN_PROJ_COPY = Catalogue(
              "load_state_dict": copy_by_state_dict, "new nn.Parameters": copy_as_new_parameters},
     mutants=[
         Mutant("W_q, W_k, W_v not transposed", copied(transpose=""), r"without transposing", family="W not W.T"),
-        Mutant("W_v alone not transposed", copied(transpose="qk"), r"W_v without transposing", family="W not W.T"),
-        Mutant("chunks in the order k, q, v", copied(order="kqv"), (r"W_k\.T instead of W_q\.T", r"order"),
+        Mutant("W_v alone not transposed", copied(transpose="qk"), r"all of them in the W_v block", family="W not W.T"),
+        Mutant("chunks in the order k, q, v", copied(order="kqv"), (r"W_k\.T in the W_q block", r"order"),
                family="order"),
-        Mutant("chunks in the order q, v, k", copied(order="qvk"), (r"W_v\.T instead of W_k\.T", r"order"),
+        Mutant("chunks in the order q, v, k", copied(order="qvk"),
+               r"in_proj_weight holds the right slices along axis 0 in another order",
                family="order"),
-        Mutant("W_q copied into every block", copied(order="qqq"), r"W_q\.T in 3 blocks"),
-        Mutant("in_proj_bias not copied", copied(in_bias=False), r"in_proj_bias was not copied"),
-        Mutant("in_proj_bias in the order k, q, v", copied(bias_order="kqv"), r"b_k where b_q"),
-        Mutant("out_proj.bias not copied", copied(out_bias=False), r"out_proj\.bias was not copied"),
-        Mutant("out_proj.weight not copied", copied(out_weight=None), r"out_proj\.weight was not copied"),
-        Mutant("out_proj.weight not transposed", copied(out_weight="W_o"), r"holds W_o, not W_o\.T"),
+        Mutant("W_q copied into every block", copied(order="qqq"), r"W_q\.T into all 3 blocks"),
+        Mutant("in_proj_bias not copied", copied(in_bias=False), r"leaves in_proj_bias as it was"),
+        Mutant("in_proj_bias in the order k, q, v", copied(bias_order="kqv"),
+               r"in_proj_bias holds the right slices along axis 0 in another order"),
+        Mutant("out_proj.bias not copied", copied(out_bias=False), r"leaves out_proj\.bias as it was"),
+        Mutant("out_proj.weight not copied", copied(out_weight=None), r"leaves out_proj\.weight as it was"),
+        Mutant("out_proj.weight not transposed", copied(out_weight="W_o"),
+               r"out_proj\.weight is the transpose of the right one"),
         Mutant("copy_ without no_grad", copied(no_grad=False), r"torch\.no_grad"),
-        Mutant("W_q pre-divided by sqrt(D)", copied(q_factor=0.5), r"scales the scores itself"),
+        Mutant("W_q pre-divided by sqrt(D)", copied(q_factor=0.5), r"all of them in the W_q block"),
+        Mutant("W_q divided by sqrt(D)", lambda *a: copy_into(*a, q_factor=a[1].shape[0] ** -0.5),
+               r"scales the scores itself"),
         Mutant("torch.stack instead of torch.cat", copied(stack=True), r"torch\.cat.*not torch\.stack"),
         Mutant("new parameter concatenated along dim=1",
-               lambda *args: copy_as_new_parameters(*args, dim=1), r"now has shape"),
+               lambda *args: copy_as_new_parameters(*args, dim=1), r"in_proj_weight has shape \(1, 3\), expected \(3, 1\)"),
         Mutant("new parameters in float32", lambda *args: copy_as_new_parameters(*args, dtype=torch.float32),
                r"float32"),
-        Mutant("copied into another layer", nothing_copied, r"no parameter.*changed"),
+        Mutant("copied into another layer", nothing_copied, r"changes no parameter of mha"),
     ],
 )
 
