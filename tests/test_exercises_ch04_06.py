@@ -78,7 +78,7 @@ def test_self_attention_names_each_mistake(options, message):
 def test_self_attention_rejects_wrong_shapes_types_and_randomness():
     with pytest.raises(ExerciseError, match=r"returns out alone: return the pair \(out, weights\)"):
         ch04.check_self_attention(lambda *a: attention(*a)[0])
-    with pytest.raises(ExerciseError, match=r"tensor of weights has shape \(1, 1\), expected \(1, 1, 1\)"):
+    with pytest.raises(ExerciseError, match=r"tensor of weights has shape \(1, 3\), expected \(1, 3, 3\)"):
         ch04.check_self_attention(lambda *a: (attention(*a)[0], attention(*a)[1].sum(-1)))
     with pytest.raises(ExerciseError, match="raised ZeroDivisionError"):
         ch04.check_self_attention(lambda *a: 1 / 0)
@@ -110,7 +110,7 @@ def test_in_proj_copy_accepts_a_right_answer(capsys):
 @pytest.mark.parametrize("options, message", [
     (dict(transpose=False), r"^D=2: your load_into_torch copies W_q, W_k and W_v without transposing"),
     (dict(order=("k", "q", "v")), r"^D=1: your load_into_torch puts W_k.T in the W_q block and W_q.T in the W_k block"),
-    (dict(biases=False), r"^D=1: your load_into_torch's in_proj_bias differs at 3 of 3 entries"),  # out_proj.bias too
+    (dict(biases=False), r"^D=2: your load_into_torch's in_proj_bias differs at 6 of 6 entries"),  # out_proj.bias too
     (dict(out_proj=False), r"^D=1: your load_into_torch leaves out_proj.weight as it was"),
     (dict(transpose_out=False), r"^D=2: your load_into_torch's out_proj.weight is the transpose of the right one"),
 ])
@@ -131,7 +131,7 @@ def test_in_proj_copy_rejects_a_replaced_parameter_of_the_wrong_shape():
     def replace(mha, W_q, W_k, W_v, *rest):
         mha.in_proj_weight = torch.nn.Parameter(torch.cat([W_q.T, W_k.T, W_v.T], dim=1))
 
-    with pytest.raises(ExerciseError, match=r"in_proj_weight has shape \(1, 3\), expected \(3, 1\): the right sizes"):
+    with pytest.raises(ExerciseError, match=r"in_proj_weight has shape \(2, 6\), expected \(6, 2\): the right sizes"):
         ch04.check_in_proj_copy(replace)
 
 
@@ -161,7 +161,7 @@ def test_split_heads_accepts_right_answers(capsys):
     (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2: your split's result has "
                                                   r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\).$"),  # d = 1 before
     (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
-    (lambda x, h: split_right(x, h) + 0.5, r"expected 1, got 1.5"),
+    (lambda x, h: split_right(x, h) + 0.5, r"plus the same 0.5 at every entry"),
     (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError.*Print x.shape"),  # hard-coded sizes
     (lambda x, h: [1, 2], r"result is a list, expected a torch.Tensor"),
 ])

@@ -208,7 +208,7 @@ IN_PROJ_COPY = Catalogue(
                r"scales the scores itself"),
         Mutant("torch.stack instead of torch.cat", copied(stack=True), r"torch\.cat.*not torch\.stack"),
         Mutant("new parameter concatenated along dim=1",
-               lambda *args: copy_as_new_parameters(*args, dim=1), r"in_proj_weight has shape \(1, 3\), expected \(3, 1\)"),
+               lambda *args: copy_as_new_parameters(*args, dim=1), r"in_proj_weight has shape \(2, 6\), expected \(6, 2\)"),
         Mutant("new parameters in float32", lambda *args: copy_as_new_parameters(*args, dtype=torch.float32),
                r"float32"),
         Mutant("copied into another layer", nothing_copied, r"changes no parameter of mha"),
