@@ -227,6 +227,9 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
     if isinstance(want, tuple) and exercise.parts and isinstance(got, (tuple, list)) and len(got) == len(want):
         i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, exercise.atol))
         return value_difference(got[i], want[i], case, exercise, noun=exercise.parts[i])
+    if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():  # each key names its item
+        key = next(k for k in want if not same(got[k], want[k], exercise.atol))
+        return value_difference(got[key], want[key], case, exercise, noun=key)
     if isinstance(want, torch.Tensor):
         return f"{noun} {tensor_difference(got, want, case, exercise.atol)}"
     if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
