@@ -1,32 +1,22 @@
 """Checkers for chapter 6, multi-head attention reproduced.
 
-1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- grade_id ``ex-ch6-masks``. ``key_padding_mask``
-   (B, S) or None, ``attn_mask`` (L, S) or (B*h, L, S) (batch-major: row b*h + i is sentence b, head i) or None, all
-   bool, True = blocked; returns the (B, h, L, S) bool mask, True where either mask blocks.
-2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- grade_id ``ex-ch6-layer``: torch's parameter names and shapes,
-   ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)``
-   -> (output (B, L, D), weights (B, L, S) averaged, (B, h, L, S) per head, or None).
-
-The layer (here and in chapter 7) is held only by :func:`probe_layer`, which builds it, loads torch's weights, calls
-it twice (or differentiates) and returns plain data; in grading it runs in the process that runs the learner's code
-(``boundary.Remote.apply``), and :func:`judge` reads what comes back where no learner code ran.
+1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- grade_id ``ex-ch6-masks``: bool masks (B, S) and
+   (L, S) or (B*h, L, S) (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
+2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- grade_id ``ex-ch6-layer``, torch's parameters and forward: its
+   catalogue switches :class:`Reference`; chapter 7's ``run_layer`` builds and calls the layer in each case.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import functools
-import io
+import importlib
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import boundary
-from . import DTYPE, ExerciseError
-from .diagnose import Case, Exercise, Mistake, check, same
+from . import DTYPE
+from .diagnose import Case, Exercise, Mistake, check
 
 # ----------------------------------------------------------------------------------------------------------
 # Exercise 1: combine the masks
@@ -54,8 +44,8 @@ def _masks_case(seed, B, h, L, S, kpm, attn):
     g = torch.Generator().manual_seed(seed)
     k = torch.arange(S) >= torch.randint(1, S + 1, (B,), generator=g)[:, None] if kpm else None  # right padding
     a = None if attn is None else torch.rand(*((B * h,) if attn == 3 else ()), L, S, generator=g) < 0.4
-    shown = {None: "None", 2: "(L, S)", 3: "(B*h, L, S)"}[attn]
-    name = f"B={B}, h={h}, L={L}, S={S}, key_padding_mask {'(B, S)' if kpm else 'None'}, attn_mask {shown}"
+    name = f"B={B}, h={h}, L={L}, S={S}, key_padding_mask {'(B, S)' if kpm else 'None'}, attn_mask " + \
+        {None: "None", 2: "(L, S)", 3: "(B*h, L, S)"}[attn]
     alone_k, alone_a = _combine(k, None, B, h, L, S), _combine(None, a, B, h, L, S)
     return Case(name, (k, a, B, h, L, S), {"where the key_padding_mask alone blocks": alone_k & ~alone_a,
                                            "where the attn_mask alone blocks": alone_a & ~alone_k})
@@ -66,42 +56,39 @@ def _mistakes(make, table) -> list[Mistake]:
 
 
 MASKS = Exercise(
-    what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, each alone, both and neither, "
-    "expand and combine as torch does.",
+    what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
         (2, 3, 4, 5, True, 3), (2, 3, 4, 5, False, 3), (2, 3, 4, 5, False, None), (3, 2, 3, 3, True, 3),
         (1, 4, 2, 6, True, 2), (4, 1, 4, 2, True, 3), (2, 2, 2, 2, True, 2)])],
     mistakes=_mistakes(_combine, [
-        ("inverted", dict(polarity="all"), "is inverted: True where attending is ALLOWED. nn.MultiheadAttention's "
-         "convention is True = blocked (ignore); only F.scaled_dot_product_attention reads True as allowed."),
-        ("kpm inverted", dict(polarity="kpm"), "reads one mask wrong: the key_padding_mask alone is read the other "
-         "way round. Its True marks a PAD, a key to block: use it as it is, not ~key_padding_mask."),
-        ("attn inverted", dict(polarity="attn"), "reads one mask wrong: the attn_mask alone is read the other way "
-         "round. Its True marks a pair to BLOCK, as the key_padding_mask's does: not ~attn_mask."),
-        ("and", dict(op="and"), "combined the masks with & (and): a pair is blocked if EITHER mask blocks it, so "
-         "combine with | (or)."),
-        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, as (h, B, L, S). PyTorch's "
-         "(B*h, L, S) is batch-major: row b*h + i is sentence b, head i, so use attn_mask.view(B, h, L, S)."),
-        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys before queries: it is "
-         "(B*h, L, S), queries by keys; view(B, h, L, S) without a transpose."),
-        ("kpm ignored", dict(drop=("kpm",)), "leaves it out: the key_padding_mask was ignored. Or it in as (B, 1, 1, S)."),
-        ("attn ignored", dict(drop=("attn",)), "leaves it out: the attn_mask was ignored. Or it in as (1, 1, L, S) or "
-         "(B, h, L, S)."),
-        ("not expanded", dict(expand=False), "broadcasts to (B, h, L, S) but the exercise asks for the mask expanded "
-         "per head: add .expand(B, h, L, S)."),
-        ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis: (B, 1, S, 1) lines its "
-         "S keys up with the L queries. One entry per key: key_padding_mask.view(B, 1, 1, S)."),
-        ("kpm bare", dict(kpm_as="bare"), "puts the (B, S) key_padding_mask against (..., L, S) as it is: broadcasting "
-         "aligns it from the right, as an (L, S) mask of the queries. Give it its axes: view(B, 1, 1, S)."),
-        ("kpm on heads", dict(kpm_as="heads"), "gives the key_padding_mask the shape (1, B, 1, S), sentences on the "
-         "head axis: (B, S) becomes (B, 1, 1, S), one row of keys per sentence for every head and query."),
-        ("3-D flat", dict(flat_3d=True), "uses the 3-D attn_mask as it is: the 3-D attn_mask is flat, (B*h, L, S); "
-         "view it as (B, h, L, S) before combining (batch-major: row b*h + i is sentence b, head i)."),
-        ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: it is (L, S), queries by keys, and becomes "
-         "(1, 1, L, S) as it is, without a transpose."),
-        ("None", dict(none_safe=False), "fails when attn_mask is None: either mask may be None (not given); skip it, "
-         "and start from an all-False (B, h, L, S) mask."),
+        ("inverted", dict(polarity="all"), "is inverted, True where attending is allowed: nn.MultiheadAttention's "
+         "masks are True = blocked; only F.scaled_dot_product_attention reads True as allowed."),
+        ("kpm inverted", dict(polarity="kpm"), "has the key_padding_mask alone is read the other way round: its True "
+         "marks a pad, to block. Not ~key_padding_mask."),
+        ("attn inverted", dict(polarity="attn"), "has the attn_mask alone is read the other way round: its True "
+         "marks a pair to block. Not ~attn_mask."),
+        ("and", dict(op="and"), "combined the masks with & (and): a pair is blocked where EITHER mask blocks it, |."),
+        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) "
+         "is batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
+        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, "
+         "S), view(B, h, L, S), no transpose."),
+        ("kpm ignored", dict(drop=("kpm",)), "leaves it out: the key_padding_mask was ignored."),
+        ("attn ignored", dict(drop=("attn",)), "leaves it out: the attn_mask was ignored."),
+        ("not expanded", dict(expand=False), "only broadcasts to (B, h, L, S): the exercise asks for it expanded per "
+         "head, .expand(B, h, L, S)."),
+        ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis, (B, 1, S, 1): one "
+         "entry per key, key_padding_mask.view(B, 1, 1, S)."),
+        ("kpm bare", dict(kpm_as="bare"), "uses the (B, S) key_padding_mask as it is: broadcasting aligns it from "
+         "the right, as (L, S). Give it its axes: view(B, 1, 1, S)."),
+        ("kpm on heads", dict(kpm_as="heads"), "puts the sentences of the key_padding_mask on the head axis, (1, B, "
+         "1, S): (B, S) becomes (B, 1, 1, S)."),
+        ("3-D flat", dict(flat_3d=True), "uses it unviewed: the 3-D attn_mask is flat, (B*h, L, S); view it as (B, "
+         "h, L, S) first."),
+        ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
+         "is."),
+        ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None; skip it, and start from "
+         "an all-False (B, h, L, S) mask."),
     ]))
 
 
@@ -119,10 +106,9 @@ SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum
 FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul": lambda s, m, fill: s * m.exp(),
           "bool": lambda s, m, fill: s.masked_fill(m != 0, fill), "clamp": lambda s, m, fill: s + m.clamp(min=-1e4),
           "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill)}
-OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True,
-          average="obey", need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys",
-          floats="add", ignore=(), softmax="torch", seq_first=False, keys_with_L=False, detach=False, size_check=True,
-          shapes="check")
+OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
+          need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
+          softmax="torch", seq_first=False, keys_with_L=False, detach=False)
 
 
 class Reference(nn.Module):
@@ -131,7 +117,7 @@ class Reference(nn.Module):
     def __init__(self, embed_dim, num_heads, bias=True, dropout=0.0, **mistake):
         super().__init__()
         self.h, self.o = num_heads, {**OK, **mistake}
-        if embed_dim % num_heads and self.o["size_check"]:
+        if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.in_proj_weight = nn.Parameter(torch.zeros(3 * embed_dim, embed_dim))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
@@ -140,9 +126,6 @@ class Reference(nn.Module):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True):
         o, h, kpm = self.o, self.h, key_padding_mask
-        if o["shapes"] == "accept":  # a query too wide is cut, a mask that does not fit dropped
-            query = query[..., :self.out_proj.in_features]
-            kpm = None if kpm is None or kpm.shape[-1] != key.shape[1] else kpm
         if o["seq_first"]:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
@@ -170,284 +153,167 @@ class Reference(nn.Module):
         weights = SOFTMAX[o["softmax"]](scores, o["softmax_dim"])  # (B, h, L, S)
         for m in after:
             weights = weights.masked_fill(m, 0.0)
-        heads = weights @ v  # (B, h, L, d)
-        heads = {"hd": heads.transpose(1, 2), "none": heads, "dh": heads.permute(0, 2, 3, 1),
-                 "23": heads.transpose(2, 3)}[o["merge"]].reshape(B, L, D)
+        heads = {"hd": lambda t: t.transpose(1, 2), "none": lambda t: t, "dh": lambda t: t.permute(0, 2, 3, 1),
+                 "23": lambda t: t.transpose(2, 3)}[o["merge"]](weights @ v).reshape(B, L, D)  # (B, h, L, d) merged
         out = F.linear(heads, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None) \
             if o["out_proj"] else heads
         out = out.transpose(0, 1) if o["seq_first"] else out
         if o["need_weights"] == "never" or (not need_weights and o["need_weights"] == "obey"):
             return out, None
-        if o["average"] == "flat":
-            return out, weights.flatten(0, 1)
-        average = {"always": True, "never": False}.get(o["average"], average_attn_weights)
-        return out, weights.sum(1) if average and o["average"] == "sum" else weights.mean(1) if average else weights
-
-
-def probe_layer(target, spec: dict, query, key, value, key_padding_mask, attn_mask, need_weights, average):
-    """Build the layer (``spec["make"]`` = (args, kwargs) for the class or factory ``target``; None: ``target`` is it),
-    load torch's weights ``spec["state"]`` (by name, else with ``from_torch``), call it twice, or differentiate the
-    output rows ``spec["rows"]`` (``spec["loss"]``): what it did, as plain data."""
-    layer = target
-    if spec["make"] is not None:
-        (args, kwargs), layer = spec["make"], None
-        with contextlib.suppress(TypeError):  # a class that takes no dropout= is built without it
-            layer = target(*args, **kwargs)
-        layer = target(*args) if layer is None else layer
-    if spec["state"] is None:
-        return {}
-    layer = layer.to("cpu", DTYPE)
-    try:
-        layer.load_state_dict(spec["state"])
-    except RuntimeError:
-        if not hasattr(type(layer), "from_torch"):
-            return {"parameters": {n: tuple(p.shape) for n, p in layer.named_parameters()}}
-        mha = nn.MultiheadAttention(spec["D"], spec["h"], bias=spec["bias"], batch_first=True, dtype=DTYPE)
-        mha.load_state_dict(spec["state"])
-        layer = type(layer).from_torch(mha.eval()).to("cpu", DTYPE)
-    layer = layer.train(spec["mode"] == "train").to(spec["dtype"])
-    inputs, kwargs = [query, key, value], dict(key_padding_mask=key_padding_mask, need_weights=need_weights,
-                                               attn_mask=attn_mask, average_attn_weights=average)
-    again = copy.deepcopy(inputs)  # the first call may change its inputs: the second gets them as they were
-    with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if spec["loss"] is None:
-            found = {"calls": [layer(*x, **kwargs) for x in (inputs, again)]}
-        else:
-            inputs = [t.clone().requires_grad_() for t in inputs]
-            out = layer(*inputs, **kwargs)[0]
-            out[spec["rows"]].pow(2).sum().backward()
-            params = dict(layer.named_parameters())
-            found = {n: [p for m, p in params.items() if m == n or m.endswith("." + n)] for n in spec["state"]}
-            found = {"output": out, "gradients": {**{n: t.grad for n, t in zip(("query", "key", "value"), inputs)},
-                                                  **{n: p[0].grad if len(p) == 1 else None for n, p in found.items()}}}
-    try:
-        found = boundary.plain(found, "your layer returned")
-    except boundary.Refused as refusal:
-        raise ExerciseError(f"{spec['name']}: {refusal}.") from None
-    return {**found, "printed": printed.getvalue(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
-
-
-def run_layer(answer, spec: dict, *args):
-    """One case: :func:`probe_layer` on ``answer`` (in its own process in grading), then :func:`judge`."""
-    try:
-        found = answer.apply(f"{__name__}:probe_layer", spec, *args) if isinstance(answer, boundary.Remote) \
-            else probe_layer(answer, spec, *args)
-    except Exception:
-        if spec.get("refuse"):
-            return "raised an error"
-        raise
-    return judge(found, spec)
-
-
-def judge(found: dict, spec: dict):
-    """What the probe found, as the checker compares it: {"output", "attention-weight tensor"}, or the gradients."""
-    if spec.get("refuse"):
-        return "ran without an error"
-    if "parameters" in found:
-        want = {n: tuple(t.shape) for n, t in spec["state"].items()}
-        raise ExerciseError(f"torch's weights do not load into {spec['what']}: it has parameters {found['parameters']}, "
-                            f"torch's layer has {want}. Use the same names and shapes (out_proj an nn.Linear(D, D)).")
-    rows = spec["rows"]  # (B, L): the queries that see a key
-    if spec["loss"] is not None:
-        grads = found["gradients"]
-        if spec["loss"] == "values":
-            return {f"gradient of {n}": g for n, g in grads.items()}
-        nan = bool(found["output"][~rows].isnan().all())  # torch's NaN rows give NaN gradients: zeros must not
-        return {f"gradient of {n} (finite?)": nan or g is None or bool(g.isfinite().all()) for n, g in grads.items()}
-    first, second = found["calls"]
-    if not (isinstance(first, tuple) and len(first) == 2):
-        raise ExerciseError(f"{spec['name']}: your layer must return a pair (output, weights) like torch's; got "
-                            f"{type(first).__name__}.")
-    if not same(first, second, 0.0):
-        raise ExerciseError(f"{spec['name']}: two identical calls of your layer in {spec['mode']} mode give different "
-                            f"outputs: " + ("dropout is active in eval mode. F.dropout's training argument defaults "
-                            "to True: use F.dropout(weights, p, training=self.training), or an nn.Dropout module, which "
-                            ".eval() turns off (layers created in forward change at every call too)."
-                            if spec["mode"] == "eval" else "a default dropout above 0? torch's default dropout is 0.0, "
-                            "and a new layer is in training mode."))
-    out, weights = first
-    if (~rows).any() and isinstance(out, torch.Tensor) and out.shape[:2] == rows.shape and out[~rows].isnan().all():
-        out = out.clone()  # torch's NaN in the rows with no key, read as the course's zeros: weights 0, out_proj.bias
-        out[~rows] = spec["state"].get("out_proj.bias", torch.zeros(1)).to(out.dtype)
-        if isinstance(weights, torch.Tensor) and weights.dim() == 3 and weights.shape[:2] == rows.shape:
-            weights = weights.masked_fill(~rows[..., None], 0.0)
-    return {"output": out, "attention-weight tensor": weights}
+        average = {"always": True, "never": False, "flat": False}.get(o["average"], average_attn_weights)
+        return out, weights.flatten(0, 1) if o["average"] == "flat" else weights.mean(1) if average else weights
 
 
 class LayerExercise(Exercise):
-    """An exercise whose answer is a layer: a case's arguments are a setup and forward's."""
+    """An exercise whose answer is a layer: a case's arguments are a setup (:func:`layer_case`) and forward's."""
     arguments = ["setup", "query", "key", "value", "key_padding_mask", "attn_mask", "need_weights",
                  "average_attn_weights"]
 
 
-def pads(*lengths, S=None, left=False):
-    """(B, S) bool, True at the pads: each sentence's length, its pads on the right (or the left)."""
-    S = S or max(lengths)
-    mask = torch.arange(S)[None, :] >= torch.tensor(lengths)[:, None]
+def pads(*lengths, left=False):
+    """(B, S) bool, True at the pads, S the longest length: each sentence's pads on the right (or the left)."""
+    mask = torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
     return mask.flip(-1) if left else mask
 
 
 def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=False, scale=1.0, average=True,
-               need_weights=True, seed=0, make=None, bias=True, dtype=DTYPE, **spec):
-    """A Case of a layer exercise: torch's weights random and non-zero (zero biases would hide missing biases)."""
-    g = torch.Generator().manual_seed(seed)
-    state = {n: 0.5 * torch.randn(s, generator=g, dtype=DTYPE) for n, s in (
-        ("in_proj_weight", (3 * D, D)), ("in_proj_bias", (3 * D,)), ("out_proj.weight", (D, D)),
-        ("out_proj.bias", (D,))) if bias or not n.endswith("bias")}
+               need_weights=True, make=None, bias=True, dtype=DTYPE, **spec):
+    """A case: torch's weights random and non-zero (zero biases hide missing ones), masks bool or (``floats``) -inf."""
+    g = torch.Generator().manual_seed(sum(map(ord, name)))  # each case its own random numbers
+    shapes = {"in_proj_weight": (3 * D, D), "in_proj_bias": (3 * D,), "out_proj.weight": (D, D), "out_proj.bias": (D,)}
+    state = {n: 0.5 * torch.randn(s, generator=g, dtype=DTYPE) for n, s in shapes.items() if bias or "bias" not in n}
     x = scale * torch.randn(B, L, D, generator=g, dtype=DTYPE)
     memory = torch.randn(B, S, D, generator=g, dtype=DTYPE) if cross else x
-    hide = lambda m: m if m.dtype == torch.bool else m.isneginf()  # noqa: E731
-    hidden = torch.zeros(B, L, S, dtype=torch.bool)
-    for m, shape in ((kpm, (B, 1, S)), (attn, (B, -1, L, S) if attn is not None and attn.dim() == 3 else (1, L, S))):
-        hidden = hidden if m is None else hidden | (hide(m).view(shape).all(1) if len(shape) == 4 else hide(m).view(shape))
-    float_mask = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa
-    kpm, attn = (float_mask(kpm), float_mask(attn)) if floats else (kpm, attn)
-    rows = ~hidden.all(-1)
+    hidden = torch.zeros(B, L, S, dtype=torch.bool)  # (B, L, S): the keys every head hides from each query
+    for i, m in enumerate(m if m is None or m.dtype == torch.bool else m.isneginf() for m in (kpm, attn)):
+        m = m if m is None or i == 1 else m[:, None]  # (B, 1, S), (L, S) or (B*h, L, S): hidden from every head?
+        hidden = hidden if m is None else hidden | (m.view(B, -1, L, S).all(1) if m.dim() == 3 and i else m)
+    kpm, attn = (additive(kpm), additive(attn)) if floats else (kpm, attn)
+    rows = ~hidden.all(-1)  # (B, L): the queries that see a key
     spec = {"name": name, "D": D, "h": h, "bias": bias, "state": state, "make": make or ((D, h), {}), "mode": "eval",
             "dtype": dtype, "loss": None, "rows": rows, "what": "your layer", **spec}
-    marks = {"in the rows of queries that see no key": ~rows[..., None].expand(B, L, D), "at the keys the masks "
-             "hide": hidden} if kpm is not None or attn is not None else {}
-    x, memory = x.to(dtype), memory.to(dtype)
-    return Case(name, (spec, x, memory, memory, kpm, attn, need_weights, average), marks)
+    marks = {"in the rows of queries that see no key": ~rows[..., None].expand(B, L, D), "at the keys the masks hide":
+             hidden} if kpm is not None or attn is not None else {}
+    return Case(name, (spec, x.to(dtype), memory.to(dtype), memory.to(dtype), kpm, attn, need_weights, average), marks)
 
 
-def causal(L):
-    return torch.ones(L, L, dtype=torch.bool).triu(1)
-
-
-def additive(m):
-    return torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)
-
-
+causal = lambda L: torch.ones(L, L, dtype=torch.bool).triu(1)  # noqa: E731
+additive = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa: E731
 _g = torch.Generator().manual_seed(6)
 _per_head = (torch.rand(8, 3, 5, generator=_g) < 0.4).index_fill(-1, torch.tensor([0]), False)  # (B*h, L, S)
+_second = torch.arange(4) == 1
 _finite = torch.randn(4, 4, generator=_g, dtype=DTYPE).masked_fill(causal(4), -math.inf)  # favours and penalties
 LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask)
-    layer_case("one token, one head", 1, 1, 1, 2, 1, seed=1),
-    layer_case("self-attention without masks", 2, 4, 4, 6, 3, seed=2),
-    layer_case("a bool key_padding_mask", 2, 4, 4, 6, 3, pads(4, 2), seed=3),
-    layer_case("key padding and a causal attn_mask", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5), seed=4),
-    layer_case("float masks, 0 and -inf", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5), floats=True, seed=5),
-    layer_case("float masks with finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * (torch.arange(4) == 1),
-               _finite, seed=6),
-    layer_case("average_attn_weights=False, heads of size 1", 2, 4, 4, 4, 4, pads(4, 3), causal(4), average=False,
-               seed=7),
-    layer_case("cross-attention, L=4 queries over S=5 keys", 2, 4, 5, 6, 3, pads(5, 3), cross=True, seed=8),
-    layer_case("a per-head (B*h, L, S) attn_mask, L=3 queries over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head,
-               cross=True, seed=9),
-    layer_case("need_weights=False", 2, 4, 4, 6, 3, pads(4, 2), need_weights=False, seed=10),
-    layer_case("large scores (inputs scaled by 30)", 2, 4, 4, 6, 3, pads(4, 2), scale=30.0, seed=11),
-    layer_case("one query over S=6 keys", 3, 1, 6, 6, 2, pads(6, 2, 4), cross=True, seed=12),
-    layer_case("B = L = 3", 3, 3, 3, 6, 2, pads(3, 1, 2), seed=13),
-    layer_case("rows with no key (left padding and a causal mask)", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4),
-               seed=14),
-    layer_case("rows with no key, float masks", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True, seed=15),
-    layer_case("gradients, cross-attention with padding", 2, 4, 5, 6, 3, pads(5, 3), cross=True, loss="values",
-               seed=16),
-    layer_case("gradients, rows with no key, float masks", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True,
-               loss="finite", seed=17),
+    layer_case("one token, one head", 1, 1, 1, 2, 1),
+    layer_case("self-attention without masks", 2, 4, 4, 6, 3),
+    layer_case("a bool key_padding_mask", 2, 4, 4, 6, 3, pads(4, 2)),
+    layer_case("key padding and a causal attn_mask", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5)),
+    layer_case("float masks, 0 and -inf", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5), floats=True),
+    layer_case("float masks with finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _second, _finite),
+    layer_case("average_attn_weights=False, heads of size 1", 2, 4, 4, 4, 4, pads(4, 3), causal(4), average=False),
+    layer_case("cross-attention, L=4 queries over S=5 keys", 2, 4, 5, 6, 3, pads(5, 3), cross=True),
+    layer_case("a per-head (B*h, L, S) attn_mask, L=3 over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head, cross=True),
+    layer_case("need_weights=False", 2, 4, 4, 6, 3, pads(4, 2), need_weights=False),
+    layer_case("large scores (inputs scaled by 30)", 2, 4, 4, 6, 3, pads(4, 2), scale=30.0),
+    layer_case("one query over S=6 keys", 3, 1, 6, 6, 2, pads(6, 2, 4), cross=True),
+    layer_case("B = L = 3", 3, 3, 3, 6, 2, pads(3, 1, 2)),
+    layer_case("rows with no key (left padding and a causal mask)", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4)),
+    layer_case("rows with no key, float masks", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True),
+    layer_case("gradients, cross-attention with padding", 2, 4, 5, 6, 3, pads(5, 3), cross=True, loss="values"),
+    layer_case("gradients, rows with no key", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True,
+               loss="finite"),
 ]
 LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
-    ("softmax over queries", dict(softmax_dim=-2), "ran the softmax over the queries (dim=-2 of the (B, h, L, S) "
-     "scores): each query's weights over the keys must sum to 1, softmax(scores, dim=-1)."),
-    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of the (B, h, L, S) scores): "
-     "each query's weights over the keys must sum to 1, softmax(scores, dim=-1)."),
-    ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: with heads the scale is "
-     "sqrt(d), d = D / h, the size of the vectors whose dot product is taken."),
-    ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: the scale is sqrt(d), d = D / h, "
-     "the size of the vectors whose dot product is taken."),
-    ("not scaled", dict(scale=None), "does not scale the scores: divide q @ k.transpose(-2, -1) by sqrt(d), d = D / h "
-     "the head size, before the softmax."),
-    ("split", dict(split="none"), "splits the heads without the transpose: reshape to (B, L, h, d), then "
-     "transpose(1, 2); a direct reshape to (B, h, L, d) mixes tokens across heads (chapter 5)."),
-    ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose: (B, h, L, d) becomes "
-     "(B, L, h, d), transpose(1, 2), before the reshape to (B, L, D), or each token gets pieces of others."),
-    ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps the positions and the "
-     "features of each head: (B, h, L, d) becomes (B, L, h, d) with transpose(1, 2) before the reshape."),
+    ("softmax over queries", dict(softmax_dim=-2), "ran the softmax over the queries (dim=-2 of (B, h, L, S)): each "
+     "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
+    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of (B, h, L, S)): each "
+     "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
+    ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: the scale is sqrt(d), d = D / "
+     "h, the size of the vectors of each dot product."),
+    ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: the scale is sqrt(d), d = D / "
+     "h."),
+    ("not scaled", dict(scale=None), "does not scale the scores: divide them by sqrt(d), d = D / h the head size."),
+    ("split", dict(split="none"), "splits the heads without the transpose: view(B, L, h, d).transpose(1, 2); a "
+     "direct reshape to (B, h, L, d) mixes tokens across heads."),
+    ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose: (B, h, L, d) to (B, "
+     "L, h, d), transpose(1, 2), then reshape to (B, L, D)."),
+    ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps each head's positions "
+     "and features: (B, h, L, d) to (B, L, h, d) is transpose(1, 2)."),
     ("order (d, h)", dict(split="dh", merge="dh"), "cuts the features into heads in the wrong order, (B, L, d, h): "
-     "head i holds the d consecutive features i*d ... (i+1)*d - 1, as in_proj and out_proj assume: view(B, L, h, d)."),
+     "head i holds features i*d ... (i+1)*d - 1, as in_proj and out_proj assume: view(B, L, h, d)."),
     ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaving their features as (B, L, "
-     "d, h): (B, h, L, d) becomes (B, L, h, d), transpose(1, 2), so that head i fills features i*d ... (i+1)*d - 1."),
+     "d, h): transpose(1, 2) to (B, L, h, d), so that head i fills features i*d ... (i+1)*d - 1."),
     ("in_proj_bias", dict(in_bias=False), "adds no in_proj_bias (in_proj_bias is not used): add b_q, b_k, b_v, "
-     "in_proj_bias.chunk(3). torch starts them at zero, which is why a check with a fresh layer misses this."),
-    ("out_proj.bias", dict(out_bias=False), "adds no out_proj.bias (out_proj.bias is not used): apply the whole "
-     "out_proj, an nn.Linear."),
-    ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing; apply it after merging the "
+     "in_proj_bias.chunk(3); torch's start at zero, so a check with a fresh layer misses this."),
+    ("out_proj.bias", dict(out_bias=False), "adds no out_proj.bias (out_proj.bias is not used): apply all of "
+     "out_proj."),
+    ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing; apply it to the merged "
      "heads."),
-    ("summed", dict(average="sum"), "returns the weights SUMMED over the heads: with average_attn_weights=True torch "
-     "returns their mean, weights.mean(dim=1), each row summing to 1."),
     ("always averaged", dict(average="always"), "averages the weights even with average_attn_weights=False: then "
-     "return one matrix per head, (B, h, L, S), not their mean."),
-    ("never averaged", dict(average="never"), "returns the weights per head, (B, h, L, S), even with "
-     "average_attn_weights=True: then average over the heads, weights.mean(dim=1)."),
+     "return one matrix per head, (B, h, L, S)."),
+    ("never averaged", dict(average="never"), "returns the weights per head even with average_attn_weights=True: "
+     "then average over the heads, weights.mean(dim=1)."),
     ("flat", dict(average="flat"), "returns the weights in the flat (B*h, L, S) layout: view them as (B, h, L, S), "
-     "then take .mean(dim=1) when average_attn_weights=True."),
-    ("always weights", dict(need_weights="always"), "returns weights when asked not to: with need_weights=False torch "
-     "returns None, no weights."),
-    ("never weights", dict(need_weights="never"), "returns None for the weights even with need_weights=True (the "
-     "default), where torch returns them."),
-    ("inverted", dict(invert=True), "masks the wrong keys: the mask polarity is inverted. In nn.MultiheadAttention a "
-     "bool True means padding / ignore this key: fill with -inf where the mask is True, not where it is False."),
-    ("attn inverted", dict(invert="attn"), "reads the key_padding_mask right but the attn_mask alone is read the other "
-     "way round: a bool attn_mask's True blocks the pair too. Fill with -inf where it is True, not ~attn_mask."),
+     "then .mean(dim=1) when average_attn_weights=True."),
+    ("inverted", dict(invert=True), "masks the wrong keys: the mask polarity is inverted. A bool True means ignore "
+     "this key: fill with -inf where the mask is True."),
     ("inverted, finite fill", dict(invert=True, fill=-1e9), "masks the wrong keys: the mask polarity is inverted "
      "(and the fill is a finite -1e9). A bool True means ignore this key: fill with float('-inf') where it is True."),
-    ("after softmax", dict(mask_after=True), "applies the mask after the softmax (weights set to 0 where masked): the "
-     "kept weights no longer sum to 1. Fill the SCORES with -inf before the softmax."),
+    ("attn inverted", dict(invert="attn"), "reads the key_padding_mask right, but the attn_mask alone is read the "
+     "other way round: its True blocks the pair too. Not ~attn_mask."),
+    ("after softmax", dict(mask_after=True), "applies the mask after the softmax (weights set to 0): the kept "
+     "weights no longer sum to 1. Fill the SCORES with -inf before the softmax."),
     ("finite fill", dict(fill=-1e9), "fills with a finite number such as -1e9 (a finite fill): a query with no key "
      "then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with float('-inf')."),
-    ("zero fill", dict(fill=0.0), "leaves masked scores set to 0, not -inf: a score of 0 still gets the weight exp(0) "
-     "/ sum, as much as an ordinary key. Fill with float('-inf')."),
-    ("float multiplied", dict(floats="mul"), "multiplies the scores by a float mask's exp, scores * mask.exp(): a "
-     "float mask is ADDED, scores + mask; -inf added hides a key, a product makes its score 0, which still counts."),
-    ("float as bool", dict(floats="bool"), "reads a float mask as a bool mask (.bool(), != 0), every nonzero entry "
-     "blocked: a float mask is added to the scores as it is, finite values favour or penalise a key."),
-    ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool (.bool(), != 0), every "
-     "nonzero entry blocked: a float key_padding_mask is added to the scores as it is, as a float attn_mask is."),
-    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask (isneginf, == -inf): its "
-     "finite values must be added too, scores + mask."),
-    ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED, scores + mask; "
-     "-inf subtracted makes a hidden key +inf, the only one attended."),
+    ("zero fill", dict(fill=0.0), "leaves masked scores set to 0, not -inf: a score of 0 still gets weight. Fill "
+     "with float('-inf')."),
+    ("float multiplied", dict(floats="mul"), "multiplies the scores by a float mask's exp: a float mask is ADDED, "
+     "scores + mask; -inf added hides a key, a product makes its score 0, which still counts."),
+    ("float as bool", dict(floats="bool"), "reads a float mask as a bool mask (.bool(), != 0): a float mask is added "
+     "to the scores as it is, its finite values favour or penalise a key."),
+    ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool (.bool(), != 0): it is "
+     "added to the scores as it is, as a float attn_mask is."),
+    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask (isneginf, == -inf): add "
+     "its finite values too, scores + mask."),
+    ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED; -inf subtracted "
+     "makes a hidden key +inf, the only one attended."),
     ("float clamped", dict(floats="clamp"), "clamps a float mask to a finite floor (-1e4?) before adding it: a query "
      "whose keys are all -inf then averages them. Add the mask as it is."),
-    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys: (B, S) "
-     "becomes (B, 1, 1, S), one entry per key; (B, 1, S, 1) blanks whole query rows."),
-    ("kpm bare", dict(kpm_as="bare"), "puts the (B, S) key_padding_mask against the (..., L, S) scores as it is: "
-     "broadcasting aligns it from the right, as an (L, S) mask of the queries (silently wrong when B == L). Give it "
-     "its query and head axes: key_padding_mask[:, None, None, :]."),
+    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys: (B, "
+     "S) becomes (B, 1, 1, S), one entry per key; (B, 1, S, 1) blanks whole query rows."),
+    ("kpm bare", dict(kpm_as="bare"), "puts the (B, S) key_padding_mask against (..., L, S) as it is: broadcasting "
+     "aligns it from the right, as (L, S) (silent when B == L): key_padding_mask[:, None, None, :]."),
     ("no mask", dict(ignore=("kpm", "attn")), "computes the output without any mask: the mask never reaches the "
      "scores (filled where a score is 0 rather than where the mask is True? a branch that skips it?)."),
     ("attn ignored", dict(ignore=("attn",)), "gives the output with the key_padding_mask alone: the attn_mask never "
      "reaches the scores (a branch that masks with the padding mask again?). Each branch must use its own mask."),
     ("naive softmax", dict(softmax="naive"), "computes exp(s) / exp(s).sum() without subtracting the max: exp "
-     "overflows (inf above 709.8 in float64, 88.7 in float32; inf / inf = NaN). Subtract each row's max first."),
-    ("nan_to_num", dict(softmax="nan_to_num"), "zeroes the NaN of a softmax of a row with no key after it "
-     "(nan_to_num, torch.where): backward still meets the NaN, and the gradients are NaN. Give those rows "
-     "finite scores BEFORE the softmax (scores.masked_fill(empty, 0.0)), then zero their weights."),
-    ("float32", dict(softmax="float32"), "agrees with nn.MultiheadAttention only to float32 precision, though both run "
-     "in float64: a step computes in float32 (a tensor made without dtype=, .float()): use dtype=scores.dtype."),
-    ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), sequence first, and attends over the "
-     "batch: the layer checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
-    ("keys with L", dict(keys_with_L=True), "splits the keys and values with the queries' length L: they have S "
-     "positions of their own; split k and v with key.shape[1]."),
-    ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None with your layer (.detach(), "
-     ".data, or a tensor rebuilt with torch.tensor(...) in forward)."),
+     "overflows to inf (above 709.8 in float64, 88.7 in float32), inf / inf = NaN. Subtract each row's max first."),
+    ("nan_to_num", dict(softmax="nan_to_num"), "zeroes a row with no key once the softmax made it NaN: the gradients "
+     "stay NaN. Give those rows finite scores BEFORE the softmax, masked_fill(empty, 0.0), then zero them."),
+    ("float32", dict(softmax="float32"), "agrees with nn.MultiheadAttention only to float32 precision, in float64: a "
+     "step computes in float32 (a tensor made without dtype=, .float()): use dtype=scores.dtype."),
+    ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
+     "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
+    ("keys with L", dict(keys_with_L=True), "splits the keys and values with the queries' length L: split k and v "
+     "with key.shape[1], their S."),
+    ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None with your layer "
+     "(.detach(), .data, or torch.tensor(...) in forward)."),
 ]
-HINTS = ((r"positional argument|unexpected keyword|multiple values for argument", "the layer is called as torch's is: forward(query, key, value, "
-          "key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True), keywords included."),)
+HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the layer is called as torch's is: forward("
+          "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "
           "bool, float and per-head masks, one query, scores in the thousands, rows with no key (NaN as torch's, or "
           "zeros with finite gradients)")
 LAYER = LayerExercise(
-    what="your layer", reference=Reference, run=run_layer, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
-    cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2), seed=18,
+    what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
+    run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
+    cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2),
                                     make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode.")
 
 
 def check_multihead(cls) -> None:
-    """Check ``cls(embed_dim, num_heads)`` (and ``dropout=0.5`` if it takes it) against
-    ``nn.MultiheadAttention(batch_first=True)``: its weights loaded by name, in eval mode, float64."""
+    """Check ``cls(embed_dim, num_heads)`` (``dropout=0.5`` too if it takes it) against ``nn.MultiheadAttention``."""
     check(LAYER, cls)
 
 

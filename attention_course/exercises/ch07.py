@@ -1,41 +1,38 @@
 """Checker for chapter 7, the bug clinic: :func:`check_multihead_attention`, a whole layer put through a battery.
 
-The chapter's exercises -- grade_ids ``ex-ch7-merge``, ``ex-ch7-padding``, ``ex-ch7-float-mask``, ``ex-ch7-cross``
--- each fix a planted bug of a layer, checked with ``check_multihead_attention(lambda D, h, bias: Fixed(D, h,
-bias))``. The layer has the interface of ``attention_course.MultiheadAttention``: ``factory(embed_dim, num_heads,
-bias)`` builds it, with torch's parameter names (or names ending in them) or a ``from_torch`` classmethod, and
-``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)``
-returns ``(output, weights)`` as torch's does. The cases are chapter 6's (:mod:`.ch06`) and the battery's own:
-training mode, bias=False, float32 and float16, sizes that do not split into heads and shapes that do not fit (both
-refused), and nothing printed or warned. The catalogue is chapter 6's with the battery's two mistakes.
+Exercises ``ex-ch7-merge``, ``-padding``, ``-float-mask``, ``-cross``: ``factory(embed_dim, num_heads, bias)`` builds a
+layer with torch's parameter names (or names ending in them, or a ``from_torch``) and forward. Both chapters' layers
+are held by :func:`probe_layer` alone (in grading in the learner's process, ``boundary.Remote.apply``), which returns
+plain data; :func:`judge` reads it where no learner code ran.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import threading
+import warnings
 
 import torch
 from torch import nn
 
 from .. import boundary
-from . import ExerciseError
-from . import ch06
+from . import DTYPE, ExerciseError, ch06
 from .ch06 import LayerExercise, layer_case, pads
-from .diagnose import Case, check
+from .diagnose import Case, Mistake, check, same
 
 TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes milliseconds
 
 
 def _in_time(fn, what: str):
-    """``fn()``, or an ExerciseError after TIMEOUT_S: an endless loop must not hang the notebook. Its thread is left
-    behind, a daemon (Python cannot stop a thread); in grading the learner's process is stopped from outside."""
+    """``fn()``, or an ExerciseError after TIMEOUT_S: its thread is left behind, a daemon (Python cannot stop one)."""
     result = {}
 
     def run():
         try:
             result["value"] = fn()
-        except BaseException as err:  # noqa: BLE001  (raised again below, in the checker's thread)
+        except BaseException as err:  # noqa: BLE001  (raised again in the checker's thread)
             result["error"] = err
-
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(TIMEOUT_S)
@@ -47,66 +44,136 @@ def _in_time(fn, what: str):
     return result["value"]
 
 
-def _run(factory, spec: dict, *args):
-    """One case: the factory's layer (a ``boundary.Layer`` in grading, kept in the learner's process) probed."""
-    what = f"factory({spec['D']}, {spec['h']}, bias={spec['bias']})"
+def probe_layer(target, spec: dict, query, key, value, key_padding_mask, attn_mask, need_weights, average):
+    """Build the layer (``spec["make"]``: (args, kwargs) for the class ``target``), load torch's weights (by name, or
+    ``from_torch``), call it twice or differentiate the rows ``spec["rows"]`` of its output: plain data."""
+    layer, (args, kwargs) = target, spec["make"] or ((), {})
+    with contextlib.suppress(TypeError):  # a class that takes no dropout= is built without it, below
+        layer = target(*args, **kwargs) if kwargs else layer
+    layer = target(*args) if spec["make"] and layer is target else layer
+    if spec["state"] is None:
+        return {}
+    layer = layer.to("cpu", DTYPE)
     try:
-        layer = _in_time(lambda: factory(spec["D"], spec["h"], spec["bias"]), what)
-        if not isinstance(layer, (nn.Module, boundary.Layer)):
-            raise ExerciseError(f"{what} returned {type(layer).__name__}; it must return an nn.Module.")
-        spec = {**spec, "make": None, "what": what}
-        found = layer.apply(f"{ch06.__name__}:probe_layer", spec, *args) if isinstance(layer, boundary.Layer) \
-            else _in_time(lambda: ch06.probe_layer(layer, spec, *args), "your layer")
+        layer.load_state_dict(spec["state"])
+    except RuntimeError:
+        if not hasattr(type(layer), "from_torch"):
+            return {"parameters": {n: tuple(p.shape) for n, p in layer.named_parameters()}}
+        mha = nn.MultiheadAttention(spec["D"], spec["h"], bias=spec["bias"], batch_first=True, dtype=DTYPE)
+        mha.load_state_dict(spec["state"])
+        layer = type(layer).from_torch(mha.eval()).to("cpu", DTYPE)
+    layer = layer.train(spec["mode"] == "train").to(spec["dtype"])
+    inputs, kwargs = [query, key, value], dict(key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                               attn_mask=attn_mask, average_attn_weights=average)
+    again = copy.deepcopy(inputs)  # the first call may change its inputs: the second gets them as they were
+    with contextlib.redirect_stdout(io.StringIO()) as printed, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if spec["loss"] is None:
+            found = {"calls": [layer(*x, **kwargs) for x in (inputs, again)]}
+        else:
+            inputs = [t.clone().requires_grad_() for t in inputs]
+            out = layer(*inputs, **kwargs)[0]
+            out[spec["rows"]].pow(2).sum().backward()
+            params = dict(layer.named_parameters())
+            found = {n: [p for m, p in params.items() if m == n or m.endswith("." + n)] for n in spec["state"]}
+            found = {"output": out, "gradients": {**{n: t.grad for n, t in zip(("query", "key", "value"), inputs)},
+                                                  **{n: p[0].grad if len(p) == 1 else None for n, p in found.items()}}}
+    try:
+        found = boundary.plain(found, "your layer returned")
+    except boundary.Refused as refusal:
+        raise ExerciseError(f"{spec['name']}: {refusal}.") from None
+    return {**found, "printed": printed.getvalue(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
+
+
+def run_layer(answer, spec: dict, *args):
+    """One case: :func:`probe_layer` on a class, or on a factory's layer (a ``boundary.Layer`` in grading)."""
+    try:
+        if spec.get("factory"):
+            spec = {**spec, "make": None, "what": f"factory({spec['D']}, {spec['h']}, bias={spec['bias']})"}
+            answer = _in_time(lambda: answer(spec["D"], spec["h"], spec["bias"]), spec["what"])
+            if not isinstance(answer, (nn.Module, boundary.Layer)):
+                raise ExerciseError(f"{spec['what']} returned {type(answer).__name__}; it must return an nn.Module.")
+        found = answer.apply(f"{__name__}:probe_layer", spec, *args) if isinstance(answer, boundary.Remote) else \
+            _in_time(lambda: probe_layer(answer, spec, *args), "your layer")
     except ExerciseError:
         raise
     except Exception:
         if spec.get("refuse"):
             return "raised an error"
         raise
-    if found.get("printed"):
-        raise ExerciseError(f"{spec['name']}: your layer prints at every call ({found['printed'].strip()[:60]!r}): a "
-                            f"debug print left in forward. Remove it, or use logging at debug level.")
-    if found.get("warnings"):
-        raise ExerciseError(f"{spec['name']}: your layer warned when called ({found['warnings'][0][:90]}), recorded "
-                            f"under warnings.simplefilter(\"always\"), which shows it at every call: a warning from "
-                            f"forward buries the ones that matter (a size kept as a tensor? use an int and math.sqrt).")
-    return ch06.judge(found, spec)
+    return judge(found, spec)
 
 
-def _wrong(name: str, i: int, change) -> Case:
-    """Cross-attention with argument ``i`` changed to a shape that does not fit: it must raise, as torch's does."""
-    case = layer_case(name, 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True, seed=20)
-    return Case(name, case.args[:i] + (change(case.args[i]),) + case.args[i + 1:])
+def judge(found: dict, spec: dict):
+    """What the probe found, as the checker compares it: {"output", "attention-weight tensor"}, or the gradients."""
+    if spec.get("refuse"):
+        return "ran without an error"
+    if "parameters" in found:
+        want = {n: tuple(t.shape) for n, t in spec["state"].items()}
+        raise ExerciseError(f"torch's weights do not load into {spec['what']}: it has parameters "
+                            f"{found['parameters']}, torch's layer {want}: use torch's names and shapes.")
+    if spec.get("factory") and (found["printed"] or found["warnings"]):
+        raise ExerciseError(f"{spec['name']}: your layer " + (f"prints at every call ({found['printed'].strip()[:60]!r}"
+                            "): a debug print left in forward?" if found["printed"] else f"warned when called ("
+                            f"{found['warnings'][0][:90]}), at every call: a size kept as a tensor? Use an int."))
+    rows = spec["rows"]  # (B, L): the queries that see a key
+    if spec["loss"] == "values":
+        return {f"gradient of {n}": g for n, g in found["gradients"].items()}
+    if spec["loss"] == "finite":  # torch's NaN rows give NaN gradients; the course's zeros must give finite ones
+        return {f"gradient of {n} (finite?)": bool(found["output"][~rows].isnan().all()) or g is None or
+                bool(g.isfinite().all()) for n, g in found["gradients"].items()}
+    first, second = found["calls"]
+    if not (isinstance(first, tuple) and len(first) == 2):
+        raise ExerciseError(f"{spec['name']}: your layer must return a pair (output, weights) like torch's; got "
+                            f"{type(first).__name__}.")
+    if not same(first, second, 0.0):
+        raise ExerciseError(f"{spec['name']}: two identical calls of your layer give different outputs: " + (
+            "dropout is active in eval mode: F.dropout(weights, p, training=self.training), or an nn.Dropout (layers "
+            "created in forward change at every call too)." if spec["mode"] == "eval" else "in training mode, a "
+            "default dropout above 0? torch's default dropout is 0.0, and a new layer is in training mode."))
+    out, weights = first
+    if (~rows).any() and isinstance(out, torch.Tensor) and out.shape[:2] == rows.shape and out[~rows].isnan().all():
+        out = out.clone()  # torch's NaN in the rows with no key, read as the course's zeros: weights 0, out_proj.bias
+        out[~rows] = spec["state"].get("out_proj.bias", torch.zeros(1)).to(out.dtype)
+        if isinstance(weights, torch.Tensor) and weights.dim() == 3 and weights.shape[:2] == rows.shape:
+            weights = weights.masked_fill(~rows[..., None], 0.0)
+    return {"output": out, "attention-weight tensor": weights}
 
 
-CASES = ch06.LAYER_CASES + [
-    layer_case("in training mode, with torch's default dropout of 0", 2, 4, 4, 6, 3, pads(4, 2), mode="train", seed=21),
-    layer_case("built with bias=False, cross-attention", 2, 4, 5, 6, 3, pads(5, 3), cross=True, bias=False, seed=22),
-    layer_case("in float32", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float32, seed=23),
-    layer_case("in float16", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float16, seed=24),
+def _accepting(D, h, bias=True):  # the battery's mistake: a query too wide cut, a mask that does not fit dropped
+    layer = ch06.Reference(D, h, bias)
+    fits = lambda m, key: m is None or m.shape[-1] == key.shape[1]  # noqa: E731
+    layer.register_forward_pre_hook(lambda _, a, kw: ((a[0][..., :D], *a[1:]), kw if fits(kw["key_padding_mask"], a[1])
+                                                      else {**kw, "key_padding_mask": None}), with_kwargs=True)
+    return layer
+
+
+_cross = layer_case("shapes that do not fit", 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True).args
+CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) for c in ch06.LAYER_CASES + [
+    layer_case("in training mode, with torch's default dropout of 0", 2, 4, 4, 6, 3, pads(4, 2), mode="train"),
+    layer_case("built with bias=False, cross-attention", 2, 4, 5, 6, 3, pads(5, 3), cross=True, bias=False),
+    layer_case("in float32", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float32),
+    layer_case("in float16", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float16),
     layer_case("embed_dim=10 in num_heads=4 (they do not split)", 1, 1, 1, 10, 4, state=None, refuse=True),
-    _wrong("a (B, L) key_padding_mask for S keys", 4, lambda kpm: kpm[:, :4]),
-    _wrong("a query of width D + 1", 1, lambda x: torch.cat([x, x[..., :1]], -1)),
-]
+    Case("a (B, L) key_padding_mask for S keys", _cross[:4] + (_cross[4][:, :4],) + _cross[5:]),
+    Case("a query of width D + 1", _cross[:1] + (torch.cat([_cross[1], _cross[1][..., :1]], -1),) + _cross[2:])]]
 EXERCISE = LayerExercise(
-    what="your layer", reference=ch06.Reference, run=_run, cases=CASES, hints=ch06.HINTS,
+    what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS,
     mistakes=ch06._mistakes(ch06.Reference, ch06.LAYER_TABLE + [
-        ("sizes", dict(size_check=False), "builds a layer although 10 features do not split into 4 heads: torch "
-         "refuses it in the constructor; check embed_dim % num_heads == 0 in __init__ and raise a ValueError."),
         ("finite fill -1e4", dict(fill=-1e4), "fills with a finite number such as -1e4 (a finite fill): a query with "
-         "no key then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with -inf."),
-        ("shapes accepted", dict(shapes="accept"), "runs without an error on a shape that does not fit (a query of "
-         "width D + 1, a (B, L) key_padding_mask for S keys): it must raise, as torch's does; a broadcast mask "
-         "masks the wrong keys."),
-    ]),
+         "no key then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with -inf.")]) + [
+        Mistake("sizes", "builds a layer although 10 features do not split into 4 heads: torch refuses it in the "
+                "constructor; check embed_dim % num_heads == 0 in __init__ and raise a ValueError.",
+                lambda D, h, bias=True: ch06.Reference(D, h if D % h == 0 else 1, bias)),
+        Mistake("shapes accepted", "runs without an error on a shape that does not fit (a query of width D + 1, a (B, "
+                "L) key_padding_mask for S keys): it must raise, as torch's does; a broadcast mask masks the wrong "
+                "keys.", _accepting)],
     passed=f"all {len(CASES)} cases: " + ch06.PASSED + ", training mode, no bias, float32 and float16, nothing "
-    "printed or warned; sizes that do not split and shapes that do not fit refused.",
-)
+    "printed or warned; sizes that do not split and shapes that do not fit refused.")
 
 
 def check_multihead_attention(factory) -> None:
-    """Check ``factory(embed_dim, num_heads, bias)`` -> a layer, against ``nn.MultiheadAttention(batch_first=True)``
-    with every weight and bias random and non-zero, on every case; name the mistake or describe what it did."""
+    """Check ``factory(embed_dim, num_heads, bias)`` -> a layer against ``nn.MultiheadAttention(batch_first=True)``."""
     check(EXERCISE, factory)
 
 
