@@ -64,31 +64,28 @@ MASKS = Exercise(
     mistakes=_mistakes(_combine, [
         ("inverted", dict(polarity="all"), "is inverted, True where attending is allowed: nn.MultiheadAttention's "
          "masks are True = blocked; only F.scaled_dot_product_attention reads True as allowed."),
-        ("kpm inverted", dict(polarity="kpm"), "has the key_padding_mask alone is read the other way round: its True "
-         "marks a pad, to block. Not ~key_padding_mask."),
-        ("attn inverted", dict(polarity="attn"), "has the attn_mask alone is read the other way round: its True "
-         "marks a pair to block. Not ~attn_mask."),
+        ("kpm inverted", dict(polarity="kpm"), "reads one mask wrong: the key_padding_mask alone is read the other way "
+         "round; its True marks a pad, to block. Not ~key_padding_mask."),
+        ("attn inverted", dict(polarity="attn"), "reads one mask wrong: the attn_mask alone is read the other way "
+         "round; its True marks a pair to block. Not ~attn_mask."),
         ("and", dict(op="and"), "combined the masks with & (and): a pair is blocked where EITHER mask blocks it, |."),
-        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) "
-         "is batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
-        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, "
-         "S), view(B, h, L, S), no transpose."),
+        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) is "
+         "batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
+        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, S), "
+         "view(B, h, L, S), no transpose."),
         ("kpm ignored", dict(drop=("kpm",)), "leaves it out: the key_padding_mask was ignored."),
         ("attn ignored", dict(drop=("attn",)), "leaves it out: the attn_mask was ignored."),
-        ("not expanded", dict(expand=False), "only broadcasts to (B, h, L, S): the exercise asks for it expanded per "
-         "head, .expand(B, h, L, S)."),
+        ("not expanded", dict(expand=False), "only broadcasts: expand it per head, .expand(B, h, L, S)."),
         ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis, (B, 1, S, 1): one "
          "entry per key, key_padding_mask.view(B, 1, 1, S)."),
-        ("kpm bare", dict(kpm_as="bare"), "uses the (B, S) key_padding_mask as it is: broadcasting aligns it from "
-         "the right, as (L, S). Give it its axes: view(B, 1, 1, S)."),
-        ("kpm on heads", dict(kpm_as="heads"), "puts the sentences of the key_padding_mask on the head axis, (1, B, "
-         "1, S): (B, S) becomes (B, 1, 1, S)."),
-        ("3-D flat", dict(flat_3d=True), "uses it unviewed: the 3-D attn_mask is flat, (B*h, L, S); view it as (B, "
-         "h, L, S) first."),
+        ("kpm bare", dict(kpm_as="bare"), "uses the (B, S) key_padding_mask as it is: broadcasting aligns it from the "
+         "right, as (L, S). Give it its axes: view(B, 1, 1, S)."),
+        ("kpm on heads", dict(kpm_as="heads"), "puts the sentences of the key_padding_mask on the head axis, (1, B, 1, "
+         "S): (B, S) becomes (B, 1, 1, S)."),
+        ("3-D flat", dict(flat_3d=True), "uses a flat attn_mask: the 3-D attn_mask is flat; view it as (B, h, L, S)."),
         ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
          "is."),
-        ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None; skip it, and start from "
-         "an all-False (B, h, L, S) mask."),
+        ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
     ]))
 
 
@@ -139,7 +136,8 @@ class Reference(nn.Module):
         scores = scores / math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else scores
         after = []
         for which, m in (("kpm", kpm), ("attn", attn_mask)):
-            if m is None or which in o["ignore"]:
+            if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
+                scores = scores if m is None or o["ignore"] != "scores" else scores.masked_fill(scores == 0, -1e20)
                 continue
             if which == "kpm":
                 m = m if o["kpm_as"] == "bare" else m.view((B, 1, S, 1) if o["kpm_as"] == "queries" else (B, 1, 1, S))
@@ -170,9 +168,9 @@ class LayerExercise(Exercise):
                  "average_attn_weights"]
 
 
-def pads(*lengths, left=False):
-    """(B, S) bool, True at the pads, S the longest length: each sentence's pads on the right (or the left)."""
-    mask = torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
+def pads(*lengths, S=None, left=False):
+    """(B, S) bool, True at the pads (S: the longest length): each sentence's pads on the right (or the left)."""
+    mask = torch.arange(S or max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
     return mask.flip(-1) if left else mask
 
 
@@ -212,79 +210,74 @@ LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask)
     layer_case("float masks with finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _second, _finite),
     layer_case("average_attn_weights=False, heads of size 1", 2, 4, 4, 4, 4, pads(4, 3), causal(4), average=False),
     layer_case("cross-attention, L=4 queries over S=5 keys", 2, 4, 5, 6, 3, pads(5, 3), cross=True),
-    layer_case("a per-head (B*h, L, S) attn_mask, L=3 over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head, cross=True),
+    layer_case("a per-head (B*h, L, S) attn_mask, L=3 over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head, cross=True,
+               average=False),
     layer_case("need_weights=False", 2, 4, 4, 6, 3, pads(4, 2), need_weights=False),
     layer_case("large scores (inputs scaled by 30)", 2, 4, 4, 6, 3, pads(4, 2), scale=30.0),
     layer_case("one query over S=6 keys", 3, 1, 6, 6, 2, pads(6, 2, 4), cross=True),
     layer_case("B = L = 3", 3, 3, 3, 6, 2, pads(3, 1, 2)),
     layer_case("rows with no key (left padding and a causal mask)", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4)),
     layer_case("rows with no key, float masks", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True),
-    layer_case("gradients, cross-attention with padding", 2, 4, 5, 6, 3, pads(5, 3), cross=True, loss="values"),
+    layer_case("gradients, cross-attention with padding", 2, 4, 5, 6, 3, pads(4, 3, S=5), cross=True, loss="values"),
     layer_case("gradients, rows with no key", 2, 4, 4, 6, 3, pads(2, 4, left=True), causal(4), floats=True,
                loss="finite"),
 ]
 LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("softmax over queries", dict(softmax_dim=-2), "ran the softmax over the queries (dim=-2 of (B, h, L, S)): each "
      "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
-    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of (B, h, L, S)): each "
-     "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
+    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of (B, h, L, S)): each query's "
+     "weights over the keys sum to 1, softmax(scores, dim=-1)."),
     ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: the scale is sqrt(d), d = D / "
      "h, the size of the vectors of each dot product."),
-    ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: the scale is sqrt(d), d = D / "
-     "h."),
+    ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: divide by sqrt(d), d = D / h."),
     ("not scaled", dict(scale=None), "does not scale the scores: divide them by sqrt(d), d = D / h the head size."),
-    ("split", dict(split="none"), "splits the heads without the transpose: view(B, L, h, d).transpose(1, 2); a "
-     "direct reshape to (B, h, L, d) mixes tokens across heads."),
-    ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose: (B, h, L, d) to (B, "
-     "L, h, d), transpose(1, 2), then reshape to (B, L, D)."),
-    ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps each head's positions "
-     "and features: (B, h, L, d) to (B, L, h, d) is transpose(1, 2)."),
+    ("split", dict(split="none"), "splits the heads without the transpose: view(B, L, h, d).transpose(1, 2); a direct "
+     "reshape to (B, h, L, d) mixes tokens across heads."),
+    ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose: (B, h, L, d) to (B, L, "
+     "h, d), transpose(1, 2), then reshape to (B, L, D)."),
+    ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps each head's positions and "
+     "features: (B, h, L, d) to (B, L, h, d) is transpose(1, 2)."),
     ("order (d, h)", dict(split="dh", merge="dh"), "cuts the features into heads in the wrong order, (B, L, d, h): "
      "head i holds features i*d ... (i+1)*d - 1, as in_proj and out_proj assume: view(B, L, h, d)."),
-    ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaving their features as (B, L, "
-     "d, h): transpose(1, 2) to (B, L, h, d), so that head i fills features i*d ... (i+1)*d - 1."),
+    ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaving their features as (B, L, d, "
+     "h): transpose(1, 2) to (B, L, h, d), so that head i fills features i*d ... (i+1)*d - 1."),
     ("in_proj_bias", dict(in_bias=False), "adds no in_proj_bias (in_proj_bias is not used): add b_q, b_k, b_v, "
      "in_proj_bias.chunk(3); torch's start at zero, so a check with a fresh layer misses this."),
-    ("out_proj.bias", dict(out_bias=False), "adds no out_proj.bias (out_proj.bias is not used): apply all of "
-     "out_proj."),
-    ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing; apply it to the merged "
-     "heads."),
-    ("always averaged", dict(average="always"), "averages the weights even with average_attn_weights=False: then "
-     "return one matrix per head, (B, h, L, S)."),
-    ("never averaged", dict(average="never"), "returns the weights per head even with average_attn_weights=True: "
-     "then average over the heads, weights.mean(dim=1)."),
+    ("out_proj.bias", dict(out_bias=False), "adds no bias after the merge: out_proj.bias is not used."),
+    ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing after the merge."),
+    ("always averaged", dict(average="always"), "averages when asked for one matrix per head, (B, h, L, S)."),
+    ("never averaged", dict(average="never"), "returns per-head weights by default: average over the heads, .mean(1)."),
     ("flat", dict(average="flat"), "returns the weights in the flat (B*h, L, S) layout: view them as (B, h, L, S), "
      "then .mean(dim=1) when average_attn_weights=True."),
     ("inverted", dict(invert=True), "masks the wrong keys: the mask polarity is inverted. A bool True means ignore "
      "this key: fill with -inf where the mask is True."),
-    ("inverted, finite fill", dict(invert=True, fill=-1e9), "masks the wrong keys: the mask polarity is inverted "
-     "(and the fill is a finite -1e9). A bool True means ignore this key: fill with float('-inf') where it is True."),
+    ("inverted, finite fill", dict(invert=True, fill=-1e9), "masks the wrong keys: the mask polarity is inverted (and "
+     "the fill is a finite -1e9). A bool True means ignore this key: fill with float('-inf') where it is True."),
     ("attn inverted", dict(invert="attn"), "reads the key_padding_mask right, but the attn_mask alone is read the "
      "other way round: its True blocks the pair too. Not ~attn_mask."),
-    ("after softmax", dict(mask_after=True), "applies the mask after the softmax (weights set to 0): the kept "
-     "weights no longer sum to 1. Fill the SCORES with -inf before the softmax."),
+    ("after softmax", dict(mask_after=True), "applies the mask after the softmax (weights set to 0): the kept weights "
+     "no longer sum to 1. Fill the SCORES with -inf before the softmax."),
     ("finite fill", dict(fill=-1e9), "fills with a finite number such as -1e9 (a finite fill): a query with no key "
      "then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with float('-inf')."),
-    ("zero fill", dict(fill=0.0), "leaves masked scores set to 0, not -inf: a score of 0 still gets weight. Fill "
-     "with float('-inf')."),
+    ("zero fill", dict(fill=0.0), "leaves masked scores set to 0, not -inf: a score of 0 still gets weight."),
     ("float multiplied", dict(floats="mul"), "multiplies the scores by a float mask's exp: a float mask is ADDED, "
      "scores + mask; -inf added hides a key, a product makes its score 0, which still counts."),
     ("float as bool", dict(floats="bool"), "reads a float mask as a bool mask (.bool(), != 0): a float mask is added "
      "to the scores as it is, its finite values favour or penalise a key."),
     ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool (.bool(), != 0): it is "
      "added to the scores as it is, as a float attn_mask is."),
-    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask (isneginf, == -inf): add "
-     "its finite values too, scores + mask."),
+    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask: add it all, scores + "
+     "mask."),
     ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED; -inf subtracted "
      "makes a hidden key +inf, the only one attended."),
     ("float clamped", dict(floats="clamp"), "clamps a float mask to a finite floor (-1e4?) before adding it: a query "
      "whose keys are all -inf then averages them. Add the mask as it is."),
-    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys: (B, "
-     "S) becomes (B, 1, 1, S), one entry per key; (B, 1, S, 1) blanks whole query rows."),
+    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys: (B, S) "
+     "becomes (B, 1, 1, S), one entry per key; (B, 1, S, 1) blanks whole query rows."),
     ("kpm bare", dict(kpm_as="bare"), "puts the (B, S) key_padding_mask against (..., L, S) as it is: broadcasting "
      "aligns it from the right, as (L, S) (silent when B == L): key_padding_mask[:, None, None, :]."),
-    ("no mask", dict(ignore=("kpm", "attn")), "computes the output without any mask: the mask never reaches the "
-     "scores (filled where a score is 0 rather than where the mask is True? a branch that skips it?)."),
+    ("no mask", dict(ignore=("kpm", "attn")), "computes the output without any mask: the mask never reaches the scores "
+     "(filled where a score is 0 rather than where the mask is True? a branch that skips it?)."),
     ("attn ignored", dict(ignore=("attn",)), "gives the output with the key_padding_mask alone: the attn_mask never "
      "reaches the scores (a branch that masks with the padding mask again?). Each branch must use its own mask."),
     ("naive softmax", dict(softmax="naive"), "computes exp(s) / exp(s).sum() without subtracting the max: exp "
@@ -295,11 +288,10 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
      "step computes in float32 (a tensor made without dtype=, .float()): use dtype=scores.dtype."),
     ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
      "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
-    ("keys with L", dict(keys_with_L=True), "splits the keys and values with the queries' length L: split k and v "
-     "with key.shape[1], their S."),
-    ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None with your layer "
-     "(.detach(), .data, or torch.tensor(...) in forward)."),
+    ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
+    ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
+SAYS = {name: says for name, _, says in LAYER_TABLE}  # the words of each mistake, by name
 HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the layer is called as torch's is: forward("
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "

@@ -2,8 +2,7 @@
 
 Exercises ``ex-ch7-merge``, ``-padding``, ``-float-mask``, ``-cross``: ``factory(embed_dim, num_heads, bias)`` builds a
 layer with torch's parameter names (or names ending in them, or a ``from_torch``) and forward. Both chapters' layers
-are held by :func:`probe_layer` alone (in grading in the learner's process, ``boundary.Remote.apply``), which returns
-plain data; :func:`judge` reads it where no learner code ran.
+are held by :func:`probe_layer` alone (in grading in the learner's process), whose plain data :func:`judge` reads.
 """
 from __future__ import annotations
 
@@ -113,8 +112,8 @@ def judge(found: dict, spec: dict):
         raise ExerciseError(f"torch's weights do not load into {spec['what']}: it has parameters "
                             f"{found['parameters']}, torch's layer {want}: use torch's names and shapes.")
     if spec.get("factory") and (found["printed"] or found["warnings"]):
-        raise ExerciseError(f"{spec['name']}: your layer " + (f"prints at every call ({found['printed'].strip()[:60]!r}"
-                            "): a debug print left in forward?" if found["printed"] else f"warned when called ("
+        raise ExerciseError(f"{spec['name']}: your layer " + (f"prints at every call ({found['printed'][:50]!r}): "
+                            "a debug print left in forward?" if found["printed"] else f"warned when called ("
                             f"{found['warnings'][0][:90]}), at every call: a size kept as a tensor? Use an int."))
     rows = spec["rows"]  # (B, L): the queries that see a key
     if spec["loss"] == "values":
@@ -131,12 +130,13 @@ def judge(found: dict, spec: dict):
             "dropout is active in eval mode: F.dropout(weights, p, training=self.training), or an nn.Dropout (layers "
             "created in forward change at every call too)." if spec["mode"] == "eval" else "in training mode, a "
             "default dropout above 0? torch's default dropout is 0.0, and a new layer is in training mode."))
-    out, weights = first
-    if (~rows).any() and isinstance(out, torch.Tensor) and out.shape[:2] == rows.shape and out[~rows].isnan().all():
-        out = out.clone()  # torch's NaN in the rows with no key, read as the course's zeros: weights 0, out_proj.bias
-        out[~rows] = spec["state"].get("out_proj.bias", torch.zeros(1)).to(out.dtype)
-        if isinstance(weights, torch.Tensor) and weights.dim() == 3 and weights.shape[:2] == rows.shape:
-            weights = weights.masked_fill(~rows[..., None], 0.0)
+    out, weights = first  # the course's answer to a query with no key (out_proj.bias, weights 0) read as torch's NaN
+    if isinstance(out, torch.Tensor) and out.dim() == 3:
+        empty = (out == spec["state"].get("out_proj.bias", torch.zeros(1)).to(out.dtype)).all(-1)  # (B, L)
+        if isinstance(weights, torch.Tensor) and weights.dim() > 2 and weights.shape[-2] == out.shape[1]:
+            weights = weights.masked_fill((weights == 0).all(-1, keepdim=True), torch.nan)
+            empty = empty | weights.isnan().all(-1).reshape(out.shape[0], -1, out.shape[1]).any(1)
+        out = out.masked_fill(empty[..., None], torch.nan)
     return {"output": out, "attention-weight tensor": weights}
 
 
@@ -159,9 +159,9 @@ CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) f
     Case("a query of width D + 1", _cross[:1] + (torch.cat([_cross[1], _cross[1][..., :1]], -1),) + _cross[2:])]]
 EXERCISE = LayerExercise(
     what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS,
-    mistakes=ch06._mistakes(ch06.Reference, ch06.LAYER_TABLE + [
-        ("finite fill -1e4", dict(fill=-1e4), "fills with a finite number such as -1e4 (a finite fill): a query with "
-         "no key then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with -inf.")]) + [
+    mistakes=ch06._mistakes(ch06.Reference, ch06.LAYER_TABLE + [  # float16 tells these from -1e9 and from no mask
+        ("fill -1e4", dict(fill=-1e4), ch06.SAYS["finite fill"]),
+        ("-1e20 at 0", dict(ignore="scores"), ch06.SAYS["no mask"])]) + [
         Mistake("sizes", "builds a layer although 10 features do not split into 4 heads: torch refuses it in the "
                 "constructor; check embed_dim % num_heads == 0 in __init__ and raise a ValueError.",
                 lambda D, h, bias=True: ch06.Reference(D, h if D % h == 0 else 1, bias)),
