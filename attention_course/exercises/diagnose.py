@@ -300,7 +300,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float) -> s
             kinds = [k for k, m in (("NaN", got.isnan()), ("inf", got.isinf())) if bool((m & bad).any())]
             return (f"has {' and '.join(kinds)} at {int(bad.sum())} of {bad.numel()} entries where the right answer "
                     f"is finite{_where(bad, case)}.")
-        differ = ((g64 - w64).abs() > tol) & ~(got.isnan() & want.isnan()) & (got != want)
+        differ = (((g64 - w64).abs() > tol) | want.isnan()) & ~(got.isnan() & want.isnan()) & (got != want)
     else:
         differ = got != want
     n, total = int(differ.sum()), differ.numel()
