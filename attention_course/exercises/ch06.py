@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -97,7 +98,8 @@ def check_combine_masks(fn) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # Exercise 2: the whole layer. The reference and each mistake: Reference(D, h, bias, dropout, **switches).
 
-SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),
+SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # "safe": zeros
+           "safe": lambda s, d: torch.softmax(s.masked_fill(e := s.isneginf().all(d, True), 0), d).masked_fill(e, 0),
            "nan_to_num": lambda s, dim: torch.softmax(s, dim).nan_to_num(0.0),
            "float32": lambda s, dim: torch.softmax(s.float(), dim).to(s.dtype)}
 FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul": lambda s, m, fill: s * m.exp(),
@@ -123,8 +125,7 @@ class Reference(nn.Module):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True):
         o, h, kpm = self.o, self.h, key_padding_mask
-        if o["seq_first"]:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        query, key, value = (t.transpose(0, 1) if o["seq_first"] else t for t in (query, key, value))
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
         W = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
@@ -187,11 +188,10 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
         m = m if m is None or i == 1 else m[:, None]  # (B, 1, S), (L, S) or (B*h, L, S): hidden from every head?
         hidden = hidden if m is None else hidden | (m.view(B, -1, L, S).all(1) if m.dim() == 3 and i else m)
     kpm, attn = (additive(kpm), additive(attn)) if floats else (kpm, attn)
-    rows = ~hidden.all(-1)  # (B, L): the queries that see a key
     spec = {"name": name, "D": D, "h": h, "bias": bias, "state": state, "make": make or ((D, h), {}), "mode": "eval",
-            "dtype": dtype, "loss": None, "rows": rows, "what": "your layer", **spec}
-    marks = {"in the rows of queries that see no key": ~rows[..., None].expand(B, L, D), "at the keys the masks hide":
-             hidden} if kpm is not None or attn is not None else {}
+            "dtype": dtype, "loss": None, "rows": ~hidden.all(-1), "what": "your layer", **spec}  # rows: see a key
+    marks = {"in the rows of queries that see no key": hidden.all(-1, True).expand(B, L, D),
+             "at the keys the masks hide": hidden} if kpm is not None or attn is not None else {}
     return Case(name, (spec, x.to(dtype), memory.to(dtype), memory.to(dtype), kpm, attn, need_weights, average), marks)
 
 
@@ -199,7 +199,7 @@ causal = lambda L: torch.ones(L, L, dtype=torch.bool).triu(1)  # noqa: E731
 additive = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa: E731
 _g = torch.Generator().manual_seed(6)
 _per_head = (torch.rand(8, 3, 5, generator=_g) < 0.4).index_fill(-1, torch.tensor([0]), False)  # (B*h, L, S)
-_second = torch.arange(4) == 1
+_two = torch.arange(4) == 1  # a finite penalty on key 1
 _finite = torch.randn(4, 4, generator=_g, dtype=DTYPE).masked_fill(causal(4), -math.inf)  # favours and penalties
 LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask)
     layer_case("one token, one head", 1, 1, 1, 2, 1),
@@ -207,7 +207,7 @@ LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask)
     layer_case("a bool key_padding_mask", 2, 4, 4, 6, 3, pads(4, 2)),
     layer_case("key padding and a causal attn_mask", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5)),
     layer_case("float masks, 0 and -inf", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5), floats=True),
-    layer_case("float masks with finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _second, _finite),
+    layer_case("float masks, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _two, _finite),
     layer_case("average_attn_weights=False, heads of size 1", 2, 4, 4, 4, 4, pads(4, 3), causal(4), average=False),
     layer_case("cross-attention, L=4 queries over S=5 keys", 2, 4, 5, 6, 3, pads(5, 3), cross=True),
     layer_case("a per-head (B*h, L, S) attn_mask, L=3 over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head, cross=True,
@@ -291,22 +291,30 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
-SAYS = {name: says for name, _, says in LAYER_TABLE}  # the words of each mistake, by name
 HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the layer is called as torch's is: forward("
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "
           "bool, float and per-head masks, one query, scores in the thousands, rows with no key (NaN as torch's, or "
-          "zeros with finite gradients)")
+          "the course's zeros with finite gradients)")
 LAYER = LayerExercise(
     what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
     run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
     cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2),
                                     make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode.")
+SAFE = functools.partial(Reference, softmax="safe")  # the course's convention: a query with no key gets zeros
+LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={})
+
+
+def convention(exercises, answer):
+    """The exercise in the answer's convention for a query with no key: torch's NaN, or (a zero row) the course's."""
+    got = exercises[0].outcome(answer, next(c for c in exercises[0].cases if c.name == "rows with no key, float masks"))
+    weights = got.value.get("attention-weight tensor") if isinstance(got.value, dict) else None
+    return exercises[isinstance(weights, torch.Tensor) and bool((weights == 0).all(-1).any())]
 
 
 def check_multihead(cls) -> None:
     """Check ``cls(embed_dim, num_heads)`` (``dropout=0.5`` too if it takes it) against ``nn.MultiheadAttention``."""
-    check(LAYER, cls)
+    check(convention([LAYER, LAYER_SAFE], cls), cls)
 
 
-EXERCISES = [MASKS, LAYER]
+EXERCISES = [MASKS, LAYER, LAYER_SAFE]

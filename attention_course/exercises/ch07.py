@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import io
 import threading
 import warnings
@@ -115,12 +117,9 @@ def judge(found: dict, spec: dict):
         raise ExerciseError(f"{spec['name']}: your layer " + (f"prints at every call ({found['printed'][:50]!r}): "
                             "a debug print left in forward?" if found["printed"] else f"warned when called ("
                             f"{found['warnings'][0][:90]}), at every call: a size kept as a tensor? Use an int."))
-    rows = spec["rows"]  # (B, L): the queries that see a key
-    if spec["loss"] == "values":
-        return {f"gradient of {n}": g for n, g in found["gradients"].items()}
-    if spec["loss"] == "finite":  # torch's NaN rows give NaN gradients; the course's zeros must give finite ones
-        return {f"gradient of {n} (finite?)": bool(found["output"][~rows].isnan().all()) or g is None or
-                bool(g.isfinite().all()) for n, g in found["gradients"].items()}
+    if spec["loss"] is not None:  # "finite": torch's NaN rows give NaN gradients; the course's zeros finite ones
+        return {f"gradient of {n}" + " (finite?)" * (spec["loss"] == "finite"): g if spec["loss"] == "values" else
+                g is None or bool(g.isfinite().all()) for n, g in found["gradients"].items()}
     first, second = found["calls"]
     if not (isinstance(first, tuple) and len(first) == 2):
         raise ExerciseError(f"{spec['name']}: your layer must return a pair (output, weights) like torch's; got "
@@ -130,22 +129,30 @@ def judge(found: dict, spec: dict):
             "dropout is active in eval mode: F.dropout(weights, p, training=self.training), or an nn.Dropout (layers "
             "created in forward change at every call too)." if spec["mode"] == "eval" else "in training mode, a "
             "default dropout above 0? torch's default dropout is 0.0, and a new layer is in training mode."))
-    out, weights = first  # the course's answer to a query with no key (out_proj.bias, weights 0) read as torch's NaN
-    if isinstance(out, torch.Tensor) and out.dim() == 3:
-        empty = (out == spec["state"].get("out_proj.bias", torch.zeros(1)).to(out.dtype)).all(-1)  # (B, L)
-        if isinstance(weights, torch.Tensor) and weights.dim() > 2 and weights.shape[-2] == out.shape[1]:
-            weights = weights.masked_fill((weights == 0).all(-1, keepdim=True), torch.nan)
-            empty = empty | weights.isnan().all(-1).reshape(out.shape[0], -1, out.shape[1]).any(1)
-        out = out.masked_fill(empty[..., None], torch.nan)
-    return {"output": out, "attention-weight tensor": weights}
+    return {"output": first[0], "attention-weight tensor": first[1]}
 
 
-def _accepting(D, h, bias=True):  # the battery's mistake: a query too wide cut, a mask that does not fit dropped
-    layer = ch06.Reference(D, h, bias)
+def _accepting(make, D, h, bias=True):  # the battery's mistake: a query too wide cut, a mask that does not fit dropped
+    layer = make(D, h, bias)
     fits = lambda m, key: m is None or m.shape[-1] == key.shape[1]  # noqa: E731
     layer.register_forward_pre_hook(lambda _, a, kw: ((a[0][..., :D], *a[1:]), kw if fits(kw["key_padding_mask"], a[1])
                                                       else {**kw, "key_padding_mask": None}), with_kwargs=True)
     return layer
+
+
+SAYS = {name: says for name, _, says in ch06.LAYER_TABLE}  # the words of each mistake, by name
+
+
+def _catalogue(make) -> list:
+    return ch06._mistakes(make, ch06.LAYER_TABLE + [  # float16 tells these from -1e9 and from no mask
+        ("fill -1e4", dict(fill=-1e4), SAYS["finite fill"]),
+        ("-1e20 at 0", dict(ignore="scores"), SAYS["no mask"])]) + [
+        Mistake("sizes", "builds a layer although 10 features do not split into 4 heads: torch refuses it in the "
+                "constructor; check embed_dim % num_heads == 0 in __init__ and raise a ValueError.",
+                lambda D, h, bias=True: make(D, h if D % h == 0 else 1, bias)),
+        Mistake("shapes accepted", "runs without an error on a shape that does not fit (a query of width D + 1, a (B, "
+                "L) key_padding_mask for S keys): it must raise, as torch's does; a broadcast mask masks the wrong "
+                "keys.", functools.partial(_accepting, make))]
 
 
 _cross = layer_case("shapes that do not fit", 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True).args
@@ -159,22 +166,14 @@ CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) f
     Case("a query of width D + 1", _cross[:1] + (torch.cat([_cross[1], _cross[1][..., :1]], -1),) + _cross[2:])]]
 EXERCISE = LayerExercise(
     what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS,
-    mistakes=ch06._mistakes(ch06.Reference, ch06.LAYER_TABLE + [  # float16 tells these from -1e9 and from no mask
-        ("fill -1e4", dict(fill=-1e4), ch06.SAYS["finite fill"]),
-        ("-1e20 at 0", dict(ignore="scores"), ch06.SAYS["no mask"])]) + [
-        Mistake("sizes", "builds a layer although 10 features do not split into 4 heads: torch refuses it in the "
-                "constructor; check embed_dim % num_heads == 0 in __init__ and raise a ValueError.",
-                lambda D, h, bias=True: ch06.Reference(D, h if D % h == 0 else 1, bias)),
-        Mistake("shapes accepted", "runs without an error on a shape that does not fit (a query of width D + 1, a (B, "
-                "L) key_padding_mask for S keys): it must raise, as torch's does; a broadcast mask masks the wrong "
-                "keys.", _accepting)],
-    passed=f"all {len(CASES)} cases: " + ch06.PASSED + ", training mode, no bias, float32 and float16, nothing "
-    "printed or warned; sizes that do not split and shapes that do not fit refused.")
+    mistakes=_catalogue(ch06.Reference), passed=f"all {len(CASES)} cases: " + ch06.PASSED + ", training mode, no "
+    "bias, float32 and float16, nothing printed or warned; sizes that do not split and shapes that do not fit refused.")
+EXERCISE_SAFE = dataclasses.replace(EXERCISE, reference=ch06.SAFE, mistakes=_catalogue(ch06.SAFE), _memo={})
 
 
 def check_multihead_attention(factory) -> None:
     """Check ``factory(embed_dim, num_heads, bias)`` -> a layer against ``nn.MultiheadAttention(batch_first=True)``."""
-    check(EXERCISE, factory)
+    check(ch06.convention([EXERCISE, EXERCISE_SAFE], factory), factory)
 
 
-EXERCISES = [EXERCISE]
+EXERCISES = [EXERCISE, EXERCISE_SAFE]

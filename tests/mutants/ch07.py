@@ -129,7 +129,7 @@ CATALOGUES = [
             mutant("no out_proj bias", (r"out_proj.bias is not used",), out_bias=False),
             mutant("no out_proj", (r"out_proj is missing",), out_proj=False),
             mutant("float mask multiplied", (r"multiplies",), family="zero", floats="mul"),
-            mutant("float mask as bool (.bool())", (r"float masks with finite values",
+            mutant("float mask as bool (.bool())", (r"float masks, finite values",
                                                     r"reads a float mask as a bool mask"), floats="bool"),
             # the audit's wrong answers to the chapter's exercises 7.1 to 7.3
             mutant("merge after transpose(2, 3)", (r"transpose\(2, 3\)",), merge="23"),
