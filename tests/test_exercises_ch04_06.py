@@ -225,8 +225,8 @@ def test_combine_masks_accepts_a_right_answer(capsys):
     (dict(op="and"), r"combined the masks with & \(and\)"),
     (dict(head_major=True), r"attn_mask \(B\*h, L, S\): your function unflattened the 3-D attn_mask head-major"),
     (dict(expand=False), r"has shape \(1, 1, 4, 5\), expected \(2, 3, 4, 5\)"),  # described: no catalogue start
-    (dict(drop="kpm"), r"key_padding_mask \(B, S\), attn_mask None: .*the key_padding_mask was ignored"),
-    (dict(drop="attn"), "the attn_mask was ignored"),
+    (dict(drop="kpm"), r"attn_mask None: your function's result differs .* where the key_padding_mask alone blocks"),
+    (dict(drop="attn"), "all of them where the attn_mask alone blocks"),
 ])
 def test_combine_masks_names_each_mistake(options, message):
     with pytest.raises(ExerciseError, match=message):

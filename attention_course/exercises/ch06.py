@@ -74,8 +74,6 @@ MASKS = Exercise(
          "batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
         ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, S), "
          "view(B, h, L, S), no transpose."),
-        ("kpm ignored", dict(drop=("kpm",)), "leaves it out: the key_padding_mask was ignored."),
-        ("attn ignored", dict(drop=("attn",)), "leaves it out: the attn_mask was ignored."),
         ("not expanded", dict(expand=False), "only broadcasts: expand it per head, .expand(B, h, L, S)."),
         ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis, (B, 1, S, 1): one "
          "entry per key, key_padding_mask.view(B, 1, 1, S)."),
@@ -107,7 +105,7 @@ FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul
           "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill)}
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
-          softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False)
+          softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False)
 
 
 class Reference(nn.Module):
@@ -127,7 +125,7 @@ class Reference(nn.Module):
         o, h, kpm = self.o, self.h, key_padding_mask
         query, key, value = (t.transpose(0, 1) if o["seq_first"] else t for t in (query, key, value))
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
-        W = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight
+        W, value = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight, key if o["v_from_k"] else value
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
         q, k, v = (F.linear(t, w, c) for t, w, c in zip((query, key, value), W.chunk(3), b))
         split = {"hd": lambda t, n: t.reshape(B, n, h, d).transpose(1, 2), "none": lambda t, n: t.reshape(B, h, n, d),
@@ -136,7 +134,8 @@ class Reference(nn.Module):
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
         scores = scores / math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else scores
         after = []
-        for which, m in (("kpm", kpm), ("attn", attn_mask)):
+        for which, m in (("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
+                         ("attn", kpm.view(B, 1, 1, S))):  # "copy": the attn_mask branch masks with the padding
             if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
                 scores = scores if m is None or o["ignore"] != "scores" else scores.masked_fill(scores == 0, -1e20)
                 continue
@@ -164,8 +163,7 @@ class Reference(nn.Module):
         return out, weights.flatten(0, 1) if o["average"] == "flat" else weights.mean(1) if average else weights
 
 
-class LayerExercise(Exercise):
-    """An exercise whose answer is a layer: a case's arguments are a setup (:func:`layer_case`) and forward's."""
+class LayerExercise(Exercise):  # an answer that is a layer: a case's arguments, a setup (layer_case) and forward's
     arguments = ["setup", "query", "key", "value", "key_padding_mask", "attn_mask", "need_weights",
                  "average_attn_weights"]
 
@@ -183,7 +181,7 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
     shapes = {"in_proj_weight": (3 * D, D), "in_proj_bias": (3 * D,), "out_proj.weight": (D, D), "out_proj.bias": (D,)}
     state = {n: 0.5 * torch.randn(s, generator=g, dtype=DTYPE) for n, s in shapes.items() if bias or "bias" not in n}
     x = scale * torch.randn(B, L, D, generator=g, dtype=DTYPE)
-    memory = torch.randn(B, S, D, generator=g, dtype=DTYPE) if cross else x
+    kv = torch.randn(2, B, S, D, generator=g, dtype=DTYPE) if cross else x.expand(2, B, L, D)  # key, value
     hidden = torch.zeros(B, L, S, dtype=torch.bool)  # (B, L, S): the keys every head hides from each query
     for i, m in enumerate(m if m is None or m.dtype == torch.bool else m.isneginf() for m in (kpm, attn)):
         m = m if m is None or i == 1 else m[:, None]  # (B, 1, S), (L, S) or (B*h, L, S): hidden from every head?
@@ -193,16 +191,15 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
             "dtype": dtype, "loss": None, "rows": ~hidden.all(-1), "what": "your layer", **spec}  # rows: see a key
     marks = {"in the rows of queries that see no key": hidden.all(-1, True).expand(B, L, D),
              "at the keys the masks hide": hidden} if kpm is not None or attn is not None else {}
-    return Case(name, (spec, x.to(dtype), memory.to(dtype), memory.to(dtype), kpm, attn, need_weights, average), marks)
+    return Case(name, (spec, x.to(dtype), kv[0].to(dtype), kv[1].to(dtype), kpm, attn, need_weights, average), marks)
 
 
 causal = lambda L: torch.ones(L, L, dtype=torch.bool).triu(1)  # noqa: E731
 additive = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa: E731
-_g = torch.Generator().manual_seed(6)
-_per_head = (torch.rand(8, 3, 5, generator=_g) < 0.4).index_fill(-1, torch.tensor([0]), False)  # (B*h, L, S)
+_per_head = (torch.rand(8, 3, 5, generator=torch.Generator().manual_seed(6)) < 0.4).index_fill(-1, torch.tensor([0]), 0)
 _two = torch.arange(4) == 1  # a finite penalty on key 1
-_finite = torch.randn(4, 4, generator=_g, dtype=DTYPE).masked_fill(causal(4), -math.inf)  # favours and penalties
-LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask)
+_finite = torch.randn(4, 4, generator=torch.Generator().manual_seed(7), dtype=DTYPE).masked_fill(causal(4), -math.inf)
+LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask); _finite: favours and penalties
     layer_case("one token, one head", 1, 1, 1, 2, 1),
     layer_case("self-attention without masks", 2, 4, 4, 6, 3),
     layer_case("a bool key_padding_mask", 2, 4, 4, 6, 3, pads(4, 2)),
@@ -284,11 +281,13 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
      "step computes in float32 (a tensor made without dtype=, .float()): use dtype=scores.dtype."),
     ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
      "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
+    ("values from key", dict(v_from_k=True), "projects the values from key: v comes from value, the third argument."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
 LAYER_TABLE += [(name + ", grown", {**switches, "grow": True}, says) for name, switches, says in LAYER_TABLE
-                if name in ("kpm on queries", "kpm bare")]  # merged with their own L: a mask that grows L is silent
+                if name in ("kpm on queries", "kpm bare")] + [("attn branch copied", dict(ignore="copy"), LAYER_TABLE[
+                    [n for n, _, _ in LAYER_TABLE].index("attn ignored")][2])]  # grown: merged with their own L
 HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the layer is called as torch's is: forward("
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "

@@ -119,7 +119,7 @@ def judge(found: dict, spec: dict):
                             f"{found['warnings'][0][:90]}), at every call: a size kept as a tensor? Use an int."))
     if spec["loss"] is not None:  # "finite": torch's NaN rows give NaN gradients; the course's zeros finite ones
         return {f"gradient of {n}" + " (finite?)" * (spec["loss"] == "finite"): g if spec["loss"] == "values" else
-                g is None or bool(g.isfinite().all()) for n, g in found["gradients"].items()}
+                None if g is None else bool(g.isfinite().all()) for n, g in found["gradients"].items()}
     first, second = found["calls"]
     if not (isinstance(first, tuple) and len(first) == 2):
         raise ExerciseError(f"{spec['name']}: your layer must return a pair (output, weights) like torch's; got "
