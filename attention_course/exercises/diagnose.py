@@ -417,7 +417,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
                      if bool((m & bad).any())]
             return "nonfinite", (f"has {' and '.join(kinds)} at {int(bad.sum())} of {bad.numel()} entries where the "
                                  f"right answer is finite{_where(bad, case)}.")
-        differ = ((g64 - w64).abs() > tol) & ~(got.isnan() & want.isnan()) & (got != want)
+        differ = (((g64 - w64).abs() > tol) | want.isnan()) & ~(got.isnan() & want.isnan()) & (got != want)
     else:
         differ = got != want
     n, total = int(differ.sum()), differ.numel()
@@ -444,7 +444,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             r = ratio[nz]
             if not r.any():
                 return "zeros", "is 0 at every entry where the right one is not: nothing was computed or added there."
-            if float(r.max() - r.min()) <= 1e-6 * float(r.abs().max()) and abs(float(r[0]) - 1) > 1e-6:
+            rel = max(1e-6, 16 * torch.finfo(got.dtype).eps)  # a factor measured at the answer's precision
+            if float(r.max() - r.min()) <= rel * float(r.abs().max()) and abs(float(r[0]) - 1) > rel:
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
         near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size

@@ -66,11 +66,11 @@ COMBINE_MUTANTS = [
     Mutant("combined with &", lambda *a: combine(*a, op="and"), (r"with & \(and\)", r"EITHER")),
     Mutant("combined with *", lambda *a: combine(*a, op="mul"), (r"with & \(and\)",), family="combined with &"),
     Mutant("3-D mask unflattened head-major", lambda *a: combine(*a, head_major=True), (r"head-major",)),
-    Mutant("not expanded", lambda *a: combine(*a, expand=False), (r"broadcasts", r"\.expand\(2, 3, 4, 5\)")),
-    Mutant("key_padding_mask ignored", lambda *a: combine(*a, ignore=("kpm",)), (r"key_padding_mask was ignored",)),
-    Mutant("attn_mask ignored", lambda *a: combine(*a, ignore=("attn",)), (r"attn_mask was ignored",)),
-    Mutant("a float result", lambda *a: combine(*a, as_float=True), (r"dtype torch.float32", r"bool")),
-    Mutant("an int64 result", lambda *a: combine(*a).long(), (r"dtype torch.int64", r"bool")),
+    Mutant("not expanded", lambda *a: combine(*a, expand=False), (r"broadcasts", r"\.expand\(B, h, L, S\)")),
+    Mutant("key_padding_mask ignored", lambda *a: combine(*a, ignore=("kpm",)), (r"all of them where the key_padding_mask alone blocks",)),
+    Mutant("attn_mask ignored", lambda *a: combine(*a, ignore=("attn",)), (r"all of them where the attn_mask alone blocks",)),
+    Mutant("a float result", lambda *a: combine(*a, as_float=True), (r"is float32, expected bool",)),
+    Mutant("an int64 result", lambda *a: combine(*a).long(), (r"is int64, expected bool",)),
     Mutant("key_padding_mask as (B, S), aligned from the right", lambda *a: combine(*a, kpm_shape="bare"),
            (r"aligns it from the right", r"view\(B, 1, 1, S\)")),
     Mutant("key_padding_mask on the query axis", lambda *a: combine(*a, kpm_shape="queries"),
@@ -86,7 +86,7 @@ COMBINE_MUTANTS = [
            (r"attn_mask alone is read the other way round",)),
     Mutant("3-D attn_mask as (B, h, S, L), transposed", lambda k, a, B, h, L, S: combine(
         k, a if a is None or a.dim() == 2 else a.reshape(B * h, S, L).transpose(-2, -1), B, h, L, S),
-           (r"A pair is blocked where either mask blocks it", r"row b\*h \+ i")),
+           (r"reads the 3-D attn_mask as \(B, h, S, L\)",)),
 ]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,11 +181,15 @@ class MHA(nn.Module):
                     scores = scores + torch.zeros(m.shape, device=m.device).masked_fill(m, float("-inf"))
                 else:
                     scores = scores.masked_fill(m, o["fill"])
-            elif o["floats"] == "add":
+            elif o["floats"] == "add" or (o["floats"] == "kpm bool" and which == "attn"):
                 scores = scores + m
+            elif o["floats"] == "sub":  # scores - m
+                scores = scores - m
+            elif o["floats"] == "clamp":  # m.clamp(min=-1e4): -inf made finite
+                scores = scores + m.clamp(min=-1e4)
             elif o["floats"] == "mul":
                 scores = scores * m.exp()
-            elif o["floats"] == "bool":
+            elif o["floats"] in ("bool", "kpm bool"):
                 scores = scores.masked_fill(m.bool(), o["fill"])
             elif o["floats"] == "neginf":
                 scores = scores.masked_fill(torch.isneginf(m), o["fill"])
@@ -202,6 +206,8 @@ class MHA(nn.Module):
             heads = heads.reshape(B, L, D)
         elif o["merge"] == "dh":
             heads = heads.permute(0, 2, 3, 1).reshape(B, L, D)
+        elif o["merge"] == "23":  # transpose(2, 3): (B, h, d, L)
+            heads = heads.transpose(2, 3).reshape(B, L, D)
         elif o["merge"] == "view":
             heads = heads.transpose(1, 2).view(B, L, D)
         else:
@@ -281,11 +287,12 @@ def mutant(name, names, family=None, **mistakes):
 
 LAYER_MUTANTS = [
     mutant("softmax over the queries", (r"over the queries",), softmax_dim=-2),
-    mutant("softmax over the heads", (r"softmax ran over the heads",), softmax_dim=1),
-    mutant("scaled by sqrt(D)", (r"divided by sqrt\(D\)", r"sqrt\(d\)"), scale="D"),
-    mutant("not scaled", (r"not scaled", r"sqrt\(d\)"), scale=None),
+    mutant("softmax over the heads", (r"softmax over the heads",), softmax_dim=1),
+    mutant("scaled by sqrt(D)", (r"by sqrt\(D\), D the embedding", r"sqrt\(d\)"), scale="D"),
+    mutant("not scaled", (r"not scale", r"sqrt\(d\)"), scale=None),
     mutant("scaled by sqrt(h)", (r"sqrt\(h\)", r"number of HEADS"), scale="h"),
-    mutant("weights summed over the heads", (r"SUMMED over the heads",), average="sum"),
+    mutant("weights summed over the heads", (r"attention-weight tensor is 3 times the right one",),
+           average="sum"),
     mutant("q @ k, no transpose", (r"inner sizes differ", r"q @ k\.transpose\(-2, -1\)"), k_transposed="no"),
     mutant("weights left in float32", (r"Two dtypes met", r"dtype=x\.dtype"), softmax="float32 kept"),
     mutant("inverted polarity", (r"polarity is inverted",), invert=True),
@@ -299,16 +306,20 @@ LAYER_MUTANTS = [
     mutant("padding mask on the query axis", (r"applied to the queries, not the keys",), kpm_shape="queries"),
     mutant("(B, S) mask broadcast from the right", (r"aligns it from the right", r"\[:, None, None, :\]"),
            kpm_shape="bare"),
-    mutant("split without transpose", (r"split without the transpose",), split="no transpose"),
+    mutant("split without transpose", (r"splits the heads without the transpose",), split="no transpose"),
     mutant("merge without transpose", (r"merged without undoing",), merge="no transpose"),
     mutant("merge by view", (r"view size is not compatible", r"contiguous"), merge="view"),
     mutant("head order (d, h) in split and merge", (r"wrong order, \(B, L, d, h\)",), split="dh", merge="dh"),
-    mutant("head order (d, h) in the merge", (r"merged in the wrong order",), merge="dh"),
+    mutant("head order (d, h) in the merge", (r"merges the heads in the wrong order",), merge="dh"),
     mutant("no in_proj bias", (r"in_proj_bias is not used",), in_bias=False),
     mutant("no out_proj bias", (r"out_proj.bias is not used",), out_bias=False),
     mutant("no out_proj", (r"out_proj is missing",), out_proj=False),
-    mutant("float mask multiplied", (r"multiplied",), family="zero", floats="mul"),
-    mutant("float mask as bool (.bool())", (r"used as a bool mask",), floats="bool"),
+    mutant("float mask multiplied", (r"multiplies",), family="zero", floats="mul"),
+    mutant("float mask as bool (.bool())", (r"reads a float mask as a bool mask",), floats="bool"),
+    mutant("float padding mask read as bool", (r"float key_padding_mask as bool",), floats="kpm bool"),
+    mutant("float mask subtracted", (r"subtracts a float mask",), floats="sub"),
+    mutant("float mask clamped to -1e4", (r"clamps a float mask",), floats="clamp"),
+    mutant("merge after transpose(2, 3)", (r"transpose\(2, 3\)",), merge="23"),
     mutant("float mask: only -inf used", (r"only the -inf entries",), floats="neginf"),
     mutant("float mask in masked_fill", (r"masked_fill", r"added to the scores"), floats="masked_fill"),
     mutant("dropout active in eval", (r"dropout is active in eval mode",), drop="always"),
@@ -316,10 +327,11 @@ LAYER_MUTANTS = [
     mutant("nan_to_num after the softmax", (r"gradients", r"BEFORE the softmax"), softmax="nan_to_num",
            bool_as="bias"),
     mutant("softmax in float32", (r"float32 precision",), softmax="float32"),
-    mutant("weights always returned", (r"need_weights=False torch returns None",), need_weights="always"),
-    mutant("weights never returned", (r"returned None for the weights",), need_weights="never"),
+    mutant("weights always returned", (r"need_weights=False: your layer's attention-weight tensor is a tensor",),
+           need_weights="always"),
+    mutant("weights never returned", (r"attention-weight tensor is None",), need_weights="never"),
     mutant("weights always averaged", (r"one matrix per head",), average="always"),
-    mutant("weights never averaged", (r"With average_attn_weights=True, average over the heads",), average="never"),
+    mutant("weights never averaged", (r"average over the heads",), average="never"),
     mutant("weights flat (B*h, L, S)", (r"flat \(B\*h, L, S\) layout",), average="flat"),
     mutant("sequence-first inputs", (r"batch_first",), seq_first=True),
     mutant("keys split with the queries' length", (r"split k and v with key.shape\[1\]",), keys_with_L=True),
