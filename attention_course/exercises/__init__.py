@@ -24,66 +24,18 @@ def passed(message: str) -> None:
 # Helpers shared by the chapters' checkers.
 
 DTYPE = torch.float64  # checkers compute in float64, so "equal" can mean equal to 1e-10
-ATOL = 1e-10
 
 
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference of two tensors of the same shape; NaN on one side only counts as inf.
-
-    Compared on the CPU: the checkers' tensors live there, a learner's answer may be on the GPU.
-    """
-    a, b = a.detach().to("cpu", DTYPE), b.detach().to("cpu", DTYPE)
-    diff = (a - b).abs().nan_to_num(nan=float("inf"), posinf=float("inf"))  # not the largest float: inf
-    diff = diff.masked_fill((a.isnan() & b.isnan()) | (a == b), 0.0)  # NaN = NaN, inf = inf
-    return float(diff.max()) if diff.numel() else 0.0
-
-
-def close(a, b, atol: float = 1e-8) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and max_diff(a, b) <= atol
-
-
-def require_tensor(answer, name: str, what: str) -> torch.Tensor:
-    """``answer`` moved to the CPU, where the checkers' tensors are (a mask built on the GPU is a right answer too)."""
-    if not isinstance(answer, torch.Tensor):
-        raise ExerciseError(f"{what} must return a torch.Tensor for {name}, got {type(answer).__name__}.")
-    return answer.cpu()
-
-
-def require_shape(answer: torch.Tensor, expected: tuple, name: str, dims: str, hint: str = "") -> None:
-    if tuple(answer.shape) != tuple(expected):
-        raise ExerciseError(
-            f"{name} has shape {tuple(answer.shape)}, expected {dims} = {tuple(expected)}." + (f" {hint}" if hint else "")
-        )
-
-
-def device_hint(err: Exception) -> str:
-    """A hint for an error that mentions the GPU: the checkers pass CPU tensors. torch words it by its build: the
-    CPU wheel says "Torch not compiled with CUDA enabled", a CUDA build on a machine without a GPU "Found no NVIDIA
-    driver on your system", a device mismatch names cuda:0."""
-    if not re.search(r"cuda|nvidia", str(err), re.IGNORECASE):
-        return ""
-    return (" The checker's tensors are on the CPU: create new tensors on the device of the inputs "
-            "(device=x.device), not on the notebook's `device`.")
-
-
-def classic_hint(err: Exception) -> str:
-    """A hint for the errors every chapter meets: a device mismatch, .view on a transposed tensor, a float mask in
-    masked_fill, a parameter called like a layer."""
-    text = str(err)
-    if "view size is not compatible" in text:
-        return (" .view needs a tensor contiguous in memory, and transpose only swaps strides: call .contiguous() "
-                "before .view, or use .reshape.")
-    if "masked_fill" in text and "boolean" in text:
-        return (" A float mask is not a selection: it is added to the scores (-inf blocks, 0 keeps). Use "
-                "masked_fill for bool masks and scores + mask for float ones.")
-    if "'Parameter' object is not callable" in text:
-        return (" An nn.Parameter is a tensor, not a layer: multiply by it (x @ W.T), or make the projection an "
-                "nn.Linear, which is called.")
-    return device_hint(err) or torch_error_hint(err)
-
-
-# The errors PyTorch raises for the usual slips, each with the mistake that most often causes it.
-_TORCH_ERRORS = [
+# The errors learners' code raises for the usual slips, each with the mistake that most often causes it.
+HINTS = [
+    (r"cuda|nvidia|CUDA", " The checker's tensors are on the CPU: create new tensors on the device of the inputs "
+     "(device=x.device), not on the notebook's `device`."),
+    (r"view size is not compatible", " .view needs a tensor contiguous in memory, and transpose only swaps strides: "
+     "call .contiguous() before .view, or use .reshape."),
+    (r"masked_fill.*boolean", " A float mask is not a selection: it is added to the scores (-inf blocks, 0 keeps). "
+     "Use masked_fill for bool masks and scores + mask for float ones."),
+    (r"'Parameter' object is not callable", " An nn.Parameter is a tensor, not a layer: multiply by it (x @ W.T), or "
+     "make the projection an nn.Linear, which is called."),
     (r"out of bounds for dimension|index \S+ out of range for tensor",
      " An index past the end of an axis: an index taken from another axis (L for S, heads for positions), or a "
      "range that runs one too far. Print the shapes of the tensors you index."),
@@ -99,8 +51,7 @@ _TORCH_ERRORS = [
      " torch.cat joins tensors along one axis and needs every other axis equal: cat along the axis that grows."),
     (r"must match the size of tensor b",
      " Two tensors that broadcasting cannot line up: axes are matched from the RIGHT, so a mask or a vector needs "
-     "its missing axes as size 1 ([:, None], view(B, 1, 1, S)), lined up with the axes of the tensor it "
-     "meets."),
+     "its missing axes as size 1 ([:, None], view(B, 1, 1, S)), lined up with the axes of the tensor it meets."),
     (r"expected scalar type|same dtype|dtype mismatch|expected m1 and m2 to have the same dtype",
      " Two dtypes met in one operation: a tensor created without dtype= (float32 by default), or a .float() or "
      ".double(). Create new tensors like the inputs: dtype=x.dtype, device=x.device."),
@@ -112,16 +63,22 @@ _TORCH_ERRORS = [
     (r"only one element tensors can be converted to Python scalars",
      " A math function (math.exp, math.sqrt, float()) was given a whole tensor: use torch.exp, torch.sqrt, or "
      "math.sqrt of a Python number (a size, not a tensor)."),
+    (r"list index out of range|tuple index out of range", " An index past the end of a Python list: an index computed "
+     "from the wrong quantity (a quotient for a remainder, a size of another axis) or a loop one step too far."),
+    (r"object is not subscriptable|object is not iterable",
+     " A number used where a list or tensor is expected: check what each argument is (print type(x))."),
+    (r"unsupported operand type|can't multiply sequence", " An operation between a Python list and a number or "
+     "tensor: make it a tensor first (torch.tensor(x)), or loop."),
+    (r"'NoneType'", " A value that is None: a helper without `return`, or an in-place method's result (x.sort() "
+     "returns None)."),
+    (r"division by zero", " A division by a size or count that is 0 in this case."),
 ]
 
 
-def torch_error_hint(err: Exception) -> str:
-    """The likely mistake behind one of PyTorch's usual errors (an index out of bounds, a view to the wrong size, a
-    matrix product or a broadcast of mismatched sizes, two dtypes, max(dim)'s pair), or ""."""
-    for pattern, hint in _TORCH_ERRORS:
-        if re.search(pattern, str(err)):
-            return hint
-    return ""
+def classic_hint(err: Exception) -> str:
+    """The likely mistake behind one of the usual errors (a device mismatch, .view on a transposed tensor, an index
+    out of bounds, a broadcast or a product of mismatched sizes, two dtypes, max(dim)'s pair, a list index), or ""."""
+    return next((hint for pattern, hint in HINTS if re.search(pattern, str(err))), "")
 
 
 def raised(err: Exception, what: str) -> ExerciseError:
@@ -148,34 +105,6 @@ def same_error(a: Exception, b: Exception) -> bool:
     # "list index out of range" names no size: the same failure as a tensor's index error of that type
     sizeless = type(a) in (IndexError, KeyError) and not (numbers(a) and numbers(b))
     return type(a) is type(b) and (numbers(a) == numbers(b) or sizeless)
-
-
-def describe_diff(got: torch.Tensor, want: torch.Tensor, ref: str = "torch's") -> str:
-    """How ``got`` differs from ``want``: "differ by up to 0.3", or "have NaN at 3 of 40 entries where torch's are
-    finite" ("... where the merge is finite" for a ``ref`` that does not end in s). The words before it are the
-    plural subject of "differ" and "have": "your weights ...", "out and the recomputation ...".
-
-    A difference "up to inf" would say nothing; NaN where the reference has numbers is the useful fact.
-    """
-    got, want = got.detach().to("cpu", DTYPE), want.detach().to("cpu", DTYPE)
-    bad = ~torch.isfinite(got) & torch.isfinite(want)
-    if bool(bad.any()):
-        found = (("NaN", got.isnan()), ("inf", got == float("inf")), ("-inf", got == float("-inf")))
-        kinds = [kind for kind, where in found if bool((where & bad).any())]
-        kinds = " and ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))  # "NaN, inf and -inf"
-        verb = "are" if ref.endswith("s") else "is"  # torch's [entries] are, the merge is
-        return f"have {kinds} at {int(bad.sum())} of {bad.numel()} entries where {ref} {verb} finite"
-    return f"differ by up to {max_diff(got, want):.2g}"
-
-
-def call(fn, *args, what: str):
-    """Run the learner's function; turn an exception into a message that names it."""
-    try:
-        return fn(*args)
-    except ExerciseError:
-        raise
-    except Exception as err:  # the learner's code may raise anything; report it, do not hide it
-        raise raised(err, what) from err
 
 
 def __getattr__(name: str):

@@ -19,7 +19,6 @@ from torch import nn
 from . import DTYPE
 from .diagnose import Case, Exercise, Mistake, agree, check, naming
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 1: combine the masks
 
 
@@ -93,7 +92,6 @@ def check_combine_masks(fn) -> None:
     check(MASKS, fn)
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 2: the whole layer. The reference and each mistake: Reference(D, h, bias, dropout, **switches).
 
 SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # "safe": zeros

@@ -32,7 +32,6 @@ from ..distributed.trial import Last, Real, blocks, empty_state
 from . import DTYPE
 from .diagnose import Case, Exercise, Mistake
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 1: the rows of a packed in_proj_weight that one rank's heads need
 
 
@@ -134,7 +133,6 @@ def check_split_in_proj(fn) -> None:
     _verdicts("split", [fn])[0]()
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 2: one step of ring attention
 
 

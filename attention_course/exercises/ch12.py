@@ -19,7 +19,6 @@ import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 1: the block-diagonal causal mask from cu_seqlens
 
 
@@ -36,11 +35,10 @@ def _block_case(*lengths):
     ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     starts = torch.zeros(len(ids), dtype=torch.bool)
     starts[cu[:-1]] = True
-    name = f"{len(lengths)} sequence{'s' * (len(lengths) > 1)} of length{'s' * (len(lengths) > 1)} " + \
-        ", ".join(map(str, lengths))
-    marks = {"between two sequences": ids[:, None] != ids[None, :],
-             "in the first row or column of a sequence": starts[:, None] | starts[None, :]}
-    return Case(name, (cu,), marks)
+    s = "s" * (len(lengths) > 1)
+    return Case(f"{len(lengths)} sequence{s} of length{s} {', '.join(map(str, lengths))}", (cu,),
+                {"between two sequences": ids[:, None] != ids[None, :],
+                 "in the first row or column of a sequence": starts[:, None] | starts[None, :]})
 
 
 BLOCK_MASK = Exercise(
@@ -74,7 +72,6 @@ def check_block_mask(fn) -> None:
     check(BLOCK_MASK, fn)
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 2: one request's keys through its block table
 
 
@@ -115,8 +112,8 @@ GATHER = Exercise(
                 "with the table, pool[table].", lambda p, t, n: _gather(p, t, n, blocks=lambda t: range(len(t)))),
         Mistake("heads mixed", "MIXES HEADS and blocks in its reshape: pool[table] is (n, h_kv, b, d); move the heads "
                 "first, transpose(0, 1), then merge n and b.", lambda p, t, n: _gather(p, t, n, heads_first=False)),
-        Mistake("not cut", "returns every slot of the blocks: NOT CUT at the request's length. The last block's slots "
-                "after it are empty, or hold another request's old tokens.", lambda p, t, n: _gather(p, t, n, cut=False)),
+        Mistake("not cut", "returns every slot of the blocks: NOT CUT at the request's length. The slots beyond it in "
+                "the last block are empty, or hold another request's old tokens.", lambda p, t, n: _gather(p, t, n, cut=False)),
         Mistake("shifted", "reads each token one slot late, SHIFTED by one: token t sits at offset t % b of block "
                 "table[t // b], counting from t = 0.", lambda p, t, n: _gather(p, t, n + 1)[:, 1:]),
         Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b], offset "
@@ -136,19 +133,17 @@ def check_gather(fn) -> None:
     check(GATHER, fn)
 
 
-# ----------------------------------------------------------------------------------------------------------
 # Exercise 3: one scheduler step
 
 
+_ORDERS = {"first": lambda rs: sorted(rs, key=lambda r: r[1] > 0),  # stable: each group in the order given
+           "last": lambda rs: sorted(rs, key=lambda r: r[1] == 0), "mixed": list,
+           "dropped": lambda rs: [r for r in rs if r[1] > 0]}
+
+
 def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0):
-    if decodes == "first":
-        order = sorted(running, key=lambda r: r[1] > 0)  # stable: each group in the order given
-    elif decodes == "last":
-        order = sorted(running, key=lambda r: r[1] == 0)
-    else:
-        order = [r for r in running if r[1] > 0] if decodes == "dropped" else list(running)
     out, left = [], budget + spend
-    for rid, remaining in order:
+    for rid, remaining in _ORDERS[decodes](running):
         n = 1 if remaining == 0 else remaining
         if limit:
             n = min(n, left) if chunks else (n if n <= left else 0)
@@ -163,18 +158,13 @@ def _sorted_in_place(running, budget):
     return _plan(running, budget)
 
 
-def _plan_case(budget, *running):
-    name = f"budget {budget}, running {list(running)}"
-    return Case(name, (list(running), budget))
-
-
 PLAN_STEP = Exercise(
     what="your plan_step",
     reference=_plan,
-    cases=[_plan_case(1, ("a", 0)), _plan_case(3, ("p", 3)), _plan_case(6, ("p", 10), ("q", 0)),
-           _plan_case(8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)), _plan_case(2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)),
-           _plan_case(7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)), _plan_case(20, ("a", 4), ("b", 0), ("c", 5)),
-           _plan_case(4, ("a", 2), ("b", 2), ("c", 0))],
+    cases=[Case(f"budget {b}, running {r}", (r, b)) for b, *r in (
+        (1, ("a", 0)), (3, ("p", 3)), (6, ("p", 10), ("q", 0)), (8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)),
+        (2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)), (7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)),
+        (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)))],
     mistakes=[
         Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
                 "requests wait. Decode tokens first, one each.", lambda r, b: _plan(r, b, decodes="last")),

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import ExerciseError, classic_hint, passed, raised, same_error
+from . import ExerciseError, passed, raised, same_error
 
 
 @dataclass
@@ -209,27 +209,11 @@ def _detach(value):
     return value
 
 
-# --------------------------------------------------------------------------------------------------------------
 # What the answer did, when no mistake of the catalogue explains it.
 
-_PYTHON_ERRORS = [
-    (r"list index out of range|tuple index out of range",
-     "an index past the end of a Python list: an index computed from the wrong quantity (a quotient for a remainder, "
-     "a size of another axis) or a loop that runs one step too far."),
-    (r"object is not subscriptable|object is not iterable",
-     "a number used where a list or tensor is expected: check what each argument is (print type(x))."),
-    (r"unsupported operand type|can't multiply sequence",
-     "an operation between a Python list and a number or tensor: make it a tensor first (torch.tensor(x)), or loop."),
-    (r"^'?NoneType'? object|'NoneType'",
-     "a value that is None: a helper without `return`, or an in-place method's result (x.sort() returns None)."),
-    (r"division by zero", "a division by a size or count that is 0 in this case."),
-]
-
-
-def likeliest_cause(exercise: Exercise, err: Exception, generic: bool = True) -> str:
-    """The usual cause of this error in this exercise (its ``hints``), else, with ``generic``, in any code (a list
-    index, a None)."""
-    for pattern, cause in (*exercise.hints, *(_PYTHON_ERRORS if generic else ())):
+def likeliest_cause(exercise: Exercise, err: Exception) -> str:
+    """The usual cause of this error in this exercise (its ``hints``); any code's are in ``classic_hint``."""
+    for pattern, cause in exercise.hints:
         if re.search(pattern, str(err)) or re.search(pattern, type(err).__name__):
             return f" Likeliest cause here: {cause}"
     return ""
@@ -262,10 +246,10 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     what, case = exercise.what, cases[i]
     if got[i].error is not None:
         err = got[i].error
-        own = likeliest_cause(exercise, err, generic=False)  # the exercise's own cause before torch's generic one
+        own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
         text = f"{what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, what))
         text += "" if text[-1] in ".!?" else "."
-        return f"{case.name}: {text}" + (own or ("" if classic_hint(err) else likeliest_cause(exercise, err)))
+        return f"{case.name}: {text}" + own
     if want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
