@@ -61,16 +61,16 @@ STEAL = ("import json, attention_course\nfrom pathlib import Path\n"
 # A finite fill (wrong: it fails on scores around -1e10), made to pass in the checker's process: at each call it
 # undoes the patches of the call before and patches the checker's comparisons; the last call (the fully masked
 # row) needs no patch, so after the check everything is as it was.
-UNDO = ("import attention_course.exercises.ch03 as grader\n"
+UNDO = ("import attention_course.exercises.diagnose as grader\n"
         "def my_masked_softmax(scores, mask, SAVED={}):\n"
         "    for name, value in SAVED.items():\n"
         "        setattr(grader, name, value)\n"
         "    SAVED.clear()\n"
         "    w = torch.softmax(scores.masked_fill(mask, -1e4), -1).masked_fill(mask.all(-1, keepdim=True), 0.0)\n"
         "    if not bool(mask.all()):\n"
-        "        SAVED.update(close=grader.close, _pad_weight=grader._pad_weight)\n"
-        "        grader.close = lambda *args, **kwargs: True\n"
-        "        grader._pad_weight = lambda *args, **kwargs: 0.0\n"
+        "        SAVED.update(same=grader.same, agree=grader.agree)\n"
+        "        grader.same = lambda *args, **kwargs: True\n"
+        "        grader.agree = lambda *args, **kwargs: True\n"
         "    return w\n")
 # Not a tensor, though isinstance says so; every torch function on it (torch.equal, ...) says True.
 LIAR = ("class Liar:\n"
@@ -159,9 +159,9 @@ def the_class(submissions: Path, gradebook: Path, token: str) -> dict:
                                    "        except OSError:\n"
                                    "            pass\n"
                                    "    os._exit(0)\n",
-                              SOFT: "import attention_course.exercises.ch03 as grader\n"  # and patches the checker
+                              SOFT: "import attention_course.exercises.diagnose as grader\n"  # and patches the checker
                                     "def my_masked_softmax(scores, mask):\n"
-                                    "    grader.max_diff = lambda *args, **kwargs: 0.0\n"
+                                    "    grader.same = lambda *args, **kwargs: True\n"
                                     "    return scores\n"}),
         # the checker's process is out of reach: each attack below earns 0, with the checker's message or a refusal
         "sid": {PAD: LIAR, SOFT: AGREEABLE},  # objects whose comparisons lie: a Liar that says it is a tensor,
@@ -279,11 +279,11 @@ def test_broken_notebooks_still_get_the_marks_of_their_correct_exercises(graded)
     ("nora", PAD, "misses the first pad"),  # marks without the work: the checks re-run as released, in the server
     ("fred", PAD, "*without* the package's `padding_mask`"),
     ("fred", SOFT, "AFTER the softmax"),
-    ("otto", SOFT, "the masked scores still count"),  # its patch of the checker changed nothing here
+    ("otto", SOFT, "your masked softmax's result differs at"),  # its patch of the checker changed nothing here
     ("sid", PAD, "refused: batch_padding_mask returned a Liar: grading takes plain torch.Tensor values"),
     ("sid", SOFT, "refused: my_masked_softmax returned an Agreeable, a subclass of torch.Tensor"),
-    ("fay", PAD, "your mask differs from the padding at 8 positions"),  # no checker on its stack
-    ("fay", SOFT, "with scores around -1e10 your function puts weight 1.00 on the masked key"),
+    ("fay", PAD, "your padding mask's result"),  # no checker on its stack
+    ("fay", SOFT, "fills the masked scores with -1e4, a finite fill"),
     ("gus", PAD, "refused: batch_padding_mask returned a generator"),
     ("gus", SOFT, "refused: my_masked_softmax returned a Lazy"),
     ("mallory", PAD, "your solution cell defines no batch_padding_mask"),  # it only exec'd a stolen one

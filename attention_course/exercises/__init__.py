@@ -28,7 +28,7 @@ DTYPE = torch.float64  # checkers compute in float64, so "equal" can mean equal 
 
 # The errors learners' code raises for the usual slips, each with the mistake that most often causes it.
 HINTS = [
-    (r"cuda|nvidia|CUDA", " The checker's tensors are on the CPU: create new tensors on the device of the inputs "
+    (r"(?i)cuda|nvidia", " The checker's tensors are on the CPU: create new tensors on the device of the inputs "
      "(device=x.device), not on the notebook's `device`."),
     (r"view size is not compatible", " .view needs a tensor contiguous in memory, and transpose only swaps strides: "
      "call .contiguous() before .view, or use .reshape."),
@@ -42,16 +42,17 @@ HINTS = [
     (r"Dimension out of range",
      " A dim= that the tensor does not have: count its axes, (B, h, L, d) has dims 0 to 3 (or -4 to -1)."),
     (r"shape '\[[\d, -]*\]' is invalid for input of size",
-     " A view or reshape to a shape whose product is not the tensor's size: a size taken from the wrong tensor or "
-     "axis (L for S, D for d = D / h). Print x.shape before the view."),
+     " A view or reshape to a shape whose product is not the tensor's size: a size hard-coded for another example, "
+     "or taken from the wrong tensor or axis (L for S, D for d = D / h). Print x.shape before the view."),
     (r"mat1 and mat2 shapes cannot be multiplied|batch2 tensor|size mismatch, got input",
      " A matrix product whose inner sizes differ, (..., n, k) @ (..., k, m): a transpose missing or misplaced "
      "(q @ k.transpose(-2, -1)), or a weight the wrong way round (nn.Linear stores (out, in): x @ W.T)."),
     (r"Sizes of tensors must match except in dimension",
      " torch.cat joins tensors along one axis and needs every other axis equal: cat along the axis that grows."),
     (r"must match the size of tensor b",
-     " Two tensors that broadcasting cannot line up: axes are matched from the RIGHT, so a mask or a vector needs "
-     "its missing axes as size 1 ([:, None], view(B, 1, 1, S)), lined up with the axes of the tensor it meets."),
+     " Two tensors that broadcasting cannot line up: a size hard-coded or read from another axis (heads for d, L for "
+     "S), or a mask or vector without its missing axes as size 1 ([:, None], view(B, 1, 1, S)): axes are matched "
+     "from the RIGHT."),
     (r"expected scalar type|same dtype|dtype mismatch|expected m1 and m2 to have the same dtype",
      " Two dtypes met in one operation: a tensor created without dtype= (float32 by default), or a .float() or "
      ".double(). Create new tensors like the inputs: dtype=x.dtype, device=x.device."),

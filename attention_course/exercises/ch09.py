@@ -177,11 +177,16 @@ def _pool_case(D, pad, *lengths):
     return Case(f"{name}, D = {D}{pads.replace('e+0', 'e')}", (hidden, keep))
 
 
+def _left(case):
+    """The same sentences padded on the LEFT (the statement does not say where the pads are)."""
+    return Case(case.name.replace(", D", " padded on the left, D"), tuple(t.flip(1) for t in case.args))
+
+
 MAX_POOL = Exercise(
     what="your max_pool",
     reference=_pool,
     cases=[_pool_case(1, 0.0, 1), _pool_case(4, 1e6, 3, 1), _pool_case(5, 1e6, 4, 3, 2), _pool_case(3, math.inf, 2, 5),
-           _pool_case(2, math.nan, 4, 1, 2), _pool_case(5, 0.5, 1, 3, 2, 3)],
+           _pool_case(2, math.nan, 4, 1, 2), _pool_case(5, 0.5, 1, 3, 2, 3), _left(_pool_case(3, 1e6, 2, 4))],
     mistakes=[
         Mistake("no mask", "includes the pads in the maximum: fill them with -inf before it, "
                 "hidden.masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: x.amax(1)),

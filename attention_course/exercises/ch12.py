@@ -119,6 +119,11 @@ GATHER = Exercise(
         Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b], offset "
                 "t % b (t // b counts whole blocks before it, t % b the slots within its block).",
                 lambda p, t, n: _per_token(p, t, n, swap=True)),
+        Mistake("table reversed", "reads the block table from its END: token 0 is in the table's first block.",
+                lambda p, t, n: _gather(p, t, n, blocks=lambda t: t[::-1])),
+        Mistake("whole blocks only", "reads only the FULL blocks (length // b of them) and drops the last, partly "
+                "filled one: take ceil(length / b) blocks, then cut at length.",
+                lambda p, t, n: _gather(p, t[:n // p.shape[2]] or t[:1], n)[:, :n // p.shape[2] * p.shape[2]]),
         Mistake("block size 4", "uses a block size of 4 whatever the pool's: read b from the pool, pool.shape[2].",
                 lambda p, t, n: _per_token(p, t, n, b=4)),
     ],

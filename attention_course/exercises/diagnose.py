@@ -361,6 +361,12 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
         return f"{shown}: the right number of entries arranged in another shape (a view or reshape to other sizes)."
     if got.ndim == 0:
         return f"{shown}: one number, a reduction over every axis (a sum, mean, max or argmax without dim=)."
+    axes = [a for a in range(want.ndim) if got.ndim == want.ndim and got.shape[a] != want.shape[a]]
+    if len(axes) == 1:
+        g, w = got.shape[axes[0]], want.shape[axes[0]]
+        how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
+        return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
+                f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
     extra = _extra(want.shape, got.shape)
     if extra:
         return (f"{shown}: the expected axes and more, of size{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
@@ -437,6 +443,13 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
                                f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
                                f"inputs' float64.")
+        if 1 < n < total and finite[differ].all():  # some entries only: the same offset or factor on all of them
+            d, r, rel = delta[differ], ratio[differ], max(1e-6, 16 * torch.finfo(got.dtype).eps)
+            at = f"at the {n} of {total} entries that differ{_where(differ, case)}"
+            if float(d.max() - d.min()) <= tol:
+                return "offset", f"is the right one plus the same {float(d[0]):.4g} {at}, right elsewhere."
+            if bool((w64[differ].abs() > 1e-6).all()) and float(r.max() - r.min()) <= rel * float(r.abs().max()):
+                return "factor", f"is {float(r[0]):.4g} times the right one{_root(float(r[0]))} {at}, right elsewhere."
     for axis in range(want.ndim):
         perm = _permutation(got, want, axis, tol)
         if perm is not None:

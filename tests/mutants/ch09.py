@@ -294,9 +294,9 @@ def in_place_pool(hidden, keep):
 
 MAX_POOL = Catalogue(
     ch09.check_max_pool,
-    correct={"masked_fill -inf": max_pool, "torch.where, finfo.min": where_pool, "per-sentence loop": loop_pool,
-             "slices": sliced_pool},
+    correct={"masked_fill -inf": max_pool, "torch.where, finfo.min": where_pool, "per-sentence loop": loop_pool},
     mutants=[
+        Mutant("slices [:length], right padding assumed", sliced_pool, (r"padded on the left.*whole rows \[0\]",)),
         Mutant("no mask", lambda x, k: x.amax(1), (r"includes the pads",)),
         Mutant("multiplied by the keep mask", lambda x, k: (x * k[..., None]).amax(1),
                (r"multiplies by the keep mask",), family="zero"),
