@@ -446,6 +446,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         if 1 < n < total and finite[differ].all():  # some entries only: the same offset or factor on all of them
             d, r, rel = delta[differ], ratio[differ], max(1e-6, 16 * torch.finfo(got.dtype).eps)
             at = f"at the {n} of {total} entries that differ{_where(differ, case)}"
+            if not g64[differ].any():
+                return "zeros", f"is 0 {at}, right elsewhere: nothing computed or kept there."
             if float(d.max() - d.min()) <= tol:
                 return "offset", f"is the right one plus the same {float(d[0]):.4g} {at}, right elsewhere."
             if bool((w64[differ].abs() > 1e-6).all()) and float(r.max() - r.min()) <= rel * float(r.abs().max()):
