@@ -159,7 +159,7 @@ def test_split_heads_accepts_right_answers(capsys):
     (lambda x, h: split_right(x, h).flatten(0, 1), r"flat \(B\*h, L, d\) layout"),
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"returns \(B, L, h, d\).*Add .transpose\(1, 2\)"),
     (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2: your split's result has "
-                                                  r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\): axis 3 alone differs, 1 for 3"),  # d = 1 before
+                                                  r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\): axis 3 alone differs, of size 1 where 3"),  # d = 1 before
     (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
     (lambda x, h: split_right(x, h) + 0.5, r"plus the same 0.5 at every entry"),
     (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError.*Print x.shape"),  # hard-coded sizes

@@ -364,6 +364,9 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     axes = [a for a in range(want.ndim) if got.ndim == want.ndim and got.shape[a] != want.shape[a]]
     if len(axes) == 1:
         g, w = got.shape[axes[0]], want.shape[axes[0]]
+        if g == 1:
+            return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
+                    f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
                 f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
