@@ -176,3 +176,26 @@ def test_a_column_has_no_diagonal_and_minus_inf_is_named_with_its_sign():
     assert "diagonal" not in text and "differs at 1 of 3 entries, e.g. at [0, 0]" in text, text
     text = message(lambda x: torch.full((3, 1), -math.inf), ex)
     assert "has -inf at 3 of 3 entries where the right answer is finite." in text, text
+
+
+def test_an_exception_does_not_hide_the_values_the_answer_gets_wrong_elsewhere():
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 3 else x / n)
+    assert text.startswith("x of shape (4,), n = 16: your scaled's result is 0.25 times the right one")
+    assert "And on x of shape (2, 5, 5), n = 9, your scaled raised IndexError" in text
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)
+    assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
+    assert "And on x of shape (3, 3), n = 4, your scaled's result is 0.5 times the right one" in text
+
+
+def test_a_size_that_tells_the_right_cases_from_the_wrong_is_said():
+    """Right only where n = 4: a 4 written into the answer; wrong only where n = 9."""
+    gen = torch.Generator().manual_seed(1)
+    ex = Exercise(what="your scaled", reference=scaled, mistakes=[], passed="ok",
+                  cases=[Case(f"x of shape {s}, n = {n}", (torch.randn(*s, generator=gen, dtype=torch.float64), n))
+                         for s, n in (((3, 3), 4), ((2, 4), 4), ((2, 5), 9), ((3, 4), 9), ((4,), 16))])
+    assert message(lambda x, n: x / 2, ex).endswith(
+        "It is right on every case with n = 4 and on no other: is 4 written into it as a number, where it should "
+        "come from the inputs?")
+    assert message(lambda x, n: x / 3 ** (n == 9) / n ** 0.5, ex).endswith(
+        "It is wrong on every case with n = 9 and on no other.")
+    assert "on no other" not in message(lambda x, n: x / n, ex)  # wrong everywhere: no size tells

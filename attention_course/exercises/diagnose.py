@@ -69,7 +69,8 @@ class Exercise:
     *args)``: how an answer is called (a class is built, a function called); ``parts``: the names of the items of a
     returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites;
     ``forbidden``: the functions ("module.function", Python functions) the statement forbids: an answer right on every
-    case that calls one while it runs (by any name, inside a helper too) is refused, told ``instead``."""
+    case that calls one while it runs (by any name, inside a helper too) is refused, told ``instead``; ``notes(got,
+    *args)``: what the exercise's own terms say of a wrong result (a plan over its budget), "" when nothing."""
     what: str
     reference: Callable
     cases: list[Case]
@@ -81,6 +82,7 @@ class Exercise:
     hints: tuple = ()
     forbidden: tuple = ()
     instead: str = ""
+    notes: Callable = lambda got, *args: ""  # noqa: E731
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -243,28 +245,60 @@ def _differing(got, want, atol: float, key=None):
 
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
     i = shown_case(exercise, got, want, wrong)
-    what, case = exercise.what, cases[i]
+    what, case, words = exercise.what, cases[i], []
     if got[i].error is not None:
-        err = got[i].error
-        own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
-        text = f"{what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, what))
-        text += "" if text[-1] in ".!?" else "."
-        return f"{case.name}: {text}" + own
-    if want[i].error is not None:  # the statement asks for an exception here, and the answer returned
+        words.append(exception(exercise, got[i].error))
+    elif want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
-    words = []
-    if got[i].changed != want[i].changed:
+    elif got[i].changed != want[i].changed:
         changed = ", ".join(f"`{n}`" for n in got[i].changed)
         words.append(f"{what} modified its input {changed} in place; the caller still needs it: work on a copy "
                      f"(x.clone(), list(x), sorted(x) rather than x.sort()), or an out-of-place operation.")
-    valued = [j for j in wrong if got[j].error is None and want[j].error is None and not same(got[j].value, want[j].value, exercise.atol)]
-    if valued:
-        j = i if i in valued else valued[0]
+    valued = [j for j in wrong if got[j].error is None and want[j].error is None and
+              not same(got[j].value, want[j].value, exercise.atol)]
+    if valued:  # the values it gets wrong, after an exception elsewhere too: the exception may hide the real slip
+        j = i if i in valued else (_big(exercise, got, want, valued) or valued)[0]
         kinds = {kind(got[k].value, want[k].value, exercise) for k in _big(exercise, got, want, valued) or valued}
         phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
-        words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}")
-    return f"{case.name}: " + " And ".join(words)
+        note = exercise.notes(got[j].value, *cases[j].args)
+        words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
+    failed = [j for j in wrong if got[j].error is not None]
+    if failed and got[i].error is None:  # and an exception elsewhere: said too
+        words.append(f"on {cases[failed[0]].name}, " + exception(exercise, got[failed[0]].error))
+    return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
+
+
+def exception(exercise: Exercise, err: Exception) -> str:
+    own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
+    text = f"{exercise.what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, exercise.what))
+    return text + ("" if text[-1] in ".!?" else ".") + own
+
+
+def _sizes(name: str) -> dict:
+    """The sizes a case's name states: "d=2", "T = 2", "4 heads", "blocks of 2" (key: how it is said)."""
+    found = {k: f"{k} = {v}" for k, v in re.findall(r"\b([A-Za-z_]\w*) ?= ?(\d[\d.]*)\b", name)}
+    found |= {w[:4]: f"{n} {w}" for n, w in re.findall(r"\b(\d+) ([a-z]+s|head|query|key|rank|token)\b", name)}
+    return found | {w: f"{w} of {n}" for w, n in re.findall(r"\b([a-z]+) of (\d+)\b", name)}
+
+
+def only_where(cases: list, wrong: list[int]) -> str:
+    """" It is right on every case with d = 6, and on no other", where a size the cases state tells the right ones
+    from the wrong ones (a size written into the answer as a number, a slip that shows only with one head)."""
+    sizes = [_sizes(c.name) for c in cases]
+    right = [k for k in range(len(cases)) if k not in wrong]
+    for side, said in ((right, "right"), (wrong, "wrong")):
+        others = [k for k in range(len(cases)) if k not in side]
+        if len(side) < 2 or not others:
+            continue
+        for key in sizes[side[0]]:
+            values = {sizes[k].get(key) for k in side}
+            if len(values) == 1 and not values & {sizes[k].get(key) for k in others}:
+                n = re.search(r"\d[\d.]*", values.pop()).group()
+                hint = f": is {n} written into it as a number, where it should come from the inputs?" * (said == "right")
+                hint = hint or "."
+                return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
+    return ""
 
 
 def kind(got, want, exercise: Exercise) -> str:

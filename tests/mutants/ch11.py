@@ -440,7 +440,7 @@ RING = catalogue(
         Mutant("m not updated", keeps_the_old_m, (r"m is NOT UPDATED",)),
         Mutant("m of the block alone", block_maximum, (r"RUNNING MAXIMUM",)),
         Mutant("k not transposed", k_not_transposed, (r"raised RuntimeError", r"q @ k.transpose\(-2, -1\)")),
-        Mutant("mask (B, L_k) on the scores", mask_not_broadcast, (r"raised RuntimeError", r"broadcasting cannot line up",
+        Mutant("mask (B, L_k) on the scores", mask_not_broadcast, (r"\): your ring_step raised RuntimeError", r"broadcasting cannot line up",
                                                                     r"view\(B, 1, 1, S\)")),
     ],
 )
