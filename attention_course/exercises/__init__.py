@@ -1,9 +1,5 @@
-"""Checkers for the chapters' exercises.
-
-Each ``check_*`` function takes the learner's answer (a tensor or a function), runs it, and either prints a line
-starting with "Correct" or raises :class:`ExerciseError` that says *what* is wrong (shape, values, a mask the
-wrong way round) and how to look for the fix -- not just that it is wrong.
-"""
+"""Checkers for the chapters' exercises: each ``check_*`` runs the learner's answer and prints "Correct: ..." or
+raises :class:`ExerciseError` saying what the answer did and where to look for the fix (see ``diagnose.py``)."""
 from __future__ import annotations
 
 import re
@@ -20,8 +16,6 @@ def passed(message: str) -> None:
     """Print the verdict, wrapped to the width a chapter page shows."""
     print(textwrap.fill(f"Correct: {message}", 79))
 
-
-# Helpers shared by the chapters' checkers.
 
 DTYPE = torch.float64  # checkers compute in float64, so "equal" can mean equal to 1e-10
 
@@ -96,14 +90,9 @@ def raised(err: Exception, what: str) -> ExerciseError:
 
 
 def same_error(a: Exception, b: Exception) -> bool:
-    """Whether two exceptions are the same failure: same type, same numbers (sizes, dims) in their messages.
-
-    Used to name a mistake by rerunning the reference with that mistake applied: ``torch.where`` and
-    ``masked_fill`` word a broadcast error differently but name the same sizes. An IndexError without numbers ("list
-    index out of range") is taken as the same failure as any IndexError (a tensor's names the sizes).
-    """
+    """Whether two exceptions are the same failure: one type, the same numbers (sizes, dims) in their texts, however
+    worded (``torch.where`` and ``masked_fill``); "list index out of range" names none: any IndexError meets it."""
     numbers = lambda e: sorted(re.findall(r"\d+", str(e)))  # noqa: E731
-    # "list index out of range" names no size: the same failure as a tensor's index error of that type
     sizeless = type(a) in (IndexError, KeyError) and not (numbers(a) and numbers(b))
     return type(a) is type(b) and (numbers(a) == numbers(b) or sizeless)
 

@@ -1,23 +1,19 @@
 """How every checker reaches its verdict.
 
-A checker is an :class:`Exercise`: its **cases** (inputs over every size the statement leaves free, with the edge
-cases it allows), a **reference** (the right answer) and a **catalogue of mistakes**, each the reference transformed
-(two indices swapped, a shift by one, a term dropped, an order reversed, another dtype) with the words that tell the
-learner what it does. :func:`check` runs the answer on every case, on a fresh copy of the inputs, and then:
+A checker is an :class:`Exercise`: its **cases** (every size the statement leaves free, its edge cases), a
+**reference** and a **catalogue of mistakes**, each the reference transformed (indices swapped, a shift by one, a
+term dropped, another dtype) with words that tell the learner what it does. :func:`check` runs the answer on a fresh
+copy of each case's inputs, then says
 
-1. every case right and every input untouched: "Correct: ..." (unless the answer called a function the statement
-   forbids, :attr:`Exercise.forbidden`: then it is refused);
-2. a mistake of the catalogue that **agrees with the answer on every case** (the same values, the same exception,
-   the same inputs changed), and only one: the message names it;
-3. otherwise the message **describes what the answer did** on the smallest case where it is wrong: the exception and
-   its likeliest cause there, the inputs it changed, its type, shape or dtype, or the pattern of the entries that
-   differ (inverted, transposed, a whole row, the diagonal, a constant offset or factor, float32's rounding, the
-   right values in another order, a region the case marks such as a block boundary); or, if the answer gives another
-   result when called again on that case, that it keeps a state between calls.
+1. "Correct: ..." when every case is right and no input changed (unless the answer calls a ``forbidden`` function);
+2. the mistake of the catalogue that **agrees with the answer on every case** (values, exception, inputs changed),
+   when exactly one does;
+3. otherwise **what the answer did**, on the smallest case that shows it: its exception and likeliest cause, the
+   inputs it changed, its type, shape or dtype, the pattern of the entries that differ (inverted, transposed, an
+   offset or factor, float32's rounding, another order, a region the case marks), a size that tells the right cases
+   from the wrong ones, or a state kept between calls.
 
-``tests/test_catalogues.py`` holds every catalogue to this: each mistake rejected and named on its own, each pair
-of mistakes told apart by some case.
-"""
+``tests/test_catalogues.py`` holds every catalogue to this: each mistake named on its own, each pair told apart."""
 from __future__ import annotations
 
 import copy
