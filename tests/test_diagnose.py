@@ -179,12 +179,12 @@ def test_a_column_has_no_diagonal_and_minus_inf_is_named_with_its_sign():
 
 
 def test_an_exception_does_not_hide_the_values_the_answer_gets_wrong_elsewhere():
-    text = message(lambda x, n: [1, 2][n] if x.ndim == 3 else x / n)
-    assert text.startswith("x of shape (4,), n = 16: your scaled's result is 0.25 times the right one")
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 3 else 3 * x / n ** 0.5)
+    assert text.startswith("x of shape (4,), n = 16: your scaled's result is 3 times the right one")
     assert "And on x of shape (2, 5, 5), n = 9, your scaled raised IndexError" in text
-    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else 3 * x / n ** 0.5)
     assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
-    assert "And on x of shape (3, 3), n = 4, your scaled's result is 0.5 times the right one" in text
+    assert "And on x of shape (3, 3), n = 4, your scaled's result is 3 times the right one" in text
 
 
 def test_a_size_that_tells_the_right_cases_from_the_wrong_is_said():
@@ -199,3 +199,9 @@ def test_a_size_that_tells_the_right_cases_from_the_wrong_is_said():
     assert message(lambda x, n: x / 3 ** (n == 9) / n ** 0.5, ex).endswith(
         "It is wrong on every case with n = 9 and on no other.")
     assert "on no other" not in message(lambda x, n: x / n, ex)  # wrong everywhere: no size tells
+
+
+def test_a_mistake_made_wherever_the_answer_returns_is_named_beside_its_exception_elsewhere():
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)
+    assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
+    assert text.endswith(f"And on x of shape (3, 3), n = 4, your scaled {SQRT.says}")

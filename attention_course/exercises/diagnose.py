@@ -126,6 +126,12 @@ def check(exercise: Exercise, answer) -> None:
     named, case = naming(exercise, got), exercise.cases[wrong[0]]
     if len(named) == 1:
         raise ExerciseError(f"{case.name}: {exercise.what} {named[0].says}")
+    returned = [i for i in wrong if got[i].error is None]
+    named = naming(exercise, got, [i for i, g in enumerate(got) if g.error is None]) if returned else []
+    if len(named) == 1 and len(returned) < len(wrong):  # one mistake wherever it returns, an exception elsewhere
+        f = next(i for i in wrong if got[i].error is not None)
+        raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error)} And on "
+                            f"{exercise.cases[returned[0]].name}, {exercise.what} {named[0].says}")
     if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
         raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
                             f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
@@ -149,10 +155,11 @@ def watching(answer, forbidden, used: list):
     return watched if codes else answer
 
 
-def naming(exercise: Exercise, got: list[Outcome]) -> list[Mistake]:
-    """The mistakes of the catalogue that agree with the answer's outcomes on every case."""
-    return [m for m in exercise.mistakes
-            if all(agree(g, exercise.expected(m.name, m.answer, c), exercise.atol) for g, c in zip(got, exercise.cases))]
+def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None) -> list[Mistake]:
+    """The mistakes of the catalogue that agree with the answer's outcomes on every case (of ``on``)."""
+    on = range(len(got)) if on is None else on
+    return [m for m in exercise.mistakes if all(agree(got[i], exercise.expected(m.name, m.answer, exercise.cases[i]),
+                                                      exercise.atol) for i in on)]
 
 
 def agree(a: Outcome, b: Outcome, atol: float) -> bool:
