@@ -199,6 +199,10 @@ def test_a_size_that_tells_the_right_cases_from_the_wrong_is_said():
     assert message(lambda x, n: x / 3 ** (n == 9) / n ** 0.5, ex).endswith(
         "It is wrong on every case with n = 9 and on no other.")
     assert "on no other" not in message(lambda x, n: x / n, ex)  # wrong everywhere: no size tells
+    ones = Exercise(what="your scaled", reference=scaled, mistakes=[], passed="ok", cases=[
+        Case(f"x of shape {tuple(x.shape)}, n = {n}", (x, n)) for x, n in ((torch.ones(2, 2), 1), (torch.ones(3), 1),
+                                                                          (torch.ones(2, 3), 4), (torch.ones(4), 9))])
+    assert "on no other" not in message(lambda x, n: x / n, ones)  # right where n = 1 only: no 1 written in
 
 
 def test_a_mistake_made_wherever_the_answer_returns_is_named_beside_its_exception_elsewhere():

@@ -296,8 +296,9 @@ def only_where(cases: list, wrong: list[int]) -> str:
             continue
         for key in sizes[side[0]]:
             values = {sizes[k].get(key) for k in side}
-            if len(values) == 1 and not values & {sizes[k].get(key) for k in others}:
-                n = re.search(r"\d[\d.]*", values.pop()).group()
+            n = re.search(r"\d[\d.]*", next(iter(values)) or "0").group()
+            if len(values) == 1 and not values & {sizes[k].get(key) for k in others} and (float(n) > 1 or said == "wrong"):
+                # (right only at 1 is no sign of a number written in: a slip along that axis cannot show there)
                 hint = f": is {n} written into it as a number, where it should come from the inputs?" * (said == "right")
                 hint = hint or "."
                 return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
