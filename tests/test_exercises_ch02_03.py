@@ -109,7 +109,8 @@ def test_attention_weights_divided_after_the_softmax_are_named_as_such_not_as_a_
 
 def test_attention_cases_leave_every_size_free():
     sizes = [(*q.shape, k.shape[1], v.shape[2]) for q, k, v in (c.args for c in ch02.ATTENTION.cases)]  # B, L, d, S, dv
-    assert (1, 1, 1, 1, 1) in sizes and any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
+    assert (1, 1, 6, 1, 1) in sizes  # one query, one key; d = 6, the chapter's, as in 2 more cases
+    assert any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
     assert all(len({s[i] for s in sizes}) > 2 for i in range(5))  # B, L, S, d, dv: each takes three values or more
 
 

@@ -1,11 +1,6 @@
-"""Checkers for chapter 2, from scores to a representation.
-
-1. ``my_softmax(scores, dim=-1)`` -- grade_id ``ex-ch2-softmax``: ``torch.softmax(scores, dim)`` without calling
-   it, for scores of any shape, around 1000, and rows at very different levels.
-2. ``attention(q, k, v)`` -- grade_id ``ex-ch2-attention``: ``q`` (B, L, d), ``k`` (B, S, d), ``v`` (B, S, dv);
-   returns ``(output, weights)``, ``weights = softmax(q k^T / sqrt(d))`` over the keys (B, L, S) and ``output =
-   weights @ v`` (B, L, dv). L and S may differ, and so may d and dv.
-"""
+"""Chapter 2's checkers: ``my_softmax(scores, dim=-1)`` (ex-ch2-softmax), torch.softmax without calling it, for
+scores of any shape, around 1000, rows at very different levels; ``attention(q, k, v)`` (ex-ch2-attention): q (B, L,
+d), k (B, S, d), v (B, S, dv) -> (weights @ v, weights = softmax(q k^T / sqrt(d))), L != S and d != dv allowed."""
 from __future__ import annotations
 
 import torch
@@ -13,13 +8,24 @@ import torch
 from .diagnose import Case, Exercise, Mistake, check
 
 
-def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True)):
-    """The reference, and the classic slips as options (``over``: the axis the answer really uses)."""
+def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True), below=None):
+    """The reference; the slips as options (``over``: the axis really used, ``below``: "raw" or "all" sums)."""
     dim = dim if over is None else over
     top = {"max": lambda: s.amax(dim, keepdim=keep[0]), "global": s.max, "min": lambda: s.amin(dim, keepdim=True),
-           "mean": lambda: s.mean(dim, keepdim=True), None: lambda: 0.0}[shift]()
+           "mean": lambda: s.mean(dim, keepdim=True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True)}[shift]()
     e = (s - top).exp() if exp else s - top
-    return e / e.sum(dim, keepdim=keep[1]) if divide else e
+    total = {"raw": lambda: s.exp().sum(dim, keepdim=True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
+    return e / total() if divide else e
+
+
+def _ties(got, s, dim=-1):
+    """The notes: two scores that differ given the same weight, where the right weights differ (a clamp)."""
+    if not isinstance(got, torch.Tensor) or got.shape != s.shape or not s.ndim:
+        return ""
+    g, t, w = (x.movedim(dim, -1).unsqueeze(-1) for x in (got.to(s.dtype), s, torch.softmax(s, dim)))
+    tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
+    a, b = (t.expand_as(tie)[tie][0], t.mT.expand_as(tie)[tie][0]) if tie.any() else (0, 0)
+    return f"It gives the scores {a:.5g} and {b:.5g} the same weight, as a clamp does: subtract each row's maximum instead." * bool(tie.any())
 
 
 def _scores(name, s, dim=-1):
@@ -48,6 +54,12 @@ SOFTMAX = Exercise(
         *[Mistake(stat, f"shifts each row by its {stat}, and exp overflows on a wide row. Subtract the row's "
                   f"MAXIMUM, not its minimum or mean: every exponent is then <= 0.", _sm(shift=stat))
           for stat in ("min", "mean")],
+        Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it, scores - scores.max(dim, "
+                "keepdim=True).values.", _sm(shift="+")),
+        Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
+                "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
+        Mistake("sum all", "divides by the sum of the WHOLE tensor: each slice along `dim` must sum to 1, e.sum(dim, "
+                "keepdim=True).", _sm(below="all")),
         Mistake("no exp", f"divides the scores by their sum without taking exp first: a negative score gets a negative "
                 f"share. {SHARE}", _sm(shift=None, exp=False)),
         Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
@@ -63,6 +75,7 @@ SOFTMAX = Exercise(
         Mistake("sum keepdim", f"divides by a sum taken {KEEPDIM}", _sm(keep=(True, False))),
     ],
     passed="stable for scores around 1000 and rows 1000 apart, `dim` respected, any shape, the scores' dtype.",
+    notes=_ties,
 )
 
 
@@ -72,12 +85,12 @@ def check_softmax(fn) -> None:
 
 
 def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda k: k.mT, after=False,
-               softmax=True, swap=False, values=None):
+               softmax=True, swap=False, out=lambda w, k, v: w @ v):
     """The reference, and the classic slips as options (``by``: the scores' divisor). Returns (output, weights)."""
     scores = (k @ q.mT if swap else q @ kT(k)) / (1 if after else by(q, k, v))  # (B, L, S)
     weights = torch.softmax(scores, dim) if softmax else scores
     weights = weights / by(q, k, v) if after else weights
-    return weights @ (v if values is None else values(k)), weights
+    return out(weights, k, v), weights
 
 
 def _qkv(B, L, S, d, dv):
@@ -93,7 +106,8 @@ DIVIDE = "the scale is sqrt(d), the size of the vectors in each dot product: q k
 ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_qkv(*s) for s in ((1, 1, 1, 1, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1))],
+    cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
+                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2))],  # d = 6 as in the chapter, and other d
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d), before the softmax.",
                 _a(by=lambda *a: 1)),
@@ -111,7 +125,9 @@ ATTENTION = Exercise(
                 "k.transpose(-2, -1), (B, L, S).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
                 "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
-        Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(values=lambda k: k)),
+        Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(out=lambda w, k, v: w @ k)),
+        Mistake("weights^T", "multiplies the TRANSPOSED weights by v: row i of the output mixes the values with query "
+                "i's weights, weights @ v, (B, L, S) @ (B, S, dv).", _a(out=lambda w, k, v: w.mT @ v)),
         Mistake("pair swapped", "returns (weights, output): return (output, weights), in that order.",
                 lambda q, k, v: _attention(q, k, v)[::-1]),
         Mistake("output only", "returns the output alone: return the pair (output, weights).",
