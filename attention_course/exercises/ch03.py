@@ -1,11 +1,6 @@
-"""Checkers for chapter 3, padding and masks. Masks are IGNORE masks: bool, True = this key may NOT be attended.
-
-1. ``batch_padding_mask(lengths, max_len)`` -- grade_id ``ex-ch3-padding-mask``: ``lengths`` a list of B sentence
-   lengths, ``max_len`` = S >= max(lengths); returns the (B, 1, S) bool mask, True at the pads (position >= length).
-2. ``my_masked_softmax(scores, mask)`` -- grade_id ``ex-ch3-masked-softmax``: scores (B, L, S), a bool mask
-   (B, 1, S); the softmax over the keys not masked, exactly 0 on masked keys, and a row of zeros (not NaN) for a
-   query whose keys are all masked.
-"""
+"""Chapter 3's checkers; masks are IGNORE masks, True = this key may NOT be attended. ``batch_padding_mask(lengths,
+max_len)`` (ex-ch3-padding-mask): the (B, 1, S) bool mask, True at position >= length; ``my_masked_softmax(scores,
+mask)`` (ex-ch3-masked-softmax): scores (B, L, S), mask (B, 1, S), 0 on masked keys, zeros for an all-masked row."""
 from __future__ import annotations
 
 import torch
@@ -23,8 +18,8 @@ _p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths
 PADDING_MASK = Exercise(
     what="your padding mask",
     reference=_pad,
-    cases=[Case(f"lengths {n}, max_len {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
-                                                                  ([4, 1, 3], 6), ([5, 2, 4, 1], 5))],
+    cases=[Case(f"lengths {n}, max_len = {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
+                                                                    ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4))],
     mistakes=[
         Mistake(">", "misses the first pad of each sentence: position lengths[b] is the first pad (positions start at "
                 "0), so the test is position >= length, not >.", _p(first=1)),
@@ -32,6 +27,9 @@ PADDING_MASK = Exercise(
                 "real. The test is position >= length.", _p(first=-1)),
         Mistake("left", "puts the pads on the LEFT: these sentences are padded on the right, real at 0 .. lengths[b] "
                 "- 1 and pads from position lengths[b] on.", _p(turn=lambda m: m.flip(-1))),
+        Mistake("[-n_pads:]", "marks the pads with mask[-n_pads:]: a sentence with no pad has n_pads = 0, and [-0:] is "
+                "the WHOLE row. Slice from the length, mask[length:].",
+                lambda lengths, max_len: _pad(lengths, max_len) | (torch.tensor(lengths) == max_len)[:, None, None]),
         Mistake("(B, S)", "returns (B, S), the key padding mask itself: add the query axis, mask[:, None, :] -> "
                 "(B, 1, S), which broadcasts over the queries of the (B, L, S) scores.", _p(turn=lambda m: m[:, 0])),
         Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES, so it would blank whole rows. Padding hides "
@@ -52,22 +50,25 @@ def check_padding_mask(fn) -> None:
     check(PADDING_MASK, fn)
 
 
-def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=False):
-    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, NaN left on the rows with every
-    key masked (``empty=False``), the pads zeroed ``after`` the softmax, softmax over ``dim``, the mask ``added``."""
+def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=0):
+    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, the rows with every key masked left
+    (``empty=False``) or found otherwise, the pads zeroed ``after`` the softmax, softmax over ``dim``, mask * ``added``."""
     m = turn(mask)
     if after:
         w = torch.softmax(scores, dim).masked_fill(m, 0.0)
         w = w / w.sum(dim, keepdim=True) if after == "renormalise" else w
     else:
-        w = torch.softmax(scores + m if added else scores if fill is None else scores.masked_fill(m, fill), dim)
-    return w.masked_fill(m.all(-1, keepdim=True), 0.0) if empty else w
+        w = torch.softmax(scores + m * added if added else scores if fill is None else scores.masked_fill(m, fill), dim)
+    rows = {True: lambda: m.all(-1, keepdim=True), "any": lambda: m.any(-1, keepdim=True), "global": m.all,
+            "nan": w.isnan, False: lambda: torch.tensor(False)}[empty]()
+    return w.masked_fill(rows, 0.0)
 
 
 _m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
-NAN = "And a row whose keys are all masked gets NaN: give it zeros, mask.all(-1, keepdim=True)."
-_both = lambda name, says, **slip: [Mistake(name, says, _m(**slip)),  # noqa: E731 - and with NaN on empty rows
-                                    Mistake(f"{name}, NaN", f"{says} {NAN}", _m(empty=False, **slip))]
+EMPTY = "And a row whose keys are all masked gets {}: give it zeros, mask.all(-1, keepdim=True)."
+_both = lambda name, says, gets="NaN", **slip: [Mistake(name, says, _m(**slip)),  # noqa: E731 - and the empty rows
+                                                Mistake(f"{name}, {gets}", f"{says} {EMPTY.format(gets)}",
+                                                        _m(empty=False, **slip))]
 
 
 def _scores(name, scores, mask):
@@ -105,13 +106,21 @@ MASKED_SOFTMAX = Exercise(
                turn=lambda m: m.mT),
         *_both("queries", "sums to 1 down the columns: softmax ran over the queries. Each query's weights over the "
                "keys must sum to 1: softmax(..., dim=-1).", dim=-2),
-        *[Mistake(f"fill {t}", f"fills the masked scores with {t}, a finite fill: an ordinary score, which takes "
-                  f"weight wherever the real scores are not far above it. Fill them with float('-inf').", _m(fill=f))
-          for t, f in (("-1e9", -1e9), ("-1e4", -1e4), ("0", 0.0))],
-        Mistake("NaN", "gives NaN on a row whose keys are all masked (softmax of all -inf is 0 / 0): find those rows "
-                "with mask.all(-1, keepdim=True) and give them zeros.", _m(empty=False)),
+        *[m for t, f in (("-1e9", -1e9), ("-1e4", -1e4), ("0", 0.0)) for m in _both(
+            f"fill {t}", f"fills the masked scores with {t}, a finite fill: an ordinary score, which takes weight "
+            f"wherever the real scores are not far above it. Fill them with float('-inf').", "equal weights", fill=f)],
+        Mistake("NaN", "gives NaN on a row whose keys are all masked (softmax of all -inf is 0 / 0; NaN * 0 is NaN "
+                "too): give those rows zeros with masked_fill(mask.all(-1, keepdim=True), 0.0).", _m(empty=False)),
+        Mistake("global all", "zeroes the rows only when mask.all() holds over the WHOLE mask: a row whose keys are "
+                "all masked still gets NaN. Test each row, mask.all(-1, keepdim=True).", _m(empty="global")),
+        Mistake("any", "gives zeros to every row with ANY masked key: only a row whose keys are ALL masked gets "
+                "zeros, mask.all(-1, keepdim=True).", _m(empty="any")),
+        Mistake("squeezed", "squeezed the mask to (B, S) before masked_fill: against the (B, L, S) scores it lines up "
+                "as (L, S), query l gets sentence l's mask. Keep (B, 1, S).", _m(turn=lambda m: m[:, 0], empty="nan")),
         Mistake("added", "ADDED the bool mask to the scores: True counts as 1, so a masked score goes up by 1 "
-                "instead of being blocked. Use scores.masked_fill(mask, float('-inf')).", _m(added=True)),
+                "instead of being blocked. Use scores.masked_fill(mask, float('-inf')).", _m(added=1)),
+        *_both("mask * -inf", "built an additive mask as mask * float('-inf'): at the kept keys 0 * -inf = NaN. Use "
+               "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),
     ],
     passed="masked keys get exactly 0, the other weights sum to 1, huge scores are safe, a row with every key "
            "masked gives zeros.",
