@@ -54,7 +54,7 @@ def test_self_attention_rejects_a_minus_1e9_fill_where_every_real_score_is_lower
     (dict(scale=1.0), r"^B=1, L=3, D=2, lengths \[3\]: your attention did not scale the scores"),
     (dict(scale=6.0), None),  # right for D = 6 only: described, not named
     (dict(fill=-1e9, inverted=True), r"the mask is inverted.*not -1e9"),
-    (dict(inverted=True), r"^B=1, L=1, D=1, lengths \[1\]: your attention masked the real tokens .* inverted"),
+    (dict(inverted=True), r"^B=1, L=3, D=2, lengths \[3\]: your attention masked the real tokens .* inverted"),
     (dict(no_mask=True), "the mask was not applied"),
     (dict(mask_rows=True), r"masked the padded QUERIES.*never whole query rows.$"),
     (dict(mask_rows=True, fill=-1e9), r"masked the padded QUERIES.*not -1e9"),

@@ -1,10 +1,6 @@
-"""Checkers for chapter 4, a self-attention module.
-
-1. ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` -- grade_id ``ex-ch4-by-hand``: x (B, L, D), W (D, D) with
-   Q = x @ W_q, the mask (B, L) True at the pads; ``(out, weights)``, softmax(mask(Q K^T / sqrt(D))) V and the weights.
-2. ``load_into_torch(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o)`` -- grade_id ``ex-ch4-copy``: copies weights in the
-   math convention into ``mha = nn.MultiheadAttention(D, 1, batch_first=True)``, whose parameters start random.
-"""
+"""Chapter 4's checkers. ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` (ex-ch4-by-hand): (softmax(mask(Q K^T /
+sqrt(D))) V, the weights), Q = x @ W_q, the mask (B, L) True at the pads. ``load_into_torch(mha, W_q, ..., W_o, b_o)``
+(ex-ch4-copy): math-convention weights into ``nn.MultiheadAttention(D, 1, batch_first=True)``, started random."""
 from __future__ import annotations
 
 import copy
@@ -18,9 +14,10 @@ from .diagnose import Case, Exercise, Mistake, check, same
 
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
                turn=lambda m: m[:, None, :], after=False, scale_after=False, added=False, Wt=False, swap=False,
-               kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v):
+               kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v, wT=False, zero=False):
     """The reference; the slips as options (``by``: the scores' divisor, ``fill`` None: no mask, ``turn``: the mask's
-    axes, ``Wt``: x @ W.T, ``swap``: K Q^T, ``kT``: K's transpose, ``values``: V)."""
+    axes, ``Wt``: x @ W.T, ``swap``: K Q^T, ``kT``: K's transpose, ``values``: V, ``wT``: weights^T V, ``zero``: the
+    pad queries' outputs zeroed)."""
     W_q, W_k, W_v = (W.T for W in (W_q, W_k, W_v)) if Wt else (W_q, W_k, W_v)
     Q, K, V = x @ W_q, x @ W_k, values(x, W_k, W_v)  # (B, L, D) each
     scores = (K @ Q.mT if swap else Q @ kT(K)) / (1 if scale_after else by(x))  # (B, L, S)
@@ -29,7 +26,8 @@ def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, f
         scores = scores + m if added else scores if fill is None else scores.masked_fill(m, fill)
     weights = torch.softmax(scores, dim)
     weights = weights.masked_fill(m, 0.0) if after else weights / by(x) if scale_after else weights
-    return weights @ V, weights
+    out = (weights.mT if wT else weights) @ V
+    return out.masked_fill(kpm[..., None], 0.0) if zero else out, weights
 
 
 def _run(answer, *args):  # twice, on copies: an answer with randomness in it (dropout) answers differently
@@ -47,7 +45,9 @@ def _x(B, L, D, lengths, huge=False):
         x, W = (x.abs() + 1) * 1e5, [torch.eye(D, dtype=torch.float64) * sign for sign in (1, -1, 1)]
     kpm = torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L): True at pads
     name = f"B={B}, L={L}, D={D}, lengths {lengths}" + ", every score about -1e10" * huge
-    return Case(name, (x, *W, kpm), {"at the padded keys": kpm[:, None, :].expand(B, L, L)})
+    marks = {"at the padded keys": kpm[:, None, :].expand(B, L, L), "at the pad queries": kpm[..., None].expand(B, L, L),
+             "at the pad queries' outputs": kpm[..., None].expand(B, L, D)}
+    return Case(name, (x, *W, kpm), marks)
 
 
 _a = lambda **slip: lambda *args: _attention(*args, **slip)  # noqa: E731
@@ -60,7 +60,7 @@ SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_x(1, 1, 1, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]),
+    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]),
            _x(1, 6, 4, [4], huge=True)],
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D), before the softmax.",
@@ -98,6 +98,10 @@ SELF_ATTENTION = Exercise(
         Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, W_k, W_v: x)),
         Mistake("V = x @ W_k", "computed V = x @ W_k: the values have their own weight, V = x @ W_v.",
                 _a(values=lambda x, W_k, W_v: x @ W_k)),
+        Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: row i of out mixes the values with query i's "
+                "weights, weights @ V.", _a(wT=True)),
+        Mistake("pad outputs zeroed", "sets out to 0 at the pad positions: out is the weighted sum at EVERY "
+                "position, the pads' queries too; only the pad KEYS are masked.", _a(zero=True)),
         Mistake("pair swapped", "returns (weights, out): return the pair in the order (out, weights).",
                 lambda *args: _attention(*args)[::-1]),
         Mistake("out only", "returns out alone: return the pair (out, weights).", lambda *args: _attention(*args)[0]),
@@ -114,11 +118,11 @@ def check_self_attention(fn) -> None:
 
 
 def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T for W in Ws], join=torch.cat,
-          bias=True, out_w=lambda W_o: W_o.T, out_b=True):
-    """The reference; the slips: other ``blocks``, another ``join``, a bias or ``out_w`` not copied."""
+          bias=torch.cat, out_w=lambda W_o: W_o.T, out_b=True):
+    """The reference; the slips: other ``blocks``, another ``join``, the biases joined otherwise or not copied."""
     with torch.no_grad():
         mha.in_proj_weight.copy_(join(blocks((W_q, W_k, W_v))))  # (3D, D): each block (out, in)
-        mha.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v])) if bias else None
+        mha.in_proj_bias.copy_(bias([b_q, b_k, b_v])) if bias else None
         mha.out_proj.weight.copy_(out_w(W_o)) if out_w else None
         mha.out_proj.bias.copy_(b_o) if out_b else None
 
@@ -139,6 +143,20 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 
+def _held(got, mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o):
+    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the matrices given (or what it held)."""
+    if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != (3 * len(b_q), len(b_q)):
+        return ""
+    r, held = len(b_q) ** 0.5, []
+    for p, was, names in ((got[0], mha.in_proj_weight, "W_q W_k W_v W_o"), (got[1], mha.in_proj_bias, "b_q b_k b_v")):
+        known = [(f"{n}{t}{by}", (W.T if t else W) / (r if by else 1)) for n, W in zip(names.split(), (
+            (W_q, W_k, W_v, W_o) if p.ndim == 2 else (b_q, b_k, b_v))) for t in ("", ".T") for by in ("", " / sqrt(D)")]
+        held += [next((n for n, W in known + [("what it held", w)] if same(b, W, 1e-12)), "something else")
+                 for b, w in zip(p.chunk(3), was.detach().chunk(3))]
+    said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
+    return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
+
+
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
 
 IN_PROJ_COPY = Exercise(
@@ -155,19 +173,28 @@ IN_PROJ_COPY = Exercise(
         Mistake("W_q scaled", "copies W_q.T / sqrt(D): nn.MultiheadAttention scales the scores itself (by 1/sqrt(d), "
                 "d = D for one head), so copy W_q.T as it is.",
                 _c(blocks=lambda Ws: [Ws[0].T / Ws[0].shape[0] ** 0.5, Ws[1].T, Ws[2].T])),
+        Mistake("W_q, b_q scaled", "copies W_q.T / sqrt(D) and b_q / sqrt(D): nn.MultiheadAttention scales the scores "
+                "itself, so copy them as they are.", _c(blocks=lambda Ws: [Ws[0].T / Ws[0].shape[0] ** 0.5, Ws[1].T,
+                Ws[2].T], bias=lambda bs: torch.cat([bs[0] / len(bs[0]) ** 0.5, *bs[1:]]))),
+        *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
+                  f"each block, torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=list, join=j)) for n, j in (
+            ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
         Mistake("stack", "stacks the blocks with torch.stack, on a new axis, (3, D, D): in_proj_weight is (3D, D), the "
                 "blocks one below the other: torch.cat([W_q.T, W_k.T, W_v.T]), not torch.stack.", _c(join=torch.stack)),
         Mistake("in bias", "leaves in_proj_bias as it was: it must hold torch.cat([b_q, b_k, b_v]). (Forgotten biases "
-                "pass a parity check while torch's are 0, as in a new nn.MultiheadAttention.)", _c(bias=False)),
+                "pass a parity check while torch's are 0, as in a new nn.MultiheadAttention.)", _c(bias=None)),
         Mistake("out weight", "leaves out_proj.weight as it was: the output projection is part of the layer too, "
                 "out_proj.weight holds W_o.T.", _c(out_w=None)),
         Mistake("out bias", "leaves out_proj.bias as it was: it must hold b_o.", _c(out_b=False)),
+        Mistake("out_proj", "leaves out_proj as it was, weight and bias: they must hold W_o.T and b_o.",
+                _c(out_w=None, out_b=False)),
         Mistake("nothing", "changes no parameter of mha: copy into the layer you are given, mha.in_proj_weight.copy_("
                 "...) and so on, not into a new layer or a new variable of the same name.", lambda *args: None),
     ],
     passed="every parameter copied: in_proj_weight = [W_q.T; W_k.T; W_v.T], its bias, out_proj = W_o.T and b_o.",
     run=_parameters,
     parts=("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"),
+    notes=_held,
     hints=((r"leaf Variable|requires grad", "parameters track gradients: copy inside `with torch.no_grad():`."),),
 )
 
