@@ -15,9 +15,7 @@ from .diagnose import Case, Exercise, Mistake, check, same
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
                turn=lambda m: m[:, None, :], after=False, scale_after=False, added=False, Wt=False, swap=False,
                kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v, wT=False, zero=False):
-    """The reference; the slips as options (``by``: the scores' divisor, ``fill`` None: no mask, ``turn``: the mask's
-    axes, ``Wt``: x @ W.T, ``swap``: K Q^T, ``kT``: K's transpose, ``values``: V, ``wT``: weights^T V, ``zero``: the
-    pad queries' outputs zeroed)."""
+    """The reference; each slip an option (``by``: the divisor, ``fill`` None: no mask, ``turn``: the mask's axes)."""
     W_q, W_k, W_v = (W.T for W in (W_q, W_k, W_v)) if Wt else (W_q, W_k, W_v)
     Q, K, V = x @ W_q, x @ W_k, values(x, W_k, W_v)  # (B, L, D) each
     scores = (K @ Q.mT if swap else Q @ kT(K)) / (1 if scale_after else by(x))  # (B, L, S)
@@ -45,9 +43,9 @@ def _x(B, L, D, lengths, huge=False):
         x, W = (x.abs() + 1) * 1e5, [torch.eye(D, dtype=torch.float64) * sign for sign in (1, -1, 1)]
     kpm = torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L): True at pads
     name = f"B={B}, L={L}, D={D}, lengths {lengths}" + ", every score about -1e10" * huge
-    marks = {"at the padded keys": kpm[:, None, :].expand(B, L, L), "at the pad queries": kpm[..., None].expand(B, L, L),
-             "at the pad queries' outputs": kpm[..., None].expand(B, L, D)}
-    return Case(name, (x, *W, kpm), marks)
+    q = kpm[..., None]  # (B, L, 1): the pad queries
+    return Case(name, (x, *W, kpm), {"at the padded keys": kpm[:, None, :].expand(B, L, L), "at the pad queries":
+                                     q.expand(B, L, L), "at the pad queries' outputs": q.expand(B, L, D)})
 
 
 _a = lambda **slip: lambda *args: _attention(*args, **slip)  # noqa: E731
@@ -60,8 +58,7 @@ SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]),
-           _x(1, 6, 4, [4], huge=True)],
+    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D), before the softmax.",
                 _a(by=lambda x: 1)),
@@ -73,37 +70,26 @@ SELF_ATTENTION = Exercise(
           for n, d in (("queries", -2), ("batch, mixing the sentences", 0))],
         *_both("inverted", "masked the real tokens and left the pads: the mask is inverted. key_padding_mask is True "
                "at the PADS: fill the scores with -inf where it is True.", turn=lambda m: ~m[:, None, :]),
-        *_both("queries", "masked the padded QUERIES (whole rows, key_padding_mask[:, :, None]) instead of the padded "
-               "KEYS (columns): a row of -inf gives 0/0 = NaN in softmax. Mask the keys, key_padding_mask[:, None, :], "
-               "never whole query rows.", turn=lambda m: m[:, :, None]),
-        Mistake("no mask", "gives the padded keys weight: the mask was not applied. Fill the padded keys' scores with "
-                "-inf (key_padding_mask[:, None, :]) BEFORE the softmax.", _a(fill=None)),
-        Mistake("fill 0", "filled the padded keys' scores with 0, an ordinary score: exp(0) = 1, so the pads keep a "
-                "share. Fill them with float('-inf'), whose weight is 0.", _a(fill=0.0)),
-        Mistake("fill -1e9", "filled the padded keys' scores with -1e9, a finite score: when every real score is lower "
-                "still, the pads take the weight. Fill them with float('-inf').", _a(fill=-1e9)),
-        Mistake("added", "added the bool mask to the scores: True counts as 1, so the pads' scores went up by one. "
-                "Use scores.masked_fill(key_padding_mask[:, None, :], float('-inf')).", _a(added=True)),
-        Mistake("after", "applied the mask AFTER the softmax: the pads' scores shaped the other weights, and the rows "
-                "of a padded sentence no longer sum to 1. Mask the SCORES, before the softmax.", _a(after=True)),
-        Mistake("K.T", "used K.T, which reverses ALL the axes of a 3-D tensor, (B, S, D) -> (D, S, B). Transpose only "
-                "the last two: Q @ K.transpose(-2, -1) (or K.mT).", _a(kT=lambda K: K.permute(2, 1, 0))),
-        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is: broadcasting "
-                "lines it up as (1, B, S), its batch axis against the queries. Give it a query axis: "
-                "key_padding_mask[:, None, :], (B, 1, S).", _a(turn=lambda m: m)),
-        Mistake("x @ W.T", "used x @ W.T: here the weights are in the math convention, Q = x @ W_q (only nn.Linear "
-                "stores them transposed).", _a(Wt=True)),
-        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round, or W_q and W_k "
-                "swapped (both give these scores). Row i is query i: Q @ K.transpose(-2, -1).", _a(swap=True)),
+        *_both("queries", "masked the padded QUERIES (key_padding_mask[:, :, None]), not the padded KEYS: a -inf row "
+               "is NaN. Mask key_padding_mask[:, None, :], never whole query rows.", turn=lambda m: m[:, :, None]),
+        Mistake("no mask", "gives the pads weight: the mask was not applied.", _a(fill=None)),
+        *[Mistake(f"fill {t}", f"filled the padded keys' scores with {t}, a finite score: {why}. Fill them with "
+                  f"float('-inf').", _a(fill=float(t))) for t, why in (
+            ("0", "exp(0) = 1, so the pads keep a share"), ("-1e9", "real scores below it leave the pads the weight"))],
+        Mistake("added", "added the bool mask to the scores: True counts as 1. Fill with -inf.", _a(added=True)),
+        Mistake("after", "applied the mask AFTER the softmax: mask the SCORES, before it.", _a(after=True)),
+        Mistake("K.T", "used K.T, which reverses ALL the axes: Q @ K.transpose(-2, -1).",
+                _a(kT=lambda K: K.permute(2, 1, 0))),
+        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is, its batch "
+                "against the queries: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
+        Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
+        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round or W_q and W_k "
+                "swapped. Use Q @ K.transpose(-2, -1).", _a(swap=True)),
         Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, W_k, W_v: x)),
-        Mistake("V = x @ W_k", "computed V = x @ W_k: the values have their own weight, V = x @ W_v.",
-                _a(values=lambda x, W_k, W_v: x @ W_k)),
-        Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: row i of out mixes the values with query i's "
-                "weights, weights @ V.", _a(wT=True)),
-        Mistake("pad outputs zeroed", "sets out to 0 at the pad positions: out is the weighted sum at EVERY "
-                "position, the pads' queries too; only the pad KEYS are masked.", _a(zero=True)),
-        Mistake("pair swapped", "returns (weights, out): return the pair in the order (out, weights).",
-                lambda *args: _attention(*args)[::-1]),
+        Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
+        Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
+        Mistake("pad outputs 0", "sets out to 0 at the pads: only the pad KEYS are masked.", _a(zero=True)),
+        Mistake("pair swapped", "returns (weights, out): return (out, weights).", lambda *a: _attention(*a)[::-1]),
         Mistake("out only", "returns out alone: return the pair (out, weights).", lambda *args: _attention(*args)[0]),
     ],
     passed="weights and output are softmax(mask(Q K^T / sqrt(D))) V, for one token and many, padded or not.",
@@ -118,11 +104,12 @@ def check_self_attention(fn) -> None:
 
 
 def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T for W in Ws], join=torch.cat,
-          bias=torch.cat, out_w=lambda W_o: W_o.T, out_b=True):
-    """The reference; the slips: other ``blocks``, another ``join``, the biases joined otherwise or not copied."""
+          bias=True, out_w=lambda W_o: W_o.T, out_b=True, scale=()):
+    """The reference; the slips: other ``blocks``, another ``join``, a part not copied, those in ``scale`` / sqrt(D)."""
+    W_q, b_q = (t / len(b_q) ** 0.5 if n in scale else t for n, t in (("W_q", W_q), ("b_q", b_q)))
     with torch.no_grad():
         mha.in_proj_weight.copy_(join(blocks((W_q, W_k, W_v))))  # (3D, D): each block (out, in)
-        mha.in_proj_bias.copy_(bias([b_q, b_k, b_v])) if bias else None
+        mha.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v])) if bias else None
         mha.out_proj.weight.copy_(out_w(W_o)) if out_w else None
         mha.out_proj.bias.copy_(b_o) if out_b else None
 
@@ -144,10 +131,10 @@ def _layer(D):
 
 
 def _held(got, mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o):
-    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the matrices given (or what it held)."""
+    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
+    r, held = len(b_q) ** 0.5, []
     if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != (3 * len(b_q), len(b_q)):
         return ""
-    r, held = len(b_q) ** 0.5, []
     for p, was, names in ((got[0], mha.in_proj_weight, "W_q W_k W_v W_o"), (got[1], mha.in_proj_bias, "b_q b_k b_v")):
         known = [(f"{n}{t}{by}", (W.T if t else W) / (r if by else 1)) for n, W in zip(names.split(), (
             (W_q, W_k, W_v, W_o) if p.ndim == 2 else (b_q, b_k, b_v))) for t in ("", ".T") for by in ("", " / sqrt(D)")]
@@ -158,38 +145,32 @@ def _held(got, mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o):
 
 
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
+CAT = "torch.cat([W_q.T, W_k.T, W_v.T])"
 
 IN_PROJ_COPY = Exercise(
     what="your load_into_torch",
     reference=_copy,
     cases=[_layer(D) for D in (1, 2, 3, 4)],
     mistakes=[
-        Mistake("not transposed", "copies W_q, W_k and W_v without transposing: in_proj_weight holds its blocks as "
-                "nn.Linear does, (out, in): torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=lambda Ws: list(Ws))),
-        Mistake("q k order", "puts W_k.T in the W_q block and W_q.T in the W_k block: the blocks go in the order "
-                "W_q.T, W_k.T, W_v.T (rows 0:D, D:2D, 2D:3D).", _c(blocks=lambda Ws: [Ws[1].T, Ws[0].T, Ws[2].T])),
-        Mistake("W_q everywhere", "copies W_q.T into all 3 blocks: a copy-paste slip? Each block needs its own matrix, "
-                "torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=lambda Ws: [Ws[0].T] * 3)),
-        Mistake("W_q scaled", "copies W_q.T / sqrt(D): nn.MultiheadAttention scales the scores itself (by 1/sqrt(d), "
-                "d = D for one head), so copy W_q.T as it is.",
-                _c(blocks=lambda Ws: [Ws[0].T / Ws[0].shape[0] ** 0.5, Ws[1].T, Ws[2].T])),
-        Mistake("W_q, b_q scaled", "copies W_q.T / sqrt(D) and b_q / sqrt(D): nn.MultiheadAttention scales the scores "
-                "itself, so copy them as they are.", _c(blocks=lambda Ws: [Ws[0].T / Ws[0].shape[0] ** 0.5, Ws[1].T,
-                Ws[2].T], bias=lambda bs: torch.cat([bs[0] / len(bs[0]) ** 0.5, *bs[1:]]))),
+        Mistake("not transposed", f"copies W_q, W_k and W_v without transposing: in_proj_weight holds (out, in) blocks "
+                f"as nn.Linear does: {CAT}.", _c(blocks=list)),
+        Mistake("q k order", f"puts W_k.T in the W_q block and W_q.T in the W_k block: the order is {CAT}.",
+                _c(blocks=lambda Ws: [Ws[1].T, Ws[0].T, Ws[2].T])),
+        Mistake("W_q everywhere", f"copies W_q.T into all 3 blocks: {CAT}.", _c(blocks=lambda Ws: [Ws[0].T] * 3)),
+        *[Mistake(f"{n} scaled", f"copies {n} / sqrt(D): nn.MultiheadAttention scales the scores itself, so copy "
+                  f"{n} as {'they are' if ' ' in n else 'it is'}.", _c(scale=n)) for n in ("W_q", "W_q and b_q")],
         *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
-                  f"each block, torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=list, join=j)) for n, j in (
+                  f"each block, {CAT}.", _c(blocks=list, join=j)) for n, j in (
             ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
-        Mistake("stack", "stacks the blocks with torch.stack, on a new axis, (3, D, D): in_proj_weight is (3D, D), the "
-                "blocks one below the other: torch.cat([W_q.T, W_k.T, W_v.T]), not torch.stack.", _c(join=torch.stack)),
-        Mistake("in bias", "leaves in_proj_bias as it was: it must hold torch.cat([b_q, b_k, b_v]). (Forgotten biases "
-                "pass a parity check while torch's are 0, as in a new nn.MultiheadAttention.)", _c(bias=None)),
-        Mistake("out weight", "leaves out_proj.weight as it was: the output projection is part of the layer too, "
-                "out_proj.weight holds W_o.T.", _c(out_w=None)),
-        Mistake("out bias", "leaves out_proj.bias as it was: it must hold b_o.", _c(out_b=False)),
-        Mistake("out_proj", "leaves out_proj as it was, weight and bias: they must hold W_o.T and b_o.",
-                _c(out_w=None, out_b=False)),
+        Mistake("stack", f"stacks the blocks, (3, D, D): in_proj_weight is (3D, D), {CAT}, not torch.stack.",
+                _c(join=torch.stack)),
+        *[Mistake(n, f"leaves {what} as it was: it must hold {must}.", _c(**slip)) for n, what, must, slip in (
+            ("in bias", "in_proj_bias", "torch.cat([b_q, b_k, b_v]) (a parity check against a new layer, whose biases "
+             "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),
+            ("out bias", "out_proj.bias", "b_o", dict(out_b=False)),
+            ("out_proj", "out_proj, weight and bias", "W_o.T and b_o", dict(out_w=None, out_b=False)))],
         Mistake("nothing", "changes no parameter of mha: copy into the layer you are given, mha.in_proj_weight.copy_("
-                "...) and so on, not into a new layer or a new variable of the same name.", lambda *args: None),
+                "...), not into a new layer or variable.", lambda *args: None),
     ],
     passed="every parameter copied: in_proj_weight = [W_q.T; W_k.T; W_v.T], its bias, out_proj = W_o.T and b_o.",
     run=_parameters,
