@@ -12,9 +12,9 @@ def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(Tru
     """The reference; the slips as options (``over``: the axis really used, ``below``: "raw" or "all" sums)."""
     dim = dim if over is None else over
     top = {"max": lambda: s.amax(dim, keepdim=keep[0]), "global": s.max, "min": lambda: s.amin(dim, keepdim=True),
-           "mean": lambda: s.mean(dim, keepdim=True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True)}[shift]()
+           "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True)}[shift]()
     e = (s - top).exp() if exp else s - top
-    total = {"raw": lambda: s.exp().sum(dim, keepdim=True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
+    total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
     return e / total() if divide else e
 
 
@@ -25,7 +25,7 @@ def _ties(got, s, dim=-1):
     g, t, w = (x.movedim(dim, -1).unsqueeze(-1) for x in (got.to(s.dtype), s, torch.softmax(s, dim)))
     tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
     a, b = (t.expand_as(tie)[tie][0], t.mT.expand_as(tie)[tie][0]) if tie.any() else (0, 0)
-    return f"It gives the scores {a:.5g} and {b:.5g} the same weight, as a clamp does: subtract each row's maximum instead." * bool(tie.any())
+    return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
 
 
 def _scores(name, s, dim=-1):
@@ -46,31 +46,24 @@ SOFTMAX = Exercise(
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
            _scores("float32 scores", _r(3, 5).float())],
     mistakes=[
-        Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf and inf / inf = NaN. "
-                "Softmax does not change when a constant is subtracted from a row: subtract each row's maximum "
-                "first, scores - scores.max(dim, keepdim=True).values.", _sm(shift=None)),
+        Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf, inf / inf = NaN. A "
+                "constant changes no weight: subtract each row's maximum first.", _sm(shift=None)),
         Mistake("global max", "subtracts ONE maximum for the whole tensor: a row far below it underflows to 0 / 0 = "
                 "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.", _sm(shift="global")),
-        *[Mistake(stat, f"shifts each row by its {stat}, and exp overflows on a wide row. Subtract the row's "
-                  f"MAXIMUM, not its minimum or mean: every exponent is then <= 0.", _sm(shift=stat))
-          for stat in ("min", "mean")],
-        Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it, scores - scores.max(dim, "
-                "keepdim=True).values.", _sm(shift="+")),
+        *[Mistake(stat, f"shifts each row by its {stat}: exp overflows on a wide row. Subtract the row's MAXIMUM, not "
+                  f"its minimum or mean.", _sm(shift=stat)) for stat in ("min", "mean")],
+        Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),
         Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
-        Mistake("sum all", "divides by the sum of the WHOLE tensor: each slice along `dim` must sum to 1, e.sum(dim, "
-                "keepdim=True).", _sm(below="all")),
+        Mistake("sum all", "divides by the sum of the WHOLE tensor: sum along `dim`, keepdim=True.", _sm(below="all")),
         Mistake("no exp", f"divides the scores by their sum without taking exp first: a negative score gets a negative "
                 f"share. {SHARE}", _sm(shift=None, exp=False)),
         Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
-        Mistake("log", f"returns log_softmax, the LOG of the weights (all <= 0). {SHARE}",
-                lambda s, dim=-1: torch.log_softmax(s, dim)),
+        Mistake("log", f"returns log_softmax, the LOG of the weights. {SHARE}", lambda s, dim=-1: s.log_softmax(dim)),
         Mistake("argmax", f"is one-hot: all the weight on the largest score, an argmax. {SHARE}",
                 lambda s, dim=-1: torch.zeros_like(s).scatter(dim, s.argmax(dim, keepdim=True), 1.0)),
-        Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: take the max and the sum along `dim`.",
-                _sm(over=0)),
-        Mistake("dim ignored", "ignores its `dim` argument and normalises along the last axis: take the max and the "
-                "sum along `dim`.", _sm(over=-1)),
+        Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: use `dim`.", _sm(over=0)),
+        Mistake("dim ignored", "ignores its `dim` argument: normalises along the last axis.", _sm(over=-1)),
         Mistake("max keepdim", f"subtracts scores.max(dim).values taken {KEEPDIM}", _sm(keep=(False, True))),
         Mistake("sum keepdim", f"divides by a sum taken {KEEPDIM}", _sm(keep=(True, False))),
     ],
@@ -126,12 +119,11 @@ ATTENTION = Exercise(
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
                 "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
         Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(out=lambda w, k, v: w @ k)),
-        Mistake("weights^T", "multiplies the TRANSPOSED weights by v: row i of the output mixes the values with query "
-                "i's weights, weights @ v, (B, L, S) @ (B, S, dv).", _a(out=lambda w, k, v: w.mT @ v)),
+        Mistake("weights^T", "multiplies the TRANSPOSED weights by v: weights @ v.", _a(out=lambda w, k, v: w.mT @ v)),
         Mistake("pair swapped", "returns (weights, output): return (output, weights), in that order.",
-                lambda q, k, v: _attention(q, k, v)[::-1]),
+                lambda *a: _attention(*a)[::-1]),
         Mistake("output only", "returns the output alone: return the pair (output, weights).",
-                lambda q, k, v: _attention(q, k, v)[0]),
+                lambda *a: _attention(*a)[0]),
     ],
     passed="weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, for L != S and d != dv too.",
     parts=("output", "tensor of weights"),
