@@ -24,7 +24,7 @@ def _ties(got, s, dim=-1):
         return ""
     g, t, w = (x.movedim(dim, -1).unsqueeze(-1) for x in (got.to(s.dtype), s, torch.softmax(s, dim)))
     tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
-    a, b = (t.expand_as(tie)[tie][0], t.mT.expand_as(tie)[tie][0]) if tie.any() else (0, 0)
+    a, b = (t.expand_as(tie)[tie][:1].sum(), t.mT.expand_as(tie)[tie][:1].sum())
     return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
 
 
@@ -102,20 +102,17 @@ ATTENTION = Exercise(
     cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
                               (2, 4, 3, 6, 3), (3, 2, 5, 6, 2))],  # d = 6 as in the chapter, and other d
     mistakes=[
-        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d), before the softmax.",
-                _a(by=lambda *a: 1)),
+        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d).", _a(by=lambda *a: 1)),
         *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (
             ("d", lambda q, k, v: q.shape[-1]), ("sqrt(S), the number of keys", lambda q, k, v: k.shape[-2] ** 0.5),
             ("sqrt(dv), the size of the VALUES", lambda q, k, v: v.shape[-1] ** 0.5),
             ("sqrt(L), the number of queries", lambda q, k, v: q.shape[-2] ** 0.5))],
         Mistake("times sqrt d", f"MULTIPLIED the scores by sqrt(d); {DIVIDE}", _a(by=lambda q, k, v: q.shape[-1]**-.5)),
-        Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: their rows sum to 1/sqrt(d). The scale "
-                "belongs to the scores: softmax(q k^T / sqrt(d)).", _a(after=True)),
+        Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: scale the scores.", _a(after=True)),
         Mistake("queries", f"normalised over the queries (softmax dim=-2): {SUM}", _a(dim=-2)),
         Mistake("batch", f"normalised over the BATCH (softmax dim=0), mixing the sentences: {SUM}", _a(dim=0)),
         Mistake("no softmax", "returns the scaled scores as weights: no softmax was applied.", _a(softmax=False)),
-        Mistake("k q^T", "computes k q^T: row i must be query i and column j key j, so the scores are q @ "
-                "k.transpose(-2, -1), (B, L, S).", _a(swap=True)),
+        Mistake("k q^T", "computes k q^T: row i must be query i, q @ k.transpose(-2, -1).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
                 "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
         Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(out=lambda w, k, v: w @ k)),

@@ -60,12 +60,10 @@ SELF_ATTENTION = Exercise(
     reference=_attention,
     cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
     mistakes=[
-        Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D), before the softmax.",
-                _a(by=lambda x: 1)),
+        Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D).", _a(by=lambda x: 1)),
         *[Mistake(name, f"divided the scores by {name}; {SQRT}", _a(by=by)) for name, by in (
             ("D", lambda x: x.shape[-1]), ("sqrt(L), L = x.shape[1] the number of tokens", lambda x: x.shape[1]**.5))],
-        Mistake("scaled after", "scaled the WEIGHTS, dividing the softmax's output by sqrt(D), so their rows sum to "
-                "1/sqrt(D). The scale belongs to the scores: softmax(Q K^T / sqrt(D)).", _a(scale_after=True)),
+        Mistake("scaled after", "scaled the WEIGHTS by 1/sqrt(D): scale the scores.", _a(scale_after=True)),
         *[Mistake(f"{n} softmax", f"normalised over the {n} (softmax dim={d}): {SUM}", _a(dim=d))
           for n, d in (("queries", -2), ("batch, mixing the sentences", 0))],
         *_both("inverted", "masked the real tokens and left the pads: the mask is inverted. key_padding_mask is True "
@@ -85,7 +83,7 @@ SELF_ATTENTION = Exercise(
         Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
         Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round or W_q and W_k "
                 "swapped. Use Q @ K.transpose(-2, -1).", _a(swap=True)),
-        Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, W_k, W_v: x)),
+        Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, *W: x)),
         Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
         Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
         Mistake("pad outputs 0", "sets out to 0 at the pads: only the pad KEYS are masked.", _a(zero=True)),
@@ -130,16 +128,15 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 
-def _held(got, mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o):
+def _held(got, mha, *given):
     """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
-    r, held = len(b_q) ** 0.5, []
-    if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != (3 * len(b_q), len(b_q)):
+    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o".split()
+    known = [(f"{n}{t}{by}", (W.t() if t else W) / (r if by else 1)) for n, W in zip(names, given)
+             for t in ("", ".T") for by in ("", " / sqrt(D)")]
+    if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != mha.in_proj_weight.shape:
         return ""
-    for p, was, names in ((got[0], mha.in_proj_weight, "W_q W_k W_v W_o"), (got[1], mha.in_proj_bias, "b_q b_k b_v")):
-        known = [(f"{n}{t}{by}", (W.T if t else W) / (r if by else 1)) for n, W in zip(names.split(), (
-            (W_q, W_k, W_v, W_o) if p.ndim == 2 else (b_q, b_k, b_v))) for t in ("", ".T") for by in ("", " / sqrt(D)")]
-        held += [next((n for n, W in known + [("what it held", w)] if same(b, W, 1e-12)), "something else")
-                 for b, w in zip(p.chunk(3), was.detach().chunk(3))]
+    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for p, was in
+            zip(got, (mha.in_proj_weight, mha.in_proj_bias)) for b, w in zip(p.chunk(3), was.detach().chunk(3))]
     said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
     return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
 
@@ -169,8 +166,7 @@ IN_PROJ_COPY = Exercise(
              "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),
             ("out bias", "out_proj.bias", "b_o", dict(out_b=False)),
             ("out_proj", "out_proj, weight and bias", "W_o.T and b_o", dict(out_w=None, out_b=False)))],
-        Mistake("nothing", "changes no parameter of mha: copy into the layer you are given, mha.in_proj_weight.copy_("
-                "...), not into a new layer or variable.", lambda *args: None),
+        Mistake("nothing", "changes no parameter of mha: copy into the layer you are given.", lambda *args: None),
     ],
     passed="every parameter copied: in_proj_weight = [W_q.T; W_k.T; W_v.T], its bias, out_proj = W_o.T and b_o.",
     run=_parameters,
