@@ -1,6 +1,5 @@
-"""Chapter 2's checkers: ``my_softmax(scores, dim=-1)`` (ex-ch2-softmax), torch.softmax without calling it, for
-scores of any shape, around 1000, rows at very different levels; ``attention(q, k, v)`` (ex-ch2-attention): q (B, L,
-d), k (B, S, d), v (B, S, dv) -> (weights @ v, weights = softmax(q k^T / sqrt(d))), L != S and d != dv allowed."""
+"""Chapter 2's checkers: ``my_softmax(scores, dim=-1)`` (ex-ch2-softmax), torch.softmax without it; ``attention(q, k,
+v)`` (ex-ch2-attention): q (B, L, d), k (B, S, d), v (B, S, dv) -> (weights @ v, softmax(q k^T / sqrt(d)))."""
 from __future__ import annotations
 
 import torch
@@ -28,10 +27,8 @@ def _ties(got, s, dim=-1):
     return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
 
 
-def _scores(name, s, dim=-1):
-    return Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' if dim != -1 else ''}", (s,) if dim == -1 else (s, dim))
-
-
+_scores = lambda name, s, dim=-1: Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' * (dim != -1)}",  # noqa: E731
+                                       (s,) if dim == -1 else (s, dim))
 _sm = lambda **slip: lambda s, dim=-1: _softmax(s, dim, **slip)  # noqa: E731
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(2))
 SHARE = "Weights are exp(s_j) / sum_k exp(s_k)."
@@ -56,12 +53,10 @@ SOFTMAX = Exercise(
         Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
         Mistake("sum all", "divides by the sum of the WHOLE tensor: sum along `dim`, keepdim=True.", _sm(below="all")),
-        Mistake("no exp", f"divides the scores by their sum without taking exp first: a negative score gets a negative "
-                f"share. {SHARE}", _sm(shift=None, exp=False)),
+        Mistake("no exp", f"divides the scores by their sum without taking exp first. {SHARE}", _sm(shift=None, exp=0)),
         Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
         Mistake("log", f"returns log_softmax, the LOG of the weights. {SHARE}", lambda s, dim=-1: s.log_softmax(dim)),
-        Mistake("argmax", f"is one-hot: all the weight on the largest score, an argmax. {SHARE}",
-                lambda s, dim=-1: torch.zeros_like(s).scatter(dim, s.argmax(dim, keepdim=True), 1.0)),
+        Mistake("argmax", f"is one-hot, an argmax. {SHARE}", lambda s, dim=-1: (s == s.amax(dim, True)).to(s.dtype)),
         Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: use `dim`.", _sm(over=0)),
         Mistake("dim ignored", "ignores its `dim` argument: normalises along the last axis.", _sm(over=-1)),
         Mistake("max keepdim", f"subtracts scores.max(dim).values taken {KEEPDIM}", _sm(keep=(False, True))),

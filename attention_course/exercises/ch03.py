@@ -1,6 +1,5 @@
-"""Chapter 3's checkers; masks are IGNORE masks, True = this key may NOT be attended. ``batch_padding_mask(lengths,
-max_len)`` (ex-ch3-padding-mask): the (B, 1, S) bool mask, True at position >= length; ``my_masked_softmax(scores,
-mask)`` (ex-ch3-masked-softmax): scores (B, L, S), mask (B, 1, S), 0 on masked keys, zeros for an all-masked row."""
+"""Chapter 3's checkers; masks are IGNORE masks, True = do NOT attend. ``batch_padding_mask(lengths, max_len)``
+(ex-ch3-padding-mask) -> (B, 1, S); ``my_masked_softmax(scores, mask)`` (ex-ch3-masked-softmax), zeros if all masked."""
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,5 @@
-"""Chapter 4's checkers. ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` (ex-ch4-by-hand): (softmax(mask(Q K^T /
-sqrt(D))) V, the weights), Q = x @ W_q, the mask (B, L) True at the pads. ``load_into_torch(mha, W_q, ..., W_o, b_o)``
-(ex-ch4-copy): math-convention weights into ``nn.MultiheadAttention(D, 1, batch_first=True)``, started random."""
+"""Chapter 4's checkers: ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` (ex-ch4-by-hand), Q = x @ W_q;
+``load_into_torch(mha, W_q, ..., b_o)`` (ex-ch4-copy) into a random ``nn.MultiheadAttention(D, 1)``."""
 from __future__ import annotations
 
 import copy

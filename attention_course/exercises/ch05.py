@@ -1,6 +1,5 @@
 """Chapter 5's checkers: ``my_split_heads(x, num_heads)`` (ex-ch5-split), (B, L, D) -> (B, h, L, d), head i holding
-features i*d:(i+1)*d; ``my_merge_heads(x)`` (ex-ch5-merge), its inverse. On ``arange`` tensors (a misplaced entry
-shows) of every size, h = 1 and h = D included, D = 8 and d = 4 (the chapter's) twice each."""
+features i*d:(i+1)*d, and its inverse ``my_merge_heads(x)`` (ex-ch5-merge); on ``arange`` tensors, h = 1 to D."""
 from __future__ import annotations
 
 import torch
