@@ -153,8 +153,8 @@ IN_PROJ_COPY = Exercise(
         Mistake("q k order", f"puts W_k.T in the W_q block and W_q.T in the W_k block: the order is {CAT}.",
                 _c(blocks=lambda Ws: [Ws[1].T, Ws[0].T, Ws[2].T])),
         Mistake("W_q everywhere", f"copies W_q.T into all 3 blocks: {CAT}.", _c(blocks=lambda Ws: [Ws[0].T] * 3)),
-        *[Mistake(f"{n} scaled", f"copies {n} / sqrt(D): nn.MultiheadAttention scales the scores itself, so copy "
-                  f"{n} as {'they are' if ' ' in n else 'it is'}.", _c(scale=n)) for n in ("W_q", "W_q and b_q")],
+        *[Mistake(f"{n} scaled", f"divides {n} by sqrt(D): nn.MultiheadAttention scales the scores itself, so copy "
+                  f"{n} as {'they are' if ' ' in n else 'it is'}.", _c(scale=n)) for n in ("W_q.T", "W_q.T and b_q")],
         *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
                   f"each block, {CAT}.", _c(blocks=list, join=j)) for n, j in (
             ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
@@ -164,7 +164,7 @@ IN_PROJ_COPY = Exercise(
             ("in bias", "in_proj_bias", "torch.cat([b_q, b_k, b_v]) (a parity check against a new layer, whose biases "
              "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),
             ("out bias", "out_proj.bias", "b_o", dict(out_b=False)),
-            ("out_proj", "out_proj, weight and bias", "W_o.T and b_o", dict(out_w=None, out_b=False)))],
+            ("out_proj", "out_proj (weight and bias)", "W_o.T and b_o", dict(out_w=None, out_b=False)))],
         Mistake("nothing", "changes no parameter of mha: copy into the layer you are given.", lambda *args: None),
     ],
     passed="every parameter copied: in_proj_weight = [W_q.T; W_k.T; W_v.T], its bias, out_proj = W_o.T and b_o.",
