@@ -33,7 +33,6 @@ _sm = lambda **slip: lambda s, dim=-1: _softmax(s, dim, **slip)  # noqa: E731
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(2))
 SHARE = "Weights are exp(s_j) / sum_k exp(s_k)."
 KEEPDIM = "without keepdim=True: it has one axis fewer and lines up with another axis. Use keepdim=True."
-
 SOFTMAX = Exercise(
     what="your softmax",
     reference=_softmax,
@@ -90,7 +89,6 @@ def _qkv(B, L, S, d, dv):
 _a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
 SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
 DIVIDE = "the scale is sqrt(d), the size of the vectors in each dot product: q k^T / sqrt(d)."
-
 ATTENTION = Exercise(
     what="your attention",
     reference=_attention,

@@ -7,12 +7,8 @@ import torch
 from .diagnose import Case, Exercise, Mistake, check
 
 
-def _pad(lengths, max_len, first=0, cols=None):
-    """The reference; the slips: the first pad ``first`` positions after the length, ``cols`` positions."""
-    positions = torch.arange(max_len if cols is None else cols)[None, :]  # (1, S)
-    return (positions >= torch.tensor(lengths)[:, None] + first)[:, None, :]  # (B, 1, S)
-
-
+_pad = lambda lengths, max_len, first=0, cols=None: (  # noqa: E731 - the slips: pads from length + first, cols columns
+    torch.arange(max_len if cols is None else cols)[None, :] >= torch.tensor(lengths)[:, None] + first)[:, None, :]
 _p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths, max_len, **slip))  # noqa: E731
 PADDING_MASK = Exercise(
     what="your padding mask",
@@ -78,7 +74,6 @@ def _scores(name, scores, mask):
 
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(3))
 INF = "Fill the masked scores with float('-inf') BEFORE the softmax."
-
 MASKED_SOFTMAX = Exercise(
     what="your masked softmax",
     reference=_msm,

@@ -53,7 +53,6 @@ _both = lambda name, says, **slip: [Mistake(name, says, _a(**slip)),  # noqa: E7
                                     Mistake(f"{name}, -1e9", f"{says} {INF}", _a(fill=-1e9, **slip))]
 SQRT = "the scale is sqrt(D), D = x.shape[-1] the size of the vectors in each dot product."
 SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
-
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
@@ -111,11 +110,6 @@ def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T fo
         mha.out_proj.bias.copy_(b_o) if out_b else None
 
 
-def _parameters(answer, mha, *weights):
-    answer(mha, *weights)
-    return tuple(p.detach().clone() for p in (mha.in_proj_weight, mha.in_proj_bias, *mha.out_proj.parameters()))
-
-
 def _layer(D):
     g = torch.Generator().manual_seed(5)
     mha = nn.MultiheadAttention(D, 1, batch_first=True, dtype=torch.float64)
@@ -141,8 +135,9 @@ def _held(got, mha, *given):
 
 
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
+_parameters = lambda answer, mha, *weights: [answer(mha, *weights), tuple(  # noqa: E731 - called, then read
+    p.detach().clone() for p in (mha.in_proj_weight, mha.in_proj_bias, *mha.out_proj.parameters()))][1]
 CAT = "torch.cat([W_q.T, W_k.T, W_v.T])"
-
 IN_PROJ_COPY = Exercise(
     what="your load_into_torch",
     reference=_copy,

@@ -10,16 +10,11 @@ SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), 
 FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
 
-def _split(x, h, order=(0, 2, 1, 3), strided=False):
-    """The reference: (B, L, D) -> (B, L, h, d) -> (B, h, L, d); the slips: another ``order``, (B, L, d, h)."""
-    B, L, D = x.shape
-    return x.reshape(B, L, D // h, h).permute(0, 3, 1, 2) if strided else x.reshape(B, L, h, D // h).permute(*order)
-
-
+_split = lambda x, h, order=(0, 2, 1, 3), strided=False: (  # noqa: E731 - (B, L, h, d) -> (B, h, L, d); or (B, L, d, h)
+    x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.unflatten(-1, (h, -1)).permute(*order))
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
 _s = lambda order: lambda x, h: _split(x, h, order)  # noqa: E731
 _h = lambda h: f"num_heads={h}" if h > 1 else "one head"  # noqa: E731 - "=1" would read as a size written in
-
 SPLIT = Exercise(
     what="your split",
     reference=_split,
@@ -51,15 +46,9 @@ def check_split_heads(fn) -> None:
     check(SPLIT, fn)
 
 
-def _merge(x, order=(0, 2, 1, 3)):
-    """The reference: (B, h, L, d) -> (B, L, h, d) -> (B, L, D); the slip: another ``order`` of the axes."""
-    B, h, L, d = x.shape
-    return x.permute(*order).reshape(B, L, h * d)
-
-
+_merge = lambda x, order=(0, 2, 1, 3): x.permute(*order).reshape(x.shape[0], x.shape[2], -1)  # noqa: E731 - (B, L, D)
 REDUCED = "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d."
 THEN = "bring the tokens before the heads, x.transpose(1, 2), then reshape to (B, L, D)."
-
 MERGE = Exercise(
     what="your merge",
     reference=_merge,
