@@ -6,7 +6,6 @@ import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-
 _pad = lambda lengths, max_len, first=0, cols=None: (  # noqa: E731 - the slips: pads from length + first, cols columns
     torch.arange(max_len if cols is None else cols)[None, :] >= torch.tensor(lengths)[:, None] + first)[:, None, :]
 _p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths, max_len, **slip))  # noqa: E731

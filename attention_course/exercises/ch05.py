@@ -9,7 +9,6 @@ from .diagnose import Case, Exercise, Mistake, check
 SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), (1, 3, 6, 2), (2, 2, 8, 4)]  # B L D h
 FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
-
 _split = lambda x, h, order=(0, 2, 1, 3), strided=False: (  # noqa: E731 - (B, L, h, d) -> (B, h, L, d); or (B, L, d, h)
     x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.unflatten(-1, (h, -1)).permute(*order))
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
@@ -27,8 +26,7 @@ SPLIT = Exercise(
                 "not (B, L, d, h).", lambda x, h: _split(x, h, strided=True)),
         Mistake("(B, L, h, d)", "returns (B, L, h, d): the heads are still after the tokens. Add .transpose(1, 2).",
                 _s((0, 1, 2, 3))),
-        Mistake("(h, B, L, d)", "returns (h, B, L, d), head-major: the heads go at dim 1, .transpose(1, 2).",
-                _s((2, 0, 1, 3))),
+        Mistake("(h, B, L, d)", "returns (h, B, L, d), head-major: the heads go at dim 1.", _s((2, 0, 1, 3))),
         Mistake("(B, h, d, L)", "returns (B, h, d, L): transpose the token and head axes, .transpose(1, 2), not the "
                 "last two.", _s((0, 2, 3, 1))),
         Mistake("overlap", "takes x[..., i:i+d] for head i: the heads overlap. Head i starts at i*d.",
