@@ -109,7 +109,8 @@ def test_attention_weights_divided_after_the_softmax_are_named_as_such_not_as_a_
 
 def test_attention_cases_leave_every_size_free():
     sizes = [(*q.shape, k.shape[1], v.shape[2]) for q, k, v in (c.args for c in ch02.ATTENTION.cases)]  # B, L, d, S, dv
-    assert (1, 1, 1, 1, 1) in sizes and any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
+    assert (1, 1, 6, 1, 1) in sizes  # one query, one key; d = 6, the chapter's, as in 2 more cases
+    assert any(L != S for _, L, _, S, _ in sizes) and any(L == S > 1 for _, L, _, S, _ in sizes)
     assert all(len({s[i] for s in sizes}) > 2 for i in range(5))  # B, L, S, d, dv: each takes three values or more
 
 
@@ -139,14 +140,14 @@ def test_padding_mask_accepts_a_right_answer(capsys):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(polarity="keep"), r"^lengths \[3\], max_len 5: your padding mask's result is the opposite of the right one "
+    (dict(polarity="keep"), r"^lengths \[3\], max_len = 5: your padding mask's result is the opposite of the right one "
                             r"at every entry: True where it should be False \(the polarity swapped\).$"),
     (dict(compare=">"), "misses the first pad.*not >"),
     (dict(compare=">=-1"), "also hides the last real token"),
     (dict(query_axis=False), r"returns \(B, S\), the key padding mask itself.*mask\[:, None, :\]"),
     (dict(shape="rows"), r"returns \(B, S, 1\): that axis is the QUERIES"),
     (dict(shape="expanded"), "already expanded over the queries"),
-    (dict(shape="max"), r"^lengths \[3\], max_len 5: your padding mask has max\(lengths\) columns"),
+    (dict(shape="max"), r"^lengths \[3\], max_len = 5: your padding mask has max\(lengths\) columns"),
     (dict(dtype=torch.long), "result is int64, expected bool: a mask of numbers is not a selection"),
 ])
 def test_padding_mask_names_each_mistake(options, message):
@@ -159,7 +160,7 @@ def test_padding_mask_reports_any_other_difference():
         mask = padding(lengths, max_len).clone()
         mask[-1, 0, 0] = len(lengths) == 4  # right for one, two and three sentences, wrong for four
         return mask
-    with pytest.raises(ExerciseError, match=r"^lengths \[5, 2, 4, 1\], max_len 5: your padding mask's result differs "
+    with pytest.raises(ExerciseError, match=r"^lengths \[5, 2, 4, 1\], max_len = 5: your padding mask's result differs "
                                             r"at 1 of 20 entries, e.g. at \[3, 0, 0\]: expected False, got True.$"):
         ch03.check_padding_mask(one_wrong)
 

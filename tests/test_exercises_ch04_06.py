@@ -54,7 +54,7 @@ def test_self_attention_rejects_a_minus_1e9_fill_where_every_real_score_is_lower
     (dict(scale=1.0), r"^B=1, L=3, D=2, lengths \[3\]: your attention did not scale the scores"),
     (dict(scale=6.0), None),  # right for D = 6 only: described, not named
     (dict(fill=-1e9, inverted=True), r"the mask is inverted.*not -1e9"),
-    (dict(inverted=True), r"^B=1, L=1, D=1, lengths \[1\]: your attention masked the real tokens .* inverted"),
+    (dict(inverted=True), r"^B=1, L=3, D=2, lengths \[3\]: your attention masked the real tokens .* inverted"),
     (dict(no_mask=True), "the mask was not applied"),
     (dict(mask_rows=True), r"masked the padded QUERIES.*never whole query rows.$"),
     (dict(mask_rows=True, fill=-1e9), r"masked the padded QUERIES.*not -1e9"),
@@ -154,11 +154,11 @@ def test_split_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
-     r"^x of shape \(1, 2, 3\), num_heads=3: your split reshaped to \(B, h, L, d\) without transposing"),
+     r"^x of shape \(1, 2, 3\), num_heads=3, d=1: your split reshaped to \(B, h, L, d\) without transposing"),
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2), r"every h-th feature \(strided\)"),
     (lambda x, h: split_right(x, h).flatten(0, 1), r"flat \(B\*h, L, d\) layout"),
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"returns \(B, L, h, d\).*Add .transpose\(1, 2\)"),
-    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2: your split's result has "
+    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2, d=3: your split's result has "
                                                   r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\): axis 3 alone differs, of size 1 where 3"),  # d = 1 before
     (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
     (lambda x, h: split_right(x, h) + 0.5, r"plus the same 0.5 at every entry"),
@@ -191,7 +191,7 @@ def test_merge_heads_accepts_right_answers(capsys):
 
 @pytest.mark.parametrize("wrong, message", [
     (lambda x: x.reshape(x.shape[0], x.shape[2], -1),
-     r"^x of shape \(1, 3, 2, 1\): your merge reshaped \(B, h, L, d\) straight to \(B, L, D\) without transposing"),
+     r"^x of shape \(1, 3, 2, 1\), num_heads=3, D=3: your merge reshaped \(B, h, L, d\) straight to \(B, L, D\) without transposing"),
     (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), r"RuntimeError.*call .contiguous\(\) before .view"),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), r"interleaved"),
     (lambda x: x.transpose(1, 2), r"returns \(B, L, h, d\): the transpose is done; now join the last two axes"),

@@ -1,11 +1,5 @@
-"""Checkers for chapter 2, from scores to a representation.
-
-1. ``my_softmax(scores, dim=-1)`` -- grade_id ``ex-ch2-softmax``: ``torch.softmax(scores, dim)`` without calling
-   it, for scores of any shape, around 1000, and rows at very different levels.
-2. ``attention(q, k, v)`` -- grade_id ``ex-ch2-attention``: ``q`` (B, L, d), ``k`` (B, S, d), ``v`` (B, S, dv);
-   returns ``(output, weights)``, ``weights = softmax(q k^T / sqrt(d))`` over the keys (B, L, S) and ``output =
-   weights @ v`` (B, L, dv). L and S may differ, and so may d and dv.
-"""
+"""Chapter 2's checkers: ``my_softmax(scores, dim=-1)`` (ex-ch2-softmax), torch.softmax without it; ``attention(q, k,
+v)`` (ex-ch2-attention): q (B, L, d), k (B, S, d), v (B, S, dv) -> (weights @ v, softmax(q k^T / sqrt(d)))."""
 from __future__ import annotations
 
 import torch
@@ -13,24 +7,32 @@ import torch
 from .diagnose import Case, Exercise, Mistake, check
 
 
-def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True)):
-    """The reference, and the classic slips as options (``over``: the axis the answer really uses)."""
+def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True), below=None):
+    """The reference; the slips as options (``over``: the axis really used, ``below``: "raw" or "all" sums)."""
     dim = dim if over is None else over
     top = {"max": lambda: s.amax(dim, keepdim=keep[0]), "global": s.max, "min": lambda: s.amin(dim, keepdim=True),
-           "mean": lambda: s.mean(dim, keepdim=True), None: lambda: 0.0}[shift]()
+           "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True)}[shift]()
     e = (s - top).exp() if exp else s - top
-    return e / e.sum(dim, keepdim=keep[1]) if divide else e
+    total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
+    return e / total() if divide else e
 
 
-def _scores(name, s, dim=-1):
-    return Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' if dim != -1 else ''}", (s,) if dim == -1 else (s, dim))
+def _ties(got, s, dim=-1):
+    """The notes: two scores that differ given the same weight, where the right weights differ (a clamp)."""
+    if not isinstance(got, torch.Tensor) or got.shape != s.shape or not s.ndim:
+        return ""
+    g, t, w = (x.movedim(dim, -1).unsqueeze(-1) for x in (got.to(s.dtype), s, torch.softmax(s, dim)))
+    tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
+    a, b = (t.expand_as(tie)[tie][:1].sum(), t.mT.expand_as(tie)[tie][:1].sum())
+    return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
 
 
+_scores = lambda name, s, dim=-1: Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' * (dim != -1)}",  # noqa: E731
+                                       (s,) if dim == -1 else (s, dim))
 _sm = lambda **slip: lambda s, dim=-1: _softmax(s, dim, **slip)  # noqa: E731
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(2))
 SHARE = "Weights are exp(s_j) / sum_k exp(s_k)."
 KEEPDIM = "without keepdim=True: it has one axis fewer and lines up with another axis. Use keepdim=True."
-
 SOFTMAX = Exercise(
     what="your softmax",
     reference=_softmax,
@@ -40,29 +42,27 @@ SOFTMAX = Exercise(
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
            _scores("float32 scores", _r(3, 5).float())],
     mistakes=[
-        Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf and inf / inf = NaN. "
-                "Softmax does not change when a constant is subtracted from a row: subtract each row's maximum "
-                "first, scores - scores.max(dim, keepdim=True).values.", _sm(shift=None)),
+        Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf, inf / inf = NaN. A "
+                "constant changes no weight: subtract each row's maximum first.", _sm(shift=None)),
         Mistake("global max", "subtracts ONE maximum for the whole tensor: a row far below it underflows to 0 / 0 = "
                 "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.", _sm(shift="global")),
-        *[Mistake(stat, f"shifts each row by its {stat}, and exp overflows on a wide row. Subtract the row's "
-                  f"MAXIMUM, not its minimum or mean: every exponent is then <= 0.", _sm(shift=stat))
-          for stat in ("min", "mean")],
-        Mistake("no exp", f"divides the scores by their sum without taking exp first: a negative score gets a negative "
-                f"share. {SHARE}", _sm(shift=None, exp=False)),
+        *[Mistake(stat, f"shifts each row by its {stat}: exp overflows on a wide row. Subtract the row's MAXIMUM, not "
+                  f"its minimum or mean.", _sm(shift=stat)) for stat in ("min", "mean")],
+        Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),
+        Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
+                "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
+        Mistake("sum all", "divides by the sum of the WHOLE tensor: sum along `dim`, keepdim=True.", _sm(below="all")),
+        Mistake("no exp", f"divides the scores by their sum without taking exp first. {SHARE}", _sm(shift=None, exp=0)),
         Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
-        Mistake("log", f"returns log_softmax, the LOG of the weights (all <= 0). {SHARE}",
-                lambda s, dim=-1: torch.log_softmax(s, dim)),
-        Mistake("argmax", f"is one-hot: all the weight on the largest score, an argmax. {SHARE}",
-                lambda s, dim=-1: torch.zeros_like(s).scatter(dim, s.argmax(dim, keepdim=True), 1.0)),
-        Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: take the max and the sum along `dim`.",
-                _sm(over=0)),
-        Mistake("dim ignored", "ignores its `dim` argument and normalises along the last axis: take the max and the "
-                "sum along `dim`.", _sm(over=-1)),
+        Mistake("log", f"returns log_softmax, the LOG of the weights. {SHARE}", lambda s, dim=-1: s.log_softmax(dim)),
+        Mistake("argmax", f"is one-hot, an argmax. {SHARE}", lambda s, dim=-1: (s == s.amax(dim, True)).to(s.dtype)),
+        Mistake("dim 0", "normalises down the COLUMNS (dim 0) whatever `dim` is: use `dim`.", _sm(over=0)),
+        Mistake("dim ignored", "ignores its `dim` argument: normalises along the last axis.", _sm(over=-1)),
         Mistake("max keepdim", f"subtracts scores.max(dim).values taken {KEEPDIM}", _sm(keep=(False, True))),
         Mistake("sum keepdim", f"divides by a sum taken {KEEPDIM}", _sm(keep=(True, False))),
     ],
     passed="stable for scores around 1000 and rows 1000 apart, `dim` respected, any shape, the scores' dtype.",
+    notes=_ties,
 )
 
 
@@ -72,12 +72,12 @@ def check_softmax(fn) -> None:
 
 
 def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda k: k.mT, after=False,
-               softmax=True, swap=False, values=None):
+               softmax=True, swap=False, out=lambda w, k, v: w @ v):
     """The reference, and the classic slips as options (``by``: the scores' divisor). Returns (output, weights)."""
     scores = (k @ q.mT if swap else q @ kT(k)) / (1 if after else by(q, k, v))  # (B, L, S)
     weights = torch.softmax(scores, dim) if softmax else scores
     weights = weights / by(q, k, v) if after else weights
-    return weights @ (v if values is None else values(k)), weights
+    return out(weights, k, v), weights
 
 
 def _qkv(B, L, S, d, dv):
@@ -89,33 +89,31 @@ def _qkv(B, L, S, d, dv):
 _a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
 SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
 DIVIDE = "the scale is sqrt(d), the size of the vectors in each dot product: q k^T / sqrt(d)."
-
 ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_qkv(*s) for s in ((1, 1, 1, 1, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1))],
+    cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
+                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2))],  # d = 6 as in the chapter, and other d
     mistakes=[
-        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d), before the softmax.",
-                _a(by=lambda *a: 1)),
+        Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d).", _a(by=lambda *a: 1)),
         *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (
             ("d", lambda q, k, v: q.shape[-1]), ("sqrt(S), the number of keys", lambda q, k, v: k.shape[-2] ** 0.5),
             ("sqrt(dv), the size of the VALUES", lambda q, k, v: v.shape[-1] ** 0.5),
             ("sqrt(L), the number of queries", lambda q, k, v: q.shape[-2] ** 0.5))],
         Mistake("times sqrt d", f"MULTIPLIED the scores by sqrt(d); {DIVIDE}", _a(by=lambda q, k, v: q.shape[-1]**-.5)),
-        Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: their rows sum to 1/sqrt(d). The scale "
-                "belongs to the scores: softmax(q k^T / sqrt(d)).", _a(after=True)),
+        Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: scale the scores.", _a(after=True)),
         Mistake("queries", f"normalised over the queries (softmax dim=-2): {SUM}", _a(dim=-2)),
         Mistake("batch", f"normalised over the BATCH (softmax dim=0), mixing the sentences: {SUM}", _a(dim=0)),
         Mistake("no softmax", "returns the scaled scores as weights: no softmax was applied.", _a(softmax=False)),
-        Mistake("k q^T", "computes k q^T: row i must be query i and column j key j, so the scores are q @ "
-                "k.transpose(-2, -1), (B, L, S).", _a(swap=True)),
+        Mistake("k q^T", "computes k q^T: row i must be query i, q @ k.transpose(-2, -1).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
                 "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
-        Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(values=lambda k: k)),
+        Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(out=lambda w, k, v: w @ k)),
+        Mistake("weights^T", "multiplies the TRANSPOSED weights by v: weights @ v.", _a(out=lambda w, k, v: w.mT @ v)),
         Mistake("pair swapped", "returns (weights, output): return (output, weights), in that order.",
-                lambda q, k, v: _attention(q, k, v)[::-1]),
+                lambda *a: _attention(*a)[::-1]),
         Mistake("output only", "returns the output alone: return the pair (output, weights).",
-                lambda q, k, v: _attention(q, k, v)[0]),
+                lambda *a: _attention(*a)[0]),
     ],
     passed="weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, for L != S and d != dv too.",
     parts=("output", "tensor of weights"),

@@ -1,45 +1,36 @@
-"""Checkers for chapter 3, padding and masks. Masks are IGNORE masks: bool, True = this key may NOT be attended.
-
-1. ``batch_padding_mask(lengths, max_len)`` -- grade_id ``ex-ch3-padding-mask``: ``lengths`` a list of B sentence
-   lengths, ``max_len`` = S >= max(lengths); returns the (B, 1, S) bool mask, True at the pads (position >= length).
-2. ``my_masked_softmax(scores, mask)`` -- grade_id ``ex-ch3-masked-softmax``: scores (B, L, S), a bool mask
-   (B, 1, S); the softmax over the keys not masked, exactly 0 on masked keys, and a row of zeros (not NaN) for a
-   query whose keys are all masked.
-"""
+"""Chapter 3's checkers; masks are IGNORE masks, True = do NOT attend. ``batch_padding_mask(lengths, max_len)``
+(ex-ch3-padding-mask) -> (B, 1, S); ``my_masked_softmax(scores, mask)`` (ex-ch3-masked-softmax), zeros if all masked."""
 from __future__ import annotations
 
 import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-
-def _pad(lengths, max_len, first=0, cols=None):
-    """The reference; the slips: the first pad ``first`` positions after the length, ``cols`` positions."""
-    positions = torch.arange(max_len if cols is None else cols)[None, :]  # (1, S)
-    return (positions >= torch.tensor(lengths)[:, None] + first)[:, None, :]  # (B, 1, S)
-
-
+_pad = lambda lengths, max_len, first=0, cols=None: (  # noqa: E731 - the slips: pads from length + first, cols columns
+    torch.arange(max_len if cols is None else cols)[None, :] >= torch.tensor(lengths)[:, None] + first)[:, None, :]
 _p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths, max_len, **slip))  # noqa: E731
 PADDING_MASK = Exercise(
     what="your padding mask",
     reference=_pad,
-    cases=[Case(f"lengths {n}, max_len {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
-                                                                  ([4, 1, 3], 6), ([5, 2, 4, 1], 5))],
+    cases=[Case(f"lengths {n}, max_len = {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
+                                                                    ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4))],
     mistakes=[
         Mistake(">", "misses the first pad of each sentence: position lengths[b] is the first pad (positions start at "
                 "0), so the test is position >= length, not >.", _p(first=1)),
-        Mistake(">= length - 1", "also hides the last real token of each sentence: position lengths[b] - 1 is still "
-                "real. The test is position >= length.", _p(first=-1)),
-        Mistake("left", "puts the pads on the LEFT: these sentences are padded on the right, real at 0 .. lengths[b] "
-                "- 1 and pads from position lengths[b] on.", _p(turn=lambda m: m.flip(-1))),
-        Mistake("(B, S)", "returns (B, S), the key padding mask itself: add the query axis, mask[:, None, :] -> "
-                "(B, 1, S), which broadcasts over the queries of the (B, L, S) scores.", _p(turn=lambda m: m[:, 0])),
-        Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES, so it would blank whole rows. Padding hides "
-                "KEYS (columns): (B, 1, S).", _p(turn=lambda m: m.mT)),
-        Mistake("(B, S, S)", "is already expanded over the queries, (B, S, S): return (B, 1, S); broadcasting expands "
-                "it for free when it meets the scores.", _p(turn=lambda m: m.expand(-1, m.shape[-1], -1))),
-        Mistake("(1, B, S)", "puts the new axis FIRST, (1, B, S): the query axis goes between the sentences and the "
-                "keys, mask[:, None, :].", _p(turn=lambda m: m.transpose(0, 1))),
+        Mistake(">= length - 1", "also hides the last real token of each sentence, at lengths[b] - 1: position >= "
+                "length.", _p(first=-1)),
+        Mistake("left", "puts the pads on the LEFT: these sentences are padded on the right, pads from lengths[b] on.",
+                _p(turn=lambda m: m.flip(-1))),
+        Mistake("[-n_pads:]", "marks the pads with mask[-n_pads:]: a sentence with no pad has n_pads = 0, and [-0:] is "
+                "the WHOLE row. Slice from the length, mask[length:].",
+                lambda lengths, max_len: _pad(lengths, max_len) | (torch.tensor(lengths) == max_len)[:, None, None]),
+        Mistake("(B, S)", "returns (B, S), the key padding mask itself: add the query axis, mask[:, None, :].",
+                _p(turn=lambda m: m[:, 0])),
+        Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES. Padding hides KEYS: (B, 1, S).",
+                _p(turn=lambda m: m.mT)),
+        Mistake("(B, S, S)", "is already expanded over the queries, (B, S, S): return (B, 1, S), broadcasting does "
+                "the rest.", _p(turn=lambda m: m.expand(-1, m.shape[-1], -1))),
+        Mistake("(1, B, S)", "puts the new axis FIRST: mask[:, None, :].", _p(turn=lambda m: m.movedim(1, 0))),
         Mistake("max(lengths)", "has max(lengths) columns: the batch is padded to max_len, use torch.arange(max_len).",
                 lambda lengths, max_len: _pad(lengths, max_len, cols=max(lengths))),
     ],
@@ -52,22 +43,24 @@ def check_padding_mask(fn) -> None:
     check(PADDING_MASK, fn)
 
 
-def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=False):
-    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, NaN left on the rows with every
-    key masked (``empty=False``), the pads zeroed ``after`` the softmax, softmax over ``dim``, the mask ``added``."""
+def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=0):
+    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, the all-masked rows left (``empty``
+    False) or found otherwise, the pads zeroed ``after`` the softmax, softmax over ``dim``, mask * ``added``."""
     m = turn(mask)
     if after:
         w = torch.softmax(scores, dim).masked_fill(m, 0.0)
         w = w / w.sum(dim, keepdim=True) if after == "renormalise" else w
     else:
-        w = torch.softmax(scores + m if added else scores if fill is None else scores.masked_fill(m, fill), dim)
-    return w.masked_fill(m.all(-1, keepdim=True), 0.0) if empty else w
+        w = torch.softmax(scores + m * added if added else scores if fill is None else scores.masked_fill(m, fill), dim)
+    rows = {True: lambda: m.all(-1, keepdim=True), "any": lambda: m.any(-1, keepdim=True), "global": m.all,
+            "nan": w.isnan, False: lambda: torch.tensor(False)}[empty]()
+    return w.masked_fill(rows, 0.0)
 
 
 _m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
-NAN = "And a row whose keys are all masked gets NaN: give it zeros, mask.all(-1, keepdim=True)."
-_both = lambda name, says, **slip: [Mistake(name, says, _m(**slip)),  # noqa: E731 - and with NaN on empty rows
-                                    Mistake(f"{name}, NaN", f"{says} {NAN}", _m(empty=False, **slip))]
+EMPTY = "And a row whose keys are all masked gets {}: give it zeros, mask.all(-1, keepdim=True)."
+_both = lambda name, says, gets="NaN", **slip: [Mistake(name, says, _m(**slip)), Mistake(  # noqa: E731 - empty rows too
+    f"{name}, {gets}", f"{says} {EMPTY.format(gets)}", _m(empty=False, **slip))]
 
 
 def _scores(name, scores, mask):
@@ -80,41 +73,43 @@ def _scores(name, scores, mask):
 
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(3))
 INF = "Fill the masked scores with float('-inf') BEFORE the softmax."
-
 MASKED_SOFTMAX = Exercise(
     what="your masked softmax",
     reference=_msm,
     cases=[_scores("one key", _r(1, 1, 1), [[0]]), _scores("one key, masked", _r(1, 1, 1), [[1]]),
            _scores("lengths 4, 3, 2", _r(3, 4, 4), torch.arange(4) >= torch.tensor([4, 3, 2])[:, None, None]),
-           _scores("a sentence all masked", _r(2, 3, 5), [[0, 1, 0, 1, 0], [1] * 5]),
-           _scores("scores around -1e10, the masked key highest", torch.tensor([[[-2e10, -2e10, -1e10]]]).double(),
-                   [[0, 0, 1]]),
+           _scores("a sentence all masked", _r(2, 3, 5), [[0, 1, 0, 1, 0], [1] * 5]), _scores("scores around -1e10, "
+                   "the masked key highest", torch.tensor([[[-2e10, -2e10, -1e10]]]).double(), [[0, 0, 1]]),
            _scores("scores around -1e6", _r(1, 2, 3) - 1e6, [[0, 0, 1]]),
            _scores("float32 scores", _r(2, 2, 3).float(), [[0, 1, 0], [0, 0, 0]])],
     mistakes=[
         Mistake("not applied", f"puts weight on the masked keys: the mask was not applied. {INF}", _m(fill=None)),
         Mistake("after", f"zeroed the pads AFTER the softmax: the share the pads took is lost and the rows no longer "
                 f"sum to 1. {INF}", _m(after="zero")),
-        Mistake("renormalised", f"zeroed the pads after the softmax and renormalised: when the masked keys hold all "
-                f"the weight, the real keys have underflowed to 0 and 0 / 0 = NaN. {INF}",
-                _m(after="renormalise", empty=False)),
+        Mistake("renormalised", f"zeroed the pads after the softmax and renormalised: if the pads held all the weight, "
+                f"0 / 0 = NaN. {INF}", _m(after="renormalise", empty=False)),
         *_both("inverted", "masks the keys where the mask is False: inverted polarity. Here True = IGNORE "
                "(nn.MultiheadAttention's convention): mask where the mask is True.", turn=lambda m: ~m),
         *_both("query axis", "masks whole query ROWS: the mask was used on the QUERY axis, as (B, S, 1). Use the "
-               "(B, 1, S) mask as it comes: it broadcasts over the queries and hides the masked keys.",
-               turn=lambda m: m.mT),
+               "(B, 1, S) mask as it comes.", turn=lambda m: m.mT),
         *_both("queries", "sums to 1 down the columns: softmax ran over the queries. Each query's weights over the "
                "keys must sum to 1: softmax(..., dim=-1).", dim=-2),
-        *[Mistake(f"fill {t}", f"fills the masked scores with {t}, a finite fill: an ordinary score, which takes "
-                  f"weight wherever the real scores are not far above it. Fill them with float('-inf').", _m(fill=f))
-          for t, f in (("-1e9", -1e9), ("-1e4", -1e4), ("0", 0.0))],
-        Mistake("NaN", "gives NaN on a row whose keys are all masked (softmax of all -inf is 0 / 0): find those rows "
-                "with mask.all(-1, keepdim=True) and give them zeros.", _m(empty=False)),
-        Mistake("added", "ADDED the bool mask to the scores: True counts as 1, so a masked score goes up by 1 "
-                "instead of being blocked. Use scores.masked_fill(mask, float('-inf')).", _m(added=True)),
+        *[m for t in ("-1e9", "-1e4", "0") for m in _both(f"fill {t}", f"fills the masked scores with {t}, a finite "
+          f"fill, which takes weight unless the real scores are far above it. Use float('-inf').", "equal weights",
+                                                         fill=float(t))],
+        Mistake("NaN", "gives NaN on a row whose keys are all masked (0 / 0; and NaN * 0 is NaN): give those rows "
+                "zeros, masked_fill(mask.all(-1, keepdim=True), 0.0).", _m(empty=False)),
+        Mistake("global all", "zeroes the rows only when mask.all() holds over the WHOLE mask: a row whose keys are "
+                "all masked still gets NaN. Test each row, mask.all(-1, keepdim=True).", _m(empty="global")),
+        Mistake("any", "gives zeros to every row with ANY masked key: only a row whose keys are ALL masked gets "
+                "zeros, mask.all(-1, keepdim=True).", _m(empty="any")),
+        Mistake("squeezed", "squeezed the mask to (B, S) before masked_fill: against the (B, L, S) scores it lines up "
+                "as (L, S), query l gets sentence l's mask. Keep (B, 1, S).", _m(turn=lambda m: m[:, 0], empty="nan")),
+        Mistake("added", "ADDED the bool mask to the scores: True counts as 1. Use masked_fill.", _m(added=1)),
+        *_both("mask * -inf", "built an additive mask as mask * float('-inf'): at the kept keys 0 * -inf = NaN. Use "
+               "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),
     ],
-    passed="masked keys get exactly 0, the other weights sum to 1, huge scores are safe, a row with every key "
-           "masked gives zeros.",
+    passed="masked keys get exactly 0, the others sum to 1, huge scores are safe, an all-masked row gives zeros.",
 )
 
 

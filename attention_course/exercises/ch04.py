@@ -1,10 +1,5 @@
-"""Checkers for chapter 4, a self-attention module.
-
-1. ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` -- grade_id ``ex-ch4-by-hand``: x (B, L, D), W (D, D) with
-   Q = x @ W_q, the mask (B, L) True at the pads; ``(out, weights)``, softmax(mask(Q K^T / sqrt(D))) V and the weights.
-2. ``load_into_torch(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o)`` -- grade_id ``ex-ch4-copy``: copies weights in the
-   math convention into ``mha = nn.MultiheadAttention(D, 1, batch_first=True)``, whose parameters start random.
-"""
+"""Chapter 4's checkers: ``my_attention(x, W_q, W_k, W_v, key_padding_mask)`` (ex-ch4-by-hand), Q = x @ W_q;
+``load_into_torch(mha, W_q, ..., b_o)`` (ex-ch4-copy) into a random ``nn.MultiheadAttention(D, 1)``."""
 from __future__ import annotations
 
 import copy
@@ -18,9 +13,8 @@ from .diagnose import Case, Exercise, Mistake, check, same
 
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
                turn=lambda m: m[:, None, :], after=False, scale_after=False, added=False, Wt=False, swap=False,
-               kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v):
-    """The reference; the slips as options (``by``: the scores' divisor, ``fill`` None: no mask, ``turn``: the mask's
-    axes, ``Wt``: x @ W.T, ``swap``: K Q^T, ``kT``: K's transpose, ``values``: V)."""
+               kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v, wT=False, zero=False):
+    """The reference; each slip an option (``by``: the divisor, ``fill`` None: no mask, ``turn``: the mask's axes)."""
     W_q, W_k, W_v = (W.T for W in (W_q, W_k, W_v)) if Wt else (W_q, W_k, W_v)
     Q, K, V = x @ W_q, x @ W_k, values(x, W_k, W_v)  # (B, L, D) each
     scores = (K @ Q.mT if swap else Q @ kT(K)) / (1 if scale_after else by(x))  # (B, L, S)
@@ -29,7 +23,8 @@ def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, f
         scores = scores + m if added else scores if fill is None else scores.masked_fill(m, fill)
     weights = torch.softmax(scores, dim)
     weights = weights.masked_fill(m, 0.0) if after else weights / by(x) if scale_after else weights
-    return weights @ V, weights
+    out = (weights.mT if wT else weights) @ V
+    return out.masked_fill(kpm[..., None], 0.0) if zero else out, weights
 
 
 def _run(answer, *args):  # twice, on copies: an answer with randomness in it (dropout) answers differently
@@ -47,7 +42,9 @@ def _x(B, L, D, lengths, huge=False):
         x, W = (x.abs() + 1) * 1e5, [torch.eye(D, dtype=torch.float64) * sign for sign in (1, -1, 1)]
     kpm = torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L): True at pads
     name = f"B={B}, L={L}, D={D}, lengths {lengths}" + ", every score about -1e10" * huge
-    return Case(name, (x, *W, kpm), {"at the padded keys": kpm[:, None, :].expand(B, L, L)})
+    q = kpm[..., None]  # (B, L, 1): the pad queries
+    return Case(name, (x, *W, kpm), {"at the padded keys": kpm[:, None, :].expand(B, L, L), "at the pad queries":
+                                     q.expand(B, L, L), "at the pad queries' outputs": q.expand(B, L, D)})
 
 
 _a = lambda **slip: lambda *args: _attention(*args, **slip)  # noqa: E731
@@ -56,50 +53,39 @@ _both = lambda name, says, **slip: [Mistake(name, says, _a(**slip)),  # noqa: E7
                                     Mistake(f"{name}, -1e9", f"{says} {INF}", _a(fill=-1e9, **slip))]
 SQRT = "the scale is sqrt(D), D = x.shape[-1] the size of the vectors in each dot product."
 SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
-
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_x(1, 1, 1, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]),
-           _x(1, 6, 4, [4], huge=True)],
+    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
     mistakes=[
-        Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D), before the softmax.",
-                _a(by=lambda x: 1)),
+        Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D).", _a(by=lambda x: 1)),
         *[Mistake(name, f"divided the scores by {name}; {SQRT}", _a(by=by)) for name, by in (
             ("D", lambda x: x.shape[-1]), ("sqrt(L), L = x.shape[1] the number of tokens", lambda x: x.shape[1]**.5))],
-        Mistake("scaled after", "scaled the WEIGHTS, dividing the softmax's output by sqrt(D), so their rows sum to "
-                "1/sqrt(D). The scale belongs to the scores: softmax(Q K^T / sqrt(D)).", _a(scale_after=True)),
+        Mistake("scaled after", "scaled the WEIGHTS by 1/sqrt(D): scale the scores.", _a(scale_after=True)),
         *[Mistake(f"{n} softmax", f"normalised over the {n} (softmax dim={d}): {SUM}", _a(dim=d))
           for n, d in (("queries", -2), ("batch, mixing the sentences", 0))],
         *_both("inverted", "masked the real tokens and left the pads: the mask is inverted. key_padding_mask is True "
                "at the PADS: fill the scores with -inf where it is True.", turn=lambda m: ~m[:, None, :]),
-        *_both("queries", "masked the padded QUERIES (whole rows, key_padding_mask[:, :, None]) instead of the padded "
-               "KEYS (columns): a row of -inf gives 0/0 = NaN in softmax. Mask the keys, key_padding_mask[:, None, :], "
-               "never whole query rows.", turn=lambda m: m[:, :, None]),
-        Mistake("no mask", "gives the padded keys weight: the mask was not applied. Fill the padded keys' scores with "
-                "-inf (key_padding_mask[:, None, :]) BEFORE the softmax.", _a(fill=None)),
-        Mistake("fill 0", "filled the padded keys' scores with 0, an ordinary score: exp(0) = 1, so the pads keep a "
-                "share. Fill them with float('-inf'), whose weight is 0.", _a(fill=0.0)),
-        Mistake("fill -1e9", "filled the padded keys' scores with -1e9, a finite score: when every real score is lower "
-                "still, the pads take the weight. Fill them with float('-inf').", _a(fill=-1e9)),
-        Mistake("added", "added the bool mask to the scores: True counts as 1, so the pads' scores went up by one. "
-                "Use scores.masked_fill(key_padding_mask[:, None, :], float('-inf')).", _a(added=True)),
-        Mistake("after", "applied the mask AFTER the softmax: the pads' scores shaped the other weights, and the rows "
-                "of a padded sentence no longer sum to 1. Mask the SCORES, before the softmax.", _a(after=True)),
-        Mistake("K.T", "used K.T, which reverses ALL the axes of a 3-D tensor, (B, S, D) -> (D, S, B). Transpose only "
-                "the last two: Q @ K.transpose(-2, -1) (or K.mT).", _a(kT=lambda K: K.permute(2, 1, 0))),
-        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is: broadcasting "
-                "lines it up as (1, B, S), its batch axis against the queries. Give it a query axis: "
-                "key_padding_mask[:, None, :], (B, 1, S).", _a(turn=lambda m: m)),
-        Mistake("x @ W.T", "used x @ W.T: here the weights are in the math convention, Q = x @ W_q (only nn.Linear "
-                "stores them transposed).", _a(Wt=True)),
-        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round, or W_q and W_k "
-                "swapped (both give these scores). Row i is query i: Q @ K.transpose(-2, -1).", _a(swap=True)),
-        Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, W_k, W_v: x)),
-        Mistake("V = x @ W_k", "computed V = x @ W_k: the values have their own weight, V = x @ W_v.",
-                _a(values=lambda x, W_k, W_v: x @ W_k)),
-        Mistake("pair swapped", "returns (weights, out): return the pair in the order (out, weights).",
-                lambda *args: _attention(*args)[::-1]),
+        *_both("queries", "masked the padded QUERIES (key_padding_mask[:, :, None]), not the padded KEYS: a -inf row "
+               "is NaN. Mask key_padding_mask[:, None, :], never whole query rows.", turn=lambda m: m[:, :, None]),
+        Mistake("no mask", "gives the pads weight: the mask was not applied.", _a(fill=None)),
+        *[Mistake(f"fill {t}", f"filled the padded keys' scores with {t}, a finite score: {why}. Fill them with "
+                  f"float('-inf').", _a(fill=float(t))) for t, why in (
+            ("0", "exp(0) = 1, so the pads keep a share"), ("-1e9", "real scores below it leave the pads the weight"))],
+        Mistake("added", "added the bool mask to the scores: True counts as 1. Fill with -inf.", _a(added=True)),
+        Mistake("after", "applied the mask AFTER the softmax: mask the SCORES, before it.", _a(after=True)),
+        Mistake("K.T", "used K.T, which reverses ALL the axes: Q @ K.transpose(-2, -1).",
+                _a(kT=lambda K: K.permute(2, 1, 0))),
+        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is, its batch "
+                "against the queries: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
+        Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
+        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round or W_q and W_k "
+                "swapped. Use Q @ K.transpose(-2, -1).", _a(swap=True)),
+        Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, *W: x)),
+        Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
+        Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
+        Mistake("pad outputs 0", "sets out to 0 at the pads: only the pad KEYS are masked.", _a(zero=True)),
+        Mistake("pair swapped", "returns (weights, out): return (out, weights).", lambda *a: _attention(*a)[::-1]),
         Mistake("out only", "returns out alone: return the pair (out, weights).", lambda *args: _attention(*args)[0]),
     ],
     passed="weights and output are softmax(mask(Q K^T / sqrt(D))) V, for one token and many, padded or not.",
@@ -114,18 +100,14 @@ def check_self_attention(fn) -> None:
 
 
 def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T for W in Ws], join=torch.cat,
-          bias=True, out_w=lambda W_o: W_o.T, out_b=True):
-    """The reference; the slips: other ``blocks``, another ``join``, a bias or ``out_w`` not copied."""
+          bias=True, out_w=lambda W_o: W_o.T, out_b=True, scale=()):
+    """The reference; the slips: other ``blocks``, another ``join``, a part not copied, those in ``scale`` / sqrt(D)."""
+    W_q, b_q = (t / len(b_q) ** 0.5 if n in scale else t for n, t in (("W_q", W_q), ("b_q", b_q)))
     with torch.no_grad():
         mha.in_proj_weight.copy_(join(blocks((W_q, W_k, W_v))))  # (3D, D): each block (out, in)
         mha.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v])) if bias else None
         mha.out_proj.weight.copy_(out_w(W_o)) if out_w else None
         mha.out_proj.bias.copy_(b_o) if out_b else None
-
-
-def _parameters(answer, mha, *weights):
-    answer(mha, *weights)
-    return tuple(p.detach().clone() for p in (mha.in_proj_weight, mha.in_proj_bias, *mha.out_proj.parameters()))
 
 
 def _layer(D):
@@ -139,35 +121,51 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 
-_c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
+def _held(got, mha, *given):
+    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
+    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o".split()
+    known = [(f"{n}{t}{by}", (W.t() if t else W) / (r if by else 1)) for n, W in zip(names, given)
+             for t in ("", ".T") for by in ("", " / sqrt(D)")]
+    if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != mha.in_proj_weight.shape:
+        return ""
+    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for p, was in
+            zip(got, (mha.in_proj_weight, mha.in_proj_bias)) for b, w in zip(p.chunk(3), was.detach().chunk(3))]
+    said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
+    return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
 
+
+_c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
+_parameters = lambda answer, mha, *weights: [answer(mha, *weights), tuple(  # noqa: E731 - called, then read
+    p.detach().clone() for p in (mha.in_proj_weight, mha.in_proj_bias, *mha.out_proj.parameters()))][1]
+CAT = "torch.cat([W_q.T, W_k.T, W_v.T])"
 IN_PROJ_COPY = Exercise(
     what="your load_into_torch",
     reference=_copy,
     cases=[_layer(D) for D in (1, 2, 3, 4)],
     mistakes=[
-        Mistake("not transposed", "copies W_q, W_k and W_v without transposing: in_proj_weight holds its blocks as "
-                "nn.Linear does, (out, in): torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=lambda Ws: list(Ws))),
-        Mistake("q k order", "puts W_k.T in the W_q block and W_q.T in the W_k block: the blocks go in the order "
-                "W_q.T, W_k.T, W_v.T (rows 0:D, D:2D, 2D:3D).", _c(blocks=lambda Ws: [Ws[1].T, Ws[0].T, Ws[2].T])),
-        Mistake("W_q everywhere", "copies W_q.T into all 3 blocks: a copy-paste slip? Each block needs its own matrix, "
-                "torch.cat([W_q.T, W_k.T, W_v.T]).", _c(blocks=lambda Ws: [Ws[0].T] * 3)),
-        Mistake("W_q scaled", "copies W_q.T / sqrt(D): nn.MultiheadAttention scales the scores itself (by 1/sqrt(d), "
-                "d = D for one head), so copy W_q.T as it is.",
-                _c(blocks=lambda Ws: [Ws[0].T / Ws[0].shape[0] ** 0.5, Ws[1].T, Ws[2].T])),
-        Mistake("stack", "stacks the blocks with torch.stack, on a new axis, (3, D, D): in_proj_weight is (3D, D), the "
-                "blocks one below the other: torch.cat([W_q.T, W_k.T, W_v.T]), not torch.stack.", _c(join=torch.stack)),
-        Mistake("in bias", "leaves in_proj_bias as it was: it must hold torch.cat([b_q, b_k, b_v]). (Forgotten biases "
-                "pass a parity check while torch's are 0, as in a new nn.MultiheadAttention.)", _c(bias=False)),
-        Mistake("out weight", "leaves out_proj.weight as it was: the output projection is part of the layer too, "
-                "out_proj.weight holds W_o.T.", _c(out_w=None)),
-        Mistake("out bias", "leaves out_proj.bias as it was: it must hold b_o.", _c(out_b=False)),
-        Mistake("nothing", "changes no parameter of mha: copy into the layer you are given, mha.in_proj_weight.copy_("
-                "...) and so on, not into a new layer or a new variable of the same name.", lambda *args: None),
+        Mistake("not transposed", f"copies W_q, W_k and W_v without transposing: in_proj_weight holds (out, in) blocks "
+                f"as nn.Linear does: {CAT}.", _c(blocks=list)),
+        Mistake("q k order", f"puts W_k.T in the W_q block and W_q.T in the W_k block: the order is {CAT}.",
+                _c(blocks=lambda Ws: [Ws[1].T, Ws[0].T, Ws[2].T])),
+        Mistake("W_q everywhere", f"copies W_q.T into all 3 blocks: {CAT}.", _c(blocks=lambda Ws: [Ws[0].T] * 3)),
+        *[Mistake(f"{n} scaled", f"divides {n} by sqrt(D): nn.MultiheadAttention scales the scores itself, so copy "
+                  f"{n} as {'they are' if ' ' in n else 'it is'}.", _c(scale=n)) for n in ("W_q.T", "W_q.T and b_q")],
+        *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
+                  f"each block, {CAT}.", _c(blocks=list, join=j)) for n, j in (
+            ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
+        Mistake("stack", f"stacks the blocks, (3, D, D): in_proj_weight is (3D, D), {CAT}, not torch.stack.",
+                _c(join=torch.stack)),
+        *[Mistake(n, f"leaves {what} as it was: it must hold {must}.", _c(**slip)) for n, what, must, slip in (
+            ("in bias", "in_proj_bias", "torch.cat([b_q, b_k, b_v]) (a parity check against a new layer, whose biases "
+             "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),
+            ("out bias", "out_proj.bias", "b_o", dict(out_b=False)),
+            ("out_proj", "out_proj (weight and bias)", "W_o.T and b_o", dict(out_w=None, out_b=False)))],
+        Mistake("nothing", "changes no parameter of mha: copy into the layer you are given.", lambda *args: None),
     ],
     passed="every parameter copied: in_proj_weight = [W_q.T; W_k.T; W_v.T], its bias, out_proj = W_o.T and b_o.",
     run=_parameters,
     parts=("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"),
+    notes=_held,
     hints=((r"leaf Variable|requires grad", "parameters track gradients: copy inside `with torch.no_grad():`."),),
 )
 

@@ -1,51 +1,38 @@
-"""Checkers for chapter 5, many heads.
-
-1. ``my_split_heads(x, num_heads)`` -- grade_id ``ex-ch5-split``: (B, L, D) -> (B, h, L, d) with d = D / h, head i
-   holding features i*d:(i+1)*d of every token.
-2. ``my_merge_heads(x)`` -- grade_id ``ex-ch5-merge``: (B, h, L, d) -> (B, L, D), the inverse of the split.
-
-Both are tried on ``arange`` tensors (float64) of every size, h = 1 and h = D (d = 1) included: every number is
-different, so an entry in the wrong place shows.
-"""
+"""Chapter 5's checkers: ``my_split_heads(x, num_heads)`` (ex-ch5-split), (B, L, D) -> (B, h, L, d), head i holding
+features i*d:(i+1)*d, and its inverse ``my_merge_heads(x)`` (ex-ch5-merge); on ``arange`` tensors, h = 1 to D."""
 from __future__ import annotations
 
 import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), (1, 3, 6, 2)]  # (B, L, D, h)
-FLOAT = (r"ints.*float",
-         "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use d = D // h.")
+SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), (1, 3, 6, 2), (2, 2, 8, 4)]  # B L D h
+FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
-
-def _split(x, h, order=(0, 2, 1, 3), strided=False):
-    """The reference: (B, L, D) -> (B, L, h, d) -> (B, h, L, d); the slips: another ``order``, (B, L, d, h)."""
-    B, L, D = x.shape
-    return x.reshape(B, L, D // h, h).permute(0, 3, 1, 2) if strided else x.reshape(B, L, h, D // h).permute(*order)
-
-
+_split = lambda x, h, order=(0, 2, 1, 3), strided=False: (  # noqa: E731 - (B, L, h, d) -> (B, h, L, d); or (B, L, d, h)
+    x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.unflatten(-1, (h, -1)).permute(*order))
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
 _s = lambda order: lambda x, h: _split(x, h, order)  # noqa: E731
-
+_h = lambda h: f"num_heads={h}" if h > 1 else "one head"  # noqa: E731 - "=1" would read as a size written in
 SPLIT = Exercise(
     what="your split",
     reference=_split,
-    cases=[Case(f"x of shape {(B, L, D)}, num_heads={h}", (_x(B, L, D), h)) for B, L, D, h in SIZES],
+    cases=[Case(f"x of shape {(B, L, D)}, {_h(h)}, d={D // h}", (_x(B, L, D), h)) for B, L, D, h in SIZES],
     mistakes=[
-        Mistake("no transpose", "reshaped to (B, h, L, d) without transposing: a reshape keeps the row-major order, so "
-                "the pieces of one token fill several rows of a head. Split the last axis first, x.reshape(B, L, h, "
-                "d), then .transpose(1, 2).", lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1)),
+        Mistake("no transpose", "reshaped to (B, h, L, d) without transposing: the pieces of one token fill several "
+                "rows of a head. Reshape to (B, L, h, d), then .transpose(1, 2).",
+                lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1)),
         Mistake("strided", "gives each head every h-th feature (strided), not a block of d: reshape to (B, L, h, d), "
-                "not (B, L, d, h). Head i owns features i*d:(i+1)*d, the layout of torch's weights.",
-                lambda x, h: _split(x, h, strided=True)),
+                "not (B, L, d, h).", lambda x, h: _split(x, h, strided=True)),
         Mistake("(B, L, h, d)", "returns (B, L, h, d): the heads are still after the tokens. Add .transpose(1, 2).",
                 _s((0, 1, 2, 3))),
-        Mistake("(h, B, L, d)", "returns (h, B, L, d), head-major: keep the sentences first and put the heads at dim "
-                "1, x.reshape(B, L, h, d).transpose(1, 2).", _s((2, 0, 1, 3))),
-        Mistake("(B, h, d, L)", "returns (B, h, d, L): each head is (d, L), rows of features. Transpose the token and "
-                "head axes, .transpose(1, 2), not the last two.", _s((0, 2, 3, 1))),
-        Mistake("(B*h, L, d)", "returns the flat (B*h, L, d) layout: this exercise asks for the 4-D one, (B, h, L, d); "
-                "do not flatten the batch and head axes.", lambda x, h: _split(x, h).flatten(0, 1)),
+        Mistake("(h, B, L, d)", "returns (h, B, L, d), head-major: the heads go at dim 1.", _s((2, 0, 1, 3))),
+        Mistake("(B, h, d, L)", "returns (B, h, d, L): transpose the token and head axes, .transpose(1, 2), not the "
+                "last two.", _s((0, 2, 3, 1))),
+        Mistake("overlap", "takes x[..., i:i+d] for head i: the heads overlap. Head i starts at i*d.",
+                lambda x, h: torch.stack([x[..., i:i + x.shape[-1] // h] for i in range(h)], 1)),
+        Mistake("(B*h, L, d)", "returns the flat (B*h, L, d) layout: the exercise asks for (B, h, L, d).",
+                lambda x, h: _split(x, h).flatten(0, 1)),
     ],
     passed="every feature of every token is in its own head and row, for h = 1 to D.",
     hints=(FLOAT,),
@@ -57,31 +44,28 @@ def check_split_heads(fn) -> None:
     check(SPLIT, fn)
 
 
-def _merge(x, order=(0, 2, 1, 3)):
-    """The reference: (B, h, L, d) -> (B, L, h, d) -> (B, L, D); the slip: another ``order`` of the axes."""
-    B, h, L, d = x.shape
-    return x.permute(*order).reshape(B, L, h * d)
-
-
-REDUCED = ("reduced the heads to one, (B, L, d): a merge keeps every head, their d features concatenated, head 0's "
-           "first, to D = h*d.")
-
+_merge = lambda x, order=(0, 2, 1, 3): x.permute(*order).reshape(x.shape[0], x.shape[2], -1)  # noqa: E731 - (B, L, D)
+REDUCED = "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d."
+THEN = "bring the tokens before the heads, x.transpose(1, 2), then reshape to (B, L, D)."
 MERGE = Exercise(
     what="your merge",
     reference=_merge,
-    cases=[Case(f"x of shape {(B, h, L, D // h)}", (_split(_x(B, L, D), h).contiguous(),)) for B, L, D, h in SIZES],
+    cases=[Case(f"x of shape {(B, h, L, D // h)}, {_h(h)}, D={D}", (_split(_x(B, L, D), h).contiguous(),))
+           for B, L, D, h in SIZES],
     mistakes=[
-        Mistake("no transpose", "reshaped (B, h, L, d) straight to (B, L, D) without transposing. Bring the tokens "
-                "before the heads first: x.transpose(1, 2) -> (B, L, h, d), then reshape to (B, L, D).",
+        Mistake("no transpose", f"reshaped (B, h, L, d) straight to (B, L, D) without transposing: {THEN}",
                 lambda x: _merge(x, (0, 1, 2, 3))),
-        Mistake("interleaved", "interleaved the heads' features (feature 0 of every head, then feature 1, ...): "
-                "transpose to (B, L, h, d), not (B, L, d, h), so head i's features stay together at i*d:(i+1)*d.",
+        Mistake("interleaved", "interleaved the heads' features: transpose to (B, L, h, d), not (B, L, d, h).",
                 lambda x: _merge(x, (0, 2, 3, 1))),
-        Mistake("not merged", "returns (B, L, h, d): the transpose is done; now join the last two axes with "
-                ".flatten(2).", lambda x: x.transpose(1, 2)),
-        Mistake("along tokens", "joins the heads along the tokens axis, (B, h*L, d). Join them along the features: "
-                "torch.cat(heads, dim=-1), or transpose to (B, L, h, d) and reshape.", lambda x: x.flatten(1, 2)),
-        Mistake("flat", "returns the flat split layout, (B*h, L, d): the merge must undo the split, to (B, L, D).",
+        Mistake("axes 0, 1", f"transposes axes 0 and 1, the batch and the heads: {THEN}",
+                lambda x: _merge(x, (1, 0, 2, 3))),
+        Mistake("flatten(1)", "flattens every axis after the batch, (B, h*L*d): keep the tokens, (B, L, D).",
+                lambda x: x.flatten(1)),
+        Mistake("not merged", "returns (B, L, h, d): the transpose is done; now join the last two axes, .flatten(2).",
+                lambda x: x.transpose(1, 2)),
+        Mistake("along tokens", "joins the heads along the tokens axis, (B, h*L, d): join them along the features.",
+                lambda x: x.flatten(1, 2)),
+        Mistake("flat", "returns the flat split layout, (B*h, L, d): undo the split, to (B, L, D).",
                 lambda x: x.flatten(0, 1)),
         Mistake("mean", REDUCED, lambda x: x.mean(1)),
         Mistake("sum", REDUCED, lambda x: x.sum(1)),
