@@ -1,17 +1,11 @@
-"""Checkers for chapter 12, attention that serves many: packed batches, a paged cache, continuous batching.
+"""Checkers for chapter 12, attention that serves many (masks are IGNORE masks: True = may NOT attend):
 
-The exercises, as the learner writes them (masks are IGNORE masks, bool, True = may NOT attend):
-
-1. ``block_mask(cu_seqlens)`` -- grade_id ``ex-ch12-block-mask``. ``cu_seqlens`` a LongTensor (n + 1,) = [0, L_0,
-   L_0 + L_1, ..., N]; returns the (N, N) bool ignore mask of packed causal attention: True where query row i and
-   key row j belong to different sequences, or j > i.
-2. ``gather(pool, table, length)`` -- grade_id ``ex-ch12-gather``. ``pool`` (num_blocks, h_kv, b, d); ``table`` the
-   request's block numbers in the order of its tokens; returns (h_kv, length, d), token t from
-   ``pool[table[t // b], :, t % b]``.
-3. ``plan_step(running, budget)`` -- grade_id ``ex-ch12-plan-step``. ``running`` a list of (rid, prompt tokens not
-   yet fed), 0 for a request that is decoding. Returns [(rid, n)]: every decoding request first, one token each, in
-   the order given, while the budget lasts; then the prefilling ones in the order given, each min(remaining, budget
-   left); requests that get no token left out.
+1. ``block_mask(cu_seqlens)`` (``ex-ch12-block-mask``): the (N, N) mask, True where rows i and j are of different
+   sequences or j > i; ``cu_seqlens`` = [0, L_0, L_0 + L_1, ..., N].
+2. ``gather(pool, table, length)`` (``ex-ch12-gather``): pool (num_blocks, h_kv, b, d) -> (h_kv, length, d), token t
+   from ``pool[table[t // b], :, t % b]``.
+3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): running [(rid, prompt tokens left, 0 when decoding)] ->
+   [(rid, n)], decodes first (one token each), then prompts, min(remaining, budget left); nobody with 0 tokens.
 """
 from __future__ import annotations
 
@@ -59,6 +53,11 @@ BLOCK_MASK = Exercise(
         Mistake("boundary", "puts the first row of each sequence in the sequence before it: the sequences are shifted "
                 "by one row at each BOUNDARY. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) - 1, "
                 "or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False)),
+        Mistake("last left out", "leaves the LAST sequence all True: a loop over range(len(cu) - 2) stops one short; "
+                "there are len(cu) - 1 sequences.", lambda cu: _block(cu) | (lambda last: last[:, None] | last[None, :])(
+                    torch.arange(int(cu[-1])) >= cu[-2])),
+        Mistake("cu as lengths", "reads cu_seqlens[1:] as the LENGTHS: they are where the sequences END; the lengths "
+                "are cu.diff(), N = cu[-1].", lambda cu: _block(torch.cat([cu[:1], cu[1:].cumsum(0)]))),
         Mistake("boundary, unclamped", "puts the first row of each sequence in the sequence before it (row 0 in none): "
                 "searchsorted without right=True. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) "
                 "- 1, or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False, clamp=False)),
@@ -123,9 +122,14 @@ GATHER = Exercise(
                 lambda p, t, n: _gather(p, t, n, blocks=lambda t: t[::-1])),
         Mistake("whole blocks only", "reads only the FULL blocks (length // b of them) and drops the last, partly "
                 "filled one: take ceil(length / b) blocks, then cut at length.",
-                lambda p, t, n: _gather(p, t[:n // p.shape[2]] or t[:1], n)[:, :n // p.shape[2] * p.shape[2]]),
-        Mistake("block size 4", "uses a block size of 4 whatever the pool's: read b from the pool, pool.shape[2].",
-                lambda p, t, n: _per_token(p, t, n, b=4)),
+                lambda p, t, n: torch.cat([p[i] for i in t[:n // p.shape[2]]], 1)[:, :n]),
+        Mistake("block too many", "reads length // b + 1 blocks, one past the table when the last is exactly full: "
+                "ceil(length / b) = (length + b - 1) // b.",
+                lambda p, t, n: torch.cat([p[t[i]] for i in range(n // p.shape[2] + 1)], 1)[:, :n]),
+        Mistake("heads cut", "cuts at length along the HEADS, [:length]: cut the tokens, axis 1, [:, :length].",
+                lambda p, t, n: _gather(p, t, n, cut=False)[:n]),
+        Mistake("b misread", "reads the block size b from another axis of the pool (h_kv's, d's): b is pool.shape[2].",
+                lambda p, t, n: _per_token(p, t, n, b=p.shape[1])),
     ],
     passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
     hints=((r"out of range|out of bounds", "a block or slot index computed from the wrong quantity: the block size "
@@ -146,16 +150,35 @@ _ORDERS = {"first": lambda rs: sorted(rs, key=lambda r: r[1] > 0),  # stable: ea
            "dropped": lambda rs: [r for r in rs if r[1] > 0]}
 
 
-def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0):
+def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0, free=False, stop=0,
+          whole=False):
     out, left = [], budget + spend
     for rid, remaining in _ORDERS[decodes](running):
         n = 1 if remaining == 0 else remaining
-        if limit:
-            n = min(n, left) if chunks else (n if n <= left else 0)
+        if limit and (remaining or not free):
+            n = 0 if left <= stop else min(n, budget if whole else left) if chunks else n * (n <= left)
         if n > 0 or zeros:
             out.append((rid, max(n, 0)))
         left -= max(n, 0)
     return out
+
+
+def _plan_notes(got, running, budget) -> str:
+    """What a wrong plan does in the step's own terms: its tokens against the budget, its order, its shares."""
+    try:
+        plan, need = [(rid, int(n)) for rid, n in got], dict(running)
+    except (TypeError, ValueError):
+        return ""
+    spent, rank = sum(n for _, n in plan), [rid for rid, _ in running].index
+    kinds = [[rid for rid, _ in plan if rid in need and (need[rid] > 0) == k] for k in (False, True)]
+    return " ".join(said for said, true in (
+        (f"Its plan spends {spent} tokens, OVER the budget of {budget}.", spent > budget),
+        (f"It spends {spent} of the budget of {budget} while requests still WAIT for tokens.",
+         spent < min(budget, sum(max(r, 1) for _, r in running))),
+        ("It puts a prompt BEFORE a decoding request.", any(rid in kinds[1] for rid in
+                                                            [r for r, _ in plan][:len(kinds[0])])),
+        ("It takes the requests of one kind in ANOTHER ORDER than given.", any(k != sorted(k, key=rank) for k in kinds)),
+        ("It gives a request MORE tokens than it needs.", any(n > max(need.get(rid, 1), 1) for rid, n in plan))) if true)
 
 
 def _sorted_in_place(running, budget):
@@ -187,10 +210,18 @@ PLAN_STEP = Exercise(
                 "(left >= n, not left > n).", lambda r, b: _plan(r, b, spend=-1)),
         Mistake("budget plus one", "spends ONE TOKEN MORE than the budget: stop when the budget left is 0.",
                 lambda r, b: _plan(r, b, spend=1)),
+        Mistake("decodes past budget", "gives every decoding request its token PAST THE BUDGET: a decode token counts "
+                "too.", lambda r, b: _plan(r, b, free=True)),
+        Mistake("stops at 1", "stops with ONE TOKEN of the budget left (left > 1): spend it, left >= 1.",
+                lambda r, b: _plan(r, b, stop=1)),
+        Mistake("whole budget", "cuts a prompt's chunk to the WHOLE budget, min(remaining, budget): to the budget "
+                "LEFT.", lambda r, b: _plan(r, b, whole=True)),
+        Mistake("dict", "returns a dict: return a LIST of (rid, n) pairs, in plan order.", lambda r, b: dict(_plan(r, b))),
         Mistake("sorted in place", "SORTS `running` IN PLACE (running.sort): the caller's list is the server's queue, "
                 "its order is theirs. Use sorted(running) or two passes.", _sorted_in_place),
     ],
     passed="decode tokens first, prompts cut to the budget, nothing beyond it, the caller's list left as it was.",
+    notes=_plan_notes,
 )
 
 
