@@ -1,27 +1,15 @@
-"""Checkers for chapter 11, attention across processes: heads split over workers, and a sequence passed around a ring.
+"""Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key):
 
-The exercises (the checkers pass float64 CPU tensors; padding masks are IGNORE masks, True = a padded key):
+1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)``
+   (``ex-ch11-split-in-proj``): the rows of rank r's heads r*n .. (r+1)*n - 1 (n = num_heads / world_size) in each of
+   nn.MultiheadAttention's packed W_q, W_k, W_v, packed the same way, and the matching bias; ValueError when
+   world_size does not divide num_heads; without the package's ``split_in_proj_by_heads``.
+2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)``
+   (``ex-ch11-ring-step``): rank r holds block (r - s) mod world_size at step s (of ``torch.tensor_split``); scores
+   it (1/sqrt(d), padded keys hidden; causal: a later block skipped, its own block triangular), and merges it into
+   chapter 8's running state (m, l, acc), the old l and acc rescaled by exp(m_old - m_new).
 
-1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` --
-   :func:`check_split_in_proj`, grade_id ``ex-ch11-split-in-proj``. ``in_proj_weight`` (3D, D) and
-   ``in_proj_bias`` (3D,) are ``nn.MultiheadAttention``'s packed projections: the rows of W_q, then of W_k, then of
-   W_v, head j in rows j*d .. (j+1)*d - 1 of each (d = D / num_heads). Rank ``rank`` of ``world_size`` owns the
-   contiguous heads rank*n .. (rank+1)*n - 1, n = num_heads / world_size, as ``ColwiseParallel`` shards, and returns
-   their rows packed the same way, ``weight`` (3D / world_size, D) (q rows, then k, then v) and ``bias``
-   (3D / world_size,); ValueError when world_size does not divide num_heads. Without the package's
-   ``split_in_proj_by_heads`` (made to raise in the workers, where grading's own guard does not reach).
-2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> state`` --
-   :func:`check_ring_step`, grade_id ``ex-ch11-ring-step``. One step of ring attention on one rank: ``q``
-   (B, h, L_q, d) its queries, block ``rank`` of ``torch.tensor_split(x, world_size, dim=2)``; ``k``, ``v``
-   (B, h, L_k, d) and ``key_padding_mask`` (B, L_k) or None the block it holds at step s, block
-   (rank - s) mod world_size (the blocks travel to rank + 1). ``state = (m, l, acc)``, chapter 8's running state:
-   ``m`` (B, h, L_q, 1) the largest score so far (-inf at first), ``l`` (B, h, L_q, 1) the sum of exp(score - m),
-   ``acc`` (B, h, L_q, d) the sum of exp(score - m) * value (0 at first). The step scores the block (1/sqrt(d),
-   padded keys hidden; with ``is_causal`` a block after the rank's is skipped, its own block hides the keys after
-   each query, a block before is seen whole), merges it, rescaling the old l and acc by exp(m_old - m_new), and
-   returns the new (m, l, acc); after world_size steps acc / l is the rank's block of the output.
-
-The checkers run it in worker processes (:mod:`..distributed.trial`) and judge what it did with :mod:`.diagnose`.
+Both run in worker processes (:mod:`..distributed.trial`); what they did is judged by :mod:`.diagnose`.
 """
 from __future__ import annotations
 
@@ -66,7 +54,7 @@ def _split_cases():
         w, b = torch.randn(3 * E, E, generator=gen, dtype=DTYPE), torch.randn(3 * E, generator=gen, dtype=DTYPE)
         what = f"{h} head{'s' * (h > 1)} of size {E // h} over {P} rank{'s' * (P > 1)}"
         cases += [Case(f"{what}, rank {r}", (w, b, h, r, P)) for r in range(ranks)]
-    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} processes summed by "
+    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} ranks, processes summed by "
                          f"all_reduce, which a state kept between calls or a rank read from elsewhere than the "
                          f"arguments breaks)", (Real("heads", trial.layer(8, 4, gen)),))]
 
@@ -92,6 +80,12 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("mirror", f"takes ANOTHER RANK's heads, world_size - 1 - r's (counted from the other end). {_FIX}",
                 _s(heads="mirror")),
         Mistake("next", f"takes ANOTHER RANK's heads, r + 1's (an off-by-one). {_FIX}", _s(heads="next")),
+        Mistake("d by heads", "views each third as (d, num_heads), the heads across: head j is rows j*d .. (j+1)*d - 1, "
+                "view(3, num_heads, d, D).", lambda w, b, h, r, P: tuple(t.reshape(3, -1, h, *t.shape[1:])[
+                    :, :, r * h // P:(r + 1) * h // P].reshape(-1, *t.shape[1:]) for t in (w, b))),
+        Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d = D / num_heads "
+                "rows.", lambda w, b, h, r, P: tuple(torch.cat([x[r * h // P:(r + 1) * h // P] for x in t.chunk(3)])
+                                                     for t in (w, b))),
         Mistake("one head", "keeps ONE HEAD, head r: each rank owns n = num_heads // world_size heads, r*n .. (r+1)*n "
                 "- 1.", _s(heads="one")),
         Mistake("ordered per head", "has the right rows ORDERED PER HEAD (q, k, v of one head, then of the next): "
@@ -144,10 +138,11 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     src = (rank - step) % world_size if direction == "back" else (rank + step) % world_size
     Lq, Lk = q.shape[2], k.shape[2]
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
+    if (is_causal or causal == "always") and causal not in ("no skip", "ignored", "positions") and (
+            src < rank if causal == "before" else src > rank):
+        return (m, l, acc) if skipped else None  # every key of a later block comes after every query
     if is_causal:
-        if causal in ("blocks", "own block open", "diagonal hidden", "past hidden") and src > rank:
-            return (m, l, acc) if skipped else None  # every key of a later block comes after every query
-        if causal in ("blocks", "no skip") and src == rank or causal == "triangle everywhere":
+        if causal in ("blocks", "no skip", "before", "always") and src == rank or causal == "triangle everywhere":
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(1)  # key j after query i, within one block
         if causal in ("diagonal hidden", "past hidden") and src == rank:  # triu(0), or tril(-1): the past
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0) if causal[0] == "d" else (~hide).tril(-1)
@@ -158,8 +153,9 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     scores = q @ k.transpose(-2, -1) * {"sqrt": d ** -0.5, "none": 1.0, "d": 1.0 / d}[scale]  # (B, h, Lq, Lk)
     scores = scores.masked_fill(hide, float("-inf"))
     if key_padding_mask is not None and padding != "ignored":
-        pads = key_padding_mask if padding == "hide" else ~key_padding_mask
-        scores = scores.masked_fill(pads[:, None, None, :], float("-inf"))
+        pads = key_padding_mask if padding != "inverted" else ~key_padding_mask
+        pads = pads[:, None, :, None] if padding == "queries" else pads[:, None, None, :]
+        scores = scores.masked_fill(pads, float("-inf"))
     m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) if running else scores.amax(-1, keepdim=True)
     shift = m_new.masked_fill(m_new == float("-inf"), 0.0) if guard else m_new  # nothing seen yet: 0
     p = torch.exp(scores - shift)
@@ -225,12 +221,18 @@ RING = Exercise(
                 "key_padding_mask[:, None, None, :], -inf).", _r(padding="ignored")),
         Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True is a key to hide.",
                 _r(padding="inverted")),
+        Mistake("padding on queries", "lays the padding mask along the QUERIES, [:, None, :, None]: it marks KEYS, "
+                "key_padding_mask[:, None, None, :].", _r(padding="queries")),
         Mistake("forward", "counts the block index the WRONG WAY ROUND THE RING: the blocks travel to rank + 1, so at "
                 "step s a rank holds block (rank - s) mod world_size.", _r(direction="forward")),
         Mistake("no skip", "attends a block AFTER THE RANK'S OWN (causal), whose keys all come after every query: "
                 "return the state unchanged when (rank - step) mod world_size > rank.", _r(causal="no skip")),
         Mistake("triangle everywhere", "puts the own block's TRIANGLE on every block: a block before the rank's own is "
                 "seen whole.", _r(causal="triangle everywhere")),
+        Mistake("skips before", "skips the blocks BEFORE its own (causal), which it must see whole: skip those AFTER, "
+                "(rank - step) mod world_size > rank.", _r(causal="before")),
+        Mistake("skips always", "skips the blocks after its own when NOT CAUSAL too: skip only if is_causal.",
+                _r(causal="always")),
         Mistake("diagonal hidden", f"hides each query's OWN KEY (causal): {_TRIU}, not triu(0).",
                 _r(causal="diagonal hidden")),
         Mistake("past hidden", f"hides the PAST of each query in its own block (causal): {_TRIU}.",
