@@ -1,13 +1,9 @@
 """Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key):
 
-1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)``
-   (``ex-ch11-split-in-proj``): the rows of rank r's heads r*n .. (r+1)*n - 1 (n = num_heads / world_size) in each of
-   nn.MultiheadAttention's packed W_q, W_k, W_v, packed the same way, and the matching bias; ValueError when
-   world_size does not divide num_heads; without the package's ``split_in_proj_by_heads``.
-2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)``
-   (``ex-ch11-ring-step``): rank r holds block (r - s) mod world_size at step s (of ``torch.tensor_split``); scores
-   it (1/sqrt(d), padded keys hidden; causal: a later block skipped, its own block triangular), and merges it into
-   chapter 8's running state (m, l, acc), the old l and acc rescaled by exp(m_old - m_new).
+1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size)`` (``ex-ch11-split-in-proj``): the rows
+   of rank r's heads r*n .. (r+1)*n - 1 in each of the packed W_q, W_k, W_v, packed alike, and their bias entries.
+2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)`` (``ex-ch11-ring-step``): block
+   (r - s) mod world_size scored and merged into chapter 8's running state (m, l, acc).
 
 Both run in worker processes (:mod:`..distributed.trial`); what they did is judged by :mod:`.diagnose`.
 """
@@ -21,8 +17,6 @@ from . import DTYPE
 from .diagnose import Case, Exercise, Mistake
 
 # Exercise 1: the rows of a packed in_proj_weight that one rank's heads need
-
-
 def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse="raise", layout="packed",
            heads="contiguous", out="packed", bias_mode="split", order=(0, 1, 2)):
     """This rank's (weight, bias), and each classic mistake as an option ("per head": Megatron's fused layout)."""
@@ -45,7 +39,6 @@ def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse=
     w, b = rows.reshape(-1, E), entries.reshape(-1)
     return w, {"split": b, "chunks": bias.chunk(world_size)[rank], "whole": bias, "none": None}[bias_mode]
 
-
 def _split_cases():
     """Every rank of worlds of 1 to 4 (d = 1 to 6), worlds that do not divide the heads, the real run last."""
     gen, cases = torch.Generator().manual_seed(11), []
@@ -54,16 +47,14 @@ def _split_cases():
         w, b = torch.randn(3 * E, E, generator=gen, dtype=DTYPE), torch.randn(3 * E, generator=gen, dtype=DTYPE)
         what = f"{h} head{'s' * (h > 1)} of size {E // h} over {P} rank{'s' * (P > 1)}"
         cases += [Case(f"{what}, rank {r}", (w, b, h, r, P)) for r in range(ranks)]
-    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} ranks, processes summed by "
+    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} ranks in as many processes, summed by "
                          f"all_reduce, which a state kept between calls or a rank read from elsewhere than the "
                          f"arguments breaks)", (Real("heads", trial.layer(8, 4, gen)),))]
 
-
 _FIX = ("Rank r owns the CONTIGUOUS heads r*n .. (r+1)*n - 1 (n = num_heads // world_size), as ColwiseParallel cuts "
         "the rows: in_proj_weight.view(3, num_heads, d, D)[:, r*n:(r+1)*n].")
-
-
 _s = lambda **switches: lambda *args: _split(*args, **switches)  # noqa: E731 - the reference with one switch
+_n = lambda r, h, P: slice(r * h // P, (r + 1) * h // P)  # noqa: E731 - rank r's heads
 _PASSED = (f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
            f"num_heads, and in {trial.WORLD} processes the heads summed by all_reduce equal the whole layer.")
 _CASES = _split_cases()
@@ -77,39 +68,36 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("per head", "reads the rows HEAD BY HEAD, q, k, v of head 0, then of head 1 (Megatron-LM's fused "
                 "layout): nn.MultiheadAttention packs W_q, then W_k, then W_v.", _s(layout="per head")),
         Mistake("strided", f"takes heads rank, rank + world_size, ...: STRIDED. {_FIX}", _s(heads="strided")),
-        Mistake("mirror", f"takes ANOTHER RANK's heads, world_size - 1 - r's (counted from the other end). {_FIX}",
-                _s(heads="mirror")),
+        Mistake("mirror", f"takes ANOTHER RANK's heads, P - 1 - r's (from the other end). {_FIX}", _s(heads="mirror")),
         Mistake("next", f"takes ANOTHER RANK's heads, r + 1's (an off-by-one). {_FIX}", _s(heads="next")),
-        Mistake("d by heads", "views each third as (d, num_heads), the heads across: head j is rows j*d .. (j+1)*d - 1, "
-                "view(3, num_heads, d, D).", lambda w, b, h, r, P: tuple(t.reshape(3, -1, h, *t.shape[1:])[
-                    :, :, r * h // P:(r + 1) * h // P].reshape(-1, *t.shape[1:]) for t in (w, b))),
-        Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d = D / num_heads "
-                "rows.", lambda w, b, h, r, P: tuple(torch.cat([x[r * h // P:(r + 1) * h // P] for x in t.chunk(3)])
-                                                     for t in (w, b))),
-        Mistake("one head", "keeps ONE HEAD, head r: each rank owns n = num_heads // world_size heads, r*n .. (r+1)*n "
-                "- 1.", _s(heads="one")),
+        Mistake("d by heads", "views each third as (d, num_heads): head j is rows j*d .. (j+1)*d - 1 of each third.",
+                lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1, h))[:, :, _n(r, h, P)].flatten(0, 2) for t in [w, b])),
+        Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
+                lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
+        Mistake("one head", "keeps ONE HEAD, head r: a rank owns n = num_heads // world_size heads.", _s(heads="one")),
         Mistake("ordered per head", "has the right rows ORDERED PER HEAD (q, k, v of one head, then of the next): "
                 "pack the q rows of the rank's heads, then their k rows, then their v rows.", _s(out="per head")),
         *[Mistake(f"order {o}", f"packs the blocks in the order {', '.join('qkv'[i] for i in o)}: keep the PACKED "
                   f"ORDER q, k, v of in_proj_weight, which the layer reads.", _s(order=o))
           for o in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))],
-        Mistake("bias forgotten", "returns None for the bias: the bias is FORGOTTEN. Cut in_proj_bias like the rows.",
-                _s(bias_mode="none")),
-        Mistake("bias whole", "returns the whole in_proj_bias: the bias is NOT SPLIT. Cut it like the rows.",
-                _s(bias_mode="whole")),
+        Mistake("bias forgotten", "returns None for the bias: the bias is FORGOTTEN.", _s(bias_mode="none")),
+        Mistake("bias whole", "returns the whole in_proj_bias: the bias is NOT SPLIT.", _s(bias_mode="whole")),
         Mistake("bias chunks", "cuts the bias into world_size contiguous chunks, NOT LIKE THE ROWS: "
                 "in_proj_bias.view(3, num_heads, d)[:, r*n:(r+1)*n].", _s(bias_mode="chunks")),
-        Mistake("not split", "returns in_proj_weight and in_proj_bias whole: the rows are NOT SPLIT. Keep this rank's "
-                "heads' rows.", lambda w, b, *_: (w, b)),
+        Mistake("not split", "returns in_proj_weight whole: the rows are NOT SPLIT.", lambda w, b, *_: (w, b)),
+        Mistake("bias of q", "cuts the bias from b_q alone: take the rank's entries of b_q, b_k and b_v.",
+                lambda *a: (_split(*a)[0], _split(*a)[1][:len(_split(*a)[1]) // 3])),
         Mistake("columns", "splits the COLUMNS, the input features, which every head reads whole: a head is ROWS of "
                 "W_q, W_k and W_v.", lambda w, b, h, r, P: (w.chunk(P, dim=1)[r], _split(w, b, h, r, P)[1])),
         Mistake("only q", "returns the rows of W_q only, ONE OF q, k, v: the rank needs its heads' rows of all three.",
                 lambda *a: tuple(t[:len(t) // 3] for t in _split(*a))),
-        Mistake("three", "returns 3 tensors: return the rows PACKED in one weight, torch.cat([w_q, w_k, w_v]), and "
-                "one bias.", lambda *a: tuple(_split(*a)[0].chunk(3))),
+        Mistake("three", "returns 3 tensors: the rows PACKED in one weight, then the bias.",
+                lambda *a: tuple(_split(*a)[0].chunk(3))),
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
     ],
     passed=_PASSED, run=trial.run, parts=("weight", "bias"),
+    hints=((r"(?i)divi|uneven|evenly|share|world_size", "your divisibility check fires where world_size DIVIDES "
+            "num_heads: raise only if num_heads % world_size."),),
 )
 REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinstance(c.args[0], Real) and
                                                c.args[2] % c.args[4]], mistakes=[
@@ -121,15 +109,11 @@ REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinst
 _SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],  # made to raise in the workers, which
                "*without* the package's `split_in_proj_by_heads`")  # grading's RULES (instructor/verdict.py) miss
 
-
 def check_split_in_proj(fn) -> None:
     """Check ``fn(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` in workers."""
     _verdicts("split", [fn])[0]()
 
-
 # Exercise 2: one step of ring attention
-
-
 def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal, *, direction="back",
                rescale="both", causal="blocks", scale="sqrt", guard=True, padding="hide", acc_mode="sum", old=True,
                running=True, skipped="state"):
@@ -164,7 +148,6 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     acc_new = (c if rescale in ("both", "acc only", "inverted") else 1.0) * acc + p @ v
     return m_new, l_new, acc_new / l_new if acc_mode == "normalised" else acc_new
 
-
 def _ring_cases():
     """Every step of every rank of rings of 1 to 4 (each from the reference's state), then a real ring of two."""
     gen, cases = torch.Generator().manual_seed(12), []
@@ -194,12 +177,9 @@ def _ring_cases():
                          f"between calls or a tensor given changed breaks)",
                          (Real("ring", {"q": q, "k": k, "v": v, "pad": pad, "causal": True}),), marks)]
 
-
 _r = lambda **switches: lambda *args: _ring_step(*args, **switches)  # noqa: E731
 _RESCALE = "multiply the old one by exp(m_old - m_new), the factor from exp(score - m_old) to exp(score - m_new)."
 _TRIU = "query i sees keys j <= i, the rest hidden with torch.ones(L_q, L_k, dtype=torch.bool).triu(1)"
-
-
 RING = Exercise(
     what="your ring_step",
     reference=_ring_step,
@@ -215,12 +195,10 @@ RING = Exercise(
         Mistake("not scaled", "does NOT SCALE the scores: divide q @ k^T by sqrt(d).", _r(scale="none")),
         Mistake("divided by d", "divides the scores by d: the scale is 1/sqrt(d), the SQUARE ROOT.", _r(scale="d")),
         Mistake("no guard", "gives NaN when every key of a block is padding (or hidden) and the state is still empty: "
-                "exp(score - m_new) = exp(-inf + inf). Shift by m_new.masked_fill(m_new == -inf, 0) instead.",
-                _r(guard=False)),
+                "exp(-inf + inf). Shift by m_new.masked_fill(m_new == -inf, 0).", _r(guard=False)),
         Mistake("padding ignored", "IGNORES THE PADDING: hide the padded keys, scores.masked_fill("
                 "key_padding_mask[:, None, None, :], -inf).", _r(padding="ignored")),
-        Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True is a key to hide.",
-                _r(padding="inverted")),
+        Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True hides.", _r(padding="inverted")),
         Mistake("padding on queries", "lays the padding mask along the QUERIES, [:, None, :, None]: it marks KEYS, "
                 "key_padding_mask[:, None, None, :].", _r(padding="queries")),
         Mistake("forward", "counts the block index the WRONG WAY ROUND THE RING: the blocks travel to rank + 1, so at "
@@ -231,17 +209,14 @@ RING = Exercise(
                 "seen whole.", _r(causal="triangle everywhere")),
         Mistake("skips before", "skips the blocks BEFORE its own (causal), which it must see whole: skip those AFTER, "
                 "(rank - step) mod world_size > rank.", _r(causal="before")),
-        Mistake("skips always", "skips the blocks after its own when NOT CAUSAL too: skip only if is_causal.",
-                _r(causal="always")),
+        Mistake("skips always", "skips later blocks when NOT CAUSAL too: skip only if is_causal.", _r(causal="always")),
         Mistake("diagonal hidden", f"hides each query's OWN KEY (causal): {_TRIU}, not triu(0).",
                 _r(causal="diagonal hidden")),
-        Mistake("past hidden", f"hides the PAST of each query in its own block (causal): {_TRIU}.",
-                _r(causal="past hidden")),
+        Mistake("past hidden", f"hides the PAST of each query in its own block: {_TRIU}.", _r(causal="past hidden")),
         Mistake("own block open", f"does not mask the rank's OWN BLOCK: {_TRIU}.", _r(causal="own block open")),
         Mistake("causal ignored", "IGNORES is_causal: skip later blocks, mask the own block.", _r(causal="ignored")),
         Mistake("positions", "takes the positions as rank * L_q + i and src * L_k + j, true only if every block has "
-                "ONE LENGTH (torch.tensor_split's need not): decide by blocks, src < rank, == rank or > rank.",
-                _r(causal="positions")),
+                "ONE LENGTH (tensor_split's need not): decide by blocks, src <, == or > rank.", _r(causal="positions")),
         Mistake("old dropped", "DROPS THE OLD STATE, as if nothing had been seen before: rescale the old l and acc to "
                 "m_new and add the block's sums.", _r(old=False)),
         Mistake("block maximum", "takes m as this block's maximum, not the RUNNING MAXIMUM: torch.maximum(m, the "
@@ -252,8 +227,7 @@ RING = Exercise(
                 lambda *a: (_ring_step(*a)[0].squeeze(-1), *_ring_step(*a)[1:])),
         Mistake("order", "returns the state in the order (m, acc, l): return it in the ORDER (m, l, acc).",
                 lambda *a: tuple(_ring_step(*a)[i] for i in (0, 2, 1))),
-        Mistake("acc returned", "returns one tensor, acc: return the new STATE, the tuple (m, l, acc); the output acc "
-                "/ l comes after the last step.", lambda *a: _ring_step(*a)[2]),
+        Mistake("acc returned", "returns one tensor, acc: return the new STATE.", lambda *a: _ring_step(*a)[2]),
         Mistake("None skipped", "returns None for a block it skips: return the state unchanged.", _r(skipped=None)),
     ],
     passed=f"every step of every rank for 1 to 4 ranks (uneven blocks, padding, causal) merges its block as the online "
@@ -263,17 +237,14 @@ RING = Exercise(
     parts=("m", "l", "acc"),
 )
 
-
 def check_ring_step(fn) -> None:
     """Check ``fn(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)`` in workers."""
     _verdicts("ring", [fn])[0]()
-
 
 def _verdicts(name: str, answers: list) -> list:
     """One launch, a verdict function per answer (tests/mutants/ch11.py's catalogues); (3, 4): rank, world_size."""
     if name == "split":
         return trial.verdicts([SPLIT, REFUSE], answers, (3, 4), _SPLIT_RULE)
     return trial.verdicts([RING], answers, (6, 7))
-
 
 EXERCISES = [SPLIT, REFUSE, RING]
