@@ -96,7 +96,7 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
     ],
     passed=_PASSED, run=trial.run, parts=("weight", "bias"),
-    hints=((r"(?i)divi|uneven|evenly|share|world_size", "your divisibility check fires where world_size DIVIDES "
+    hints=((r"(?i)divid|divisib|uneven|evenly|share", "your divisibility check fires where world_size DIVIDES "
             "num_heads: raise only if num_heads % world_size."),),
 )
 REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinstance(c.args[0], Real) and
