@@ -21,46 +21,50 @@ randn = lambda *shape, seed=10, dtype=torch.float64: torch.randn(  # noqa: E731
 
 # Exercise 1: repeating key/value heads for grouped-query attention
 _repeat_case = lambda B, h_kv, S, d, n_rep, dtype=torch.float64: Case(  # noqa: E731
-    f"{h_kv} key/value head{'s' * (h_kv > 1)}, n_rep = {n_rep}, x of shape {(B, h_kv, S, d)}" + " in float32" * (
-        dtype == F32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
+    f"{h_kv} key/value head{'s' * (h_kv > 1)}, {f'n_rep = {n_rep}' if n_rep > 1 else 'no copies (n_rep 1)'}, x of "
+    f"shape {(B, h_kv, S, d)}" + " in float32" * (dtype == F32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
 AXES = {0: "batch", 1: "heads", 2: "sequence", 3: "feature"}
 REPEAT_KV = Exercise(
     what="your repeat_kv", reference=lambda x, n_rep: x.repeat_interleave(n_rep, dim=1),  # head j reads j // n_rep
     cases=[_repeat_case(*c) for c in ((1, 1, 1, 1, 1), (1, 2, 1, 1, 3), (1, 1, 2, 3, 4), (2, 3, 3, 2, 2),
                                       (2, 3, 2, 4, 1), (1, 2, 3, 2, 2, F32))],
     mistakes=[
-        Mistake("tiled", "is TILED (x.repeat(1, n_rep, 1, 1), torch.cat([x] * n_rep, 1), a new axis BEFORE the heads): "
-                "query head j reads head j % h_kv, the wrong group. x.repeat_interleave(n_rep, dim=1) repeats each "
-                "head in place.", lambda x, n: x.repeat(1, n, 1, 1)),
+        Mistake("tiled", "is TILED (x.repeat(1, n_rep, 1, 1), a new axis BEFORE the heads): query head j reads head "
+                "j % h_kv, the wrong group: use repeat_interleave(n_rep, dim=1).", lambda x, n: x.repeat(1, n, 1, 1)),
         Mistake("not repeated", "returns x: the heads are NOT REPEATED, n_rep unused.", lambda x, n: x),
         *[Mistake(f"dim {a}", f"repeats along dim {a}, the {AXES[a]} axis: the heads are dim 1 of (B, h_kv, S, d).",
                   partial(lambda x, n, a: x.repeat_interleave(n, dim=a), a=a)) for a in (0, 2, 3)],
         Mistake("flat", "is FLAT: repeat_interleave without dim= flattens x. Give it dim=1.", torch.repeat_interleave),
         Mistake("h times", "repeats each head h_kv * n_rep times, once per QUERY head: n_rep times is enough.",
                 lambda x, n: x.repeat_interleave(x.shape[1] * n, dim=1)),
+        Mistake("h_kv times", "repeats each head h_kv times.", lambda x, n: x.repeat_interleave(x.shape[1], 1)),
+        *[Mistake(f"copies at {a}", f"repeats each {w} (or stacks the copies after that axis), then reshapes: values "
+                  f"scrambled. Put the copies RIGHT AFTER THE HEADS, x[:, :, None].expand(B, h_kv, n_rep, S, d).",
+                  lambda x, n, a=a: torch.stack([x] * n, a).flatten(1, 2).view_as(x.repeat_interleave(n, 1)))
+          for a, w in ((3, "ROW, the sequence axis"), (4, "FEATURE"))],
+        *[Mistake(f"head {j}", f"gives query head j key/value head {j}: head j // n_rep, each serving n_rep heads in a "
+                  f"row.", lambda x, n, f=f: x[:, f(torch.arange(x.shape[1] * n), x.shape[1], n)])
+          for j, f in (("j // h_kv", lambda j, h, n: j // h), ("j % n_rep", lambda j, h, n: j % n))],
         Mistake("5-D", "is 5-D: the new axis was never merged into the heads, .reshape(B, h_kv * n_rep, S, d).",
                 lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1)),
         Mistake("expand", "expands the heads axis: expand repeats only an axis of SIZE 1 (multi-query attention). "
-                "Expand a new axis after the heads, x[:, :, None].expand(B, h_kv, n_rep, S, d), then .reshape(B, "
-                "h_kv * n_rep, S, d).", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1)),
+                "Expand a new axis after the heads, x[:, :, None].", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1)),
     ],
     passed="query head j reads key/value head j // n_rep: h_kv = 1 to 3, n_rep = 1 to 4, float32 kept float32.",
     forbidden=("attention_course.decoding.repeat_kv", "transformers.models.llama.modeling_llama.repeat_kv"),
     instead="Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis expanded and merged.",
 )
 
-
 def check_repeat_kv(fn) -> None:
     """Check ``fn(x, n_rep)``: (B, h_kv, S, d) -> (B, h_kv * n_rep, S, d), query head j reading head j // n_rep."""
     check(REPEAT_KV, fn)
 
-
 # Exercise 2: rotary positions, split halves
 def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", swap=False, sin_term=1, outer="rows",
-          dtype=None):  # RoPE of x (..., L, d) at positions (L,): the reference, and the classic slips as switches
-    d, dtype = x.shape[-1], dtype or x.dtype
+          dtype=None, axis=-1, over=-1):  # RoPE of x (..., L, d) at positions (L,): the reference, and slips
+    d, n, dtype = x.shape[over], x.shape[axis], dtype or x.dtype
     p = (torch.arange(len(positions)) if start == 0 else positions + (start or 0)).to(dtype)
-    theta = 10000.0 ** (-power * torch.arange(d if layout == "feature" else d // 2, dtype=dtype) / d)  # (d/2,)
+    theta = 10000.0 ** (-power * torch.arange(n if layout == "feature" else n // 2, dtype=dtype) / d)  # (d/2,)
     angle = p[:, None] * theta if outer == "rows" else p * theta if outer == "flat" else theta[:, None] * p[None, :]
     cos, sin = (angle.sin(), angle.cos()) if swap else (angle.cos(), angle.sin())  # (L, d/2)
     if pairs:  # interleaved: features (2i, 2i + 1) turned together
@@ -71,11 +75,11 @@ def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", 
     x1, x2 = x.chunk(2, -1)
     return x * cos + torch.cat([-sign * x2, sign * x1], -1) * sin * sin_term  # x * cos + rotate_half(x) * sin
 
-
 _rope_case = lambda B, h, at, d, dtype=torch.float64: Case(  # noqa: E731
     f"positions {at}, x of shape {(B, h, len(at), d)}" + " in float32" * (dtype == F32),
     (randn(B, h, len(at), d, seed=11, dtype=dtype), torch.tensor(at)),
-    {"at the frequencies i > 0, whose theta_i is not 1": (torch.arange(d) % (d // 2) > 0).expand(B, h, len(at), d)})
+    {"at the frequencies i > 0, whose theta_i is not 1": (torch.arange(d) % (d // 2) > 0).expand(B, h, len(at), d),
+     "in the second half of the features (i >= d/2)": (torch.arange(d) >= d // 2).expand(B, h, len(at), d)})
 _turn = lambda name, says, **switches: Mistake(name, says, partial(_rope, **switches))  # noqa: E731
 HALVES = "here features i and i + d/2 turn together: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1)."
 APPLY_ROPE = Exercise(
@@ -90,6 +94,9 @@ APPLY_ROPE = Exercise(
         _turn("plus one", "turns each token by its position + 1: position p has the angle p * theta_i.", start=1),
         _turn("i/d", "uses 10000 ** (-i / d): the exponent lost its factor 2, -arange(0, d, 2) / d.", power=1),
         _turn("+2i/d", "uses 10000 ** (+2i / d), growing with i: the exponent is NEGATIVE, -2i / d.", power=-2),
+        _turn("4i/d", "uses 10000 ** (-4i / d): the 2 counted twice, arange(0, d, 2) already steps by 2.", power=4),
+        *[_turn(f"d = L{a}", "reads d from x.shape[-2], the number of TOKENS: d is x.shape[-1].", over=-2, axis=a)
+          for a in (-1, -2)],
         _turn("per feature", "has a frequency per FEATURE: RoPE has d/2, one per pair.", power=1, layout="feature"),
         _turn("integer division", "turns every pair by the same angle: the exponent came out 0, an integer division "
               "(arange(0, d, 2) // d). Divide in floating point, in x's dtype.", power=0, dtype=F32),
@@ -100,6 +107,8 @@ APPLY_ROPE = Exercise(
         _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta.", outer="turned"),
         _turn("not repeated", "has d/2 angles, one per FREQUENCY: repeat them for both halves.", layout=None),
         Mistake("first half", "returns the first HALF of the features only.", lambda x, p: _rope(x, p).chunk(2, -1)[0]),
+        Mistake("half turned", "turns the first half only: the second half is x2 * cos + x1 * sin, not x2.",
+                lambda x, p: torch.cat([_rope(x, p).chunk(2, -1)[0], x.chunk(2, -1)[1]], -1)),
     ],
     passed="split-halves RoPE at the positions given (any order, after a cache), d = 2 to 8, float32 kept float32.",
     forbidden=tuple(f"attention_course.rope.{f}" for f in ("apply_rope", "rope_cos_sin", "rotate_half")) + tuple(
@@ -107,20 +116,18 @@ APPLY_ROPE = Exercise(
     instead="Build the angles positions[:, None] * theta yourself and write rotate_half as torch.cat([-x2, x1], -1).",
 )
 
-
 def check_apply_rope(fn) -> None:
     """Check ``fn(x, positions)``: x (B, h, L, d) rotated at positions (L,), split halves, base 10000."""
     check(APPLY_ROPE, fn)
 
-
 # Exercise 3: one decode step with a KV cache
 def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=True, store="end", turn="qk", again="",
-            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1):
+            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1, width=0, front=False):
     """One decode step: the reference, and the classic slips as switches (turn: what is rotated, how many times)."""
     T, L = cache_k.shape[2], q.shape[2]
-    at = torch.arange(L) + {None: T, 0: 0, 1: T + 1, "heads": cache_k.shape[1]}[start]  # the new tokens' positions
+    at = torch.arange(L) + {None: T, 0: 0, 1: T + 1, "heads": cache_k.shape[1], "d": cache_k.shape[3]}[start]
     rq, rk, rv = (reduce(lambda t, _: _rope(t, at), range(turn.count(c)), t) for t, c in ((q, "q"), (k, "k"), (v, "v")))
-    keys, values = torch.cat([cache_k, rk], cat), torch.cat([cache_v, rv], cat)  # (B, h, T + L, d)
+    keys, values = (torch.cat([new, old] if front else [old, new], cat) for old, new in ((cache_k, rk), (cache_v, rv)))
     if again:  # the whole cache (with the new keys unrotated, or rotated) rotated again at 0 .. S-1
         keys = _rope(keys if again == "all" else torch.cat([cache_k, k], 2), torch.arange(keys.shape[2]))
     kept = {"end": (keys, values), "front": (torch.cat([rk, cache_k], 2), torch.cat([rv, cache_v], 2)),
@@ -128,15 +135,15 @@ def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=Tru
     keys, values = {True: (keys, values), False: (cache_k, cache_v), "values": (cache_k, values)}[own]
     key, query, S = torch.arange(keys.shape[2]), torch.arange(T, T + L), keys.shape[2]
     back = query[:, None] - key[None, :]  # (L, S): how far back each key lies
-    hidden = key > query if mask == "flat" else {"future": back < 0, "none": None, "past": back > 0, "keep": back >= 0,
+    hidden = key > query if mask == "flat" else {  # "flat": (S,) > (L,)
+        "future": back < 0, "none": None, "past": back > 0, "keep": back >= 0, "own": back <= 0,
         "top-left": torch.ones(L, S).triu(1) > 0, "L x L": torch.ones(L, L).triu(1) > 0, "transposed": (back < 0).T,
-        "hide cache": (back < 0) | (key < T), "zero": key > torch.arange(L)[:, None]}[mask]  # "flat": (S,) > (L,)
+        "hide cache": (back < 0) | (key < T), "zero": key > torch.arange(L)[:, None]}[mask]
     if sdpa:
         return (F.scaled_dot_product_attention(rq, keys, values, attn_mask=hidden), *kept)  # True = MAY attend
-    scores = rq @ keys.transpose(*axes) / q.shape[-1] ** power  # (B, h, L, S)
+    scores = rq @ keys.transpose(*axes) / (q.shape[-1] * q.shape[1] ** width) ** power  # (B, h, L, S)
     weights = (scores if hidden is None or after else scores.masked_fill(hidden, fill)).softmax(softmax)
     return ((weights.masked_fill(hidden, 0.0) if after else weights) @ values, *kept)
-
 
 def _steps(answer, q, k, v, cache_k, cache_v, *chunks):  # one call, or a generation fed the caches it returns
     outs, at = [], 0
@@ -145,14 +152,12 @@ def _steps(answer, q, k, v, cache_k, cache_v, *chunks):  # one call, or a genera
         outs, at = outs + [out], at + n
     return (torch.cat(outs, 2), cache_k, cache_v) if chunks else answer(q, k, v, cache_k, cache_v)
 
-
 def _decode_case(B, h, T, L, d, *chunks):
     q, k, v = (randn(B, h, T + L, d, seed=s) for s in (12, 13, 14))  # (B, h, T + L, d): tokens 0 .. T+L-1
     name = f"{L} new token{'s' * (L > 1)} after T = {T} cached" if T else f"a prefill of {L} token{'s' * (L > 1)}"
     name = f"a generation, steps of {list(chunks)} tokens fed the caches returned" if chunks else name
     return Case(f"{name}, B = {B}, h = {h}, d = {d}",
                 (q[:, :, T:], k[:, :, T:], v[:, :, T:], _rope(k[:, :, :T], torch.arange(T)), v[:, :, :T], *chunks))
-
 
 _step = lambda name, says, **switches: Mistake(name, says, partial(_decode, **switches))  # noqa: E731
 DECODE_STEP = Exercise(
@@ -165,6 +170,7 @@ DECODE_STEP = Exercise(
         _step("masked 0", "rotates and masks the new tokens at 0 .. L-1, RESTARTED at 0, not T.", start=0, mask="zero"),
         _step("plus one", "rotates the new tokens one position too far, at T+1 .. T+L: the first is at T.", start=1),
         _step("heads", "reads T from cache_k.shape[1], the number of HEADS: T = cache_k.shape[2].", start="heads"),
+        _step("T = d", "reads T from cache_k.shape[-1], the head size d: T = cache_k.shape[2].", start="d"),
         *[_step(f"dim {a}", f"grows the cache along dim {a}, the {AXES[a]} axis: the WRONG AXIS. Append along dim 2, "
                 "the sequence axis: torch.cat([cache_k, k], dim=2).", cat=a) for a in (0, 1, 3)],
         _step("top-left", "aligns the causal mask TOP-LEFT (triu(1) of an (L, S) mask, SDPA's is_causal=True), as if "
@@ -188,27 +194,28 @@ DECODE_STEP = Exercise(
         _step("transposed", "builds the mask TRANSPOSED, (S, L): queries down, keys across.", mask="transposed"),
         _step("flat", "compares the positions ELEMENT BY ELEMENT: keys[None, :] > queries[:, None].", mask="flat"),
         _step("past", "hides the keys BEFORE each query, the comparison TURNED ROUND: hide key > query.", mask="past"),
+        _step("own key", "hides each new token's OWN KEY (key >= query): hide only key > query.", mask="own"),
         _step("+inf", "fills the hidden scores with +inf: exp(+inf) takes the weight, NaN. Use -inf.", fill=math.inf),
         _step("fill 0", "sets the hidden scores to 0, not -inf: exp(0) still gives them weight.", fill=0.0),
         _step("after", "masks AFTER THE SOFTMAX: rows no longer sum to 1. Fill the scores with -inf.", after=True),
         _step("axes", "transposes the keys on the wrong axes, (1, 2): q @ keys.transpose(-2, -1).", axes=(1, 2)),
         _step("scale d", "divides the scores by d: the scale is 1/sqrt(d).", power=1),
+        _step("scale D", "divides by sqrt(h * d), the model's width: the scale is 1/sqrt(d), a head's.", width=1),
         _step("not scaled", "leaves the scores unscaled: divide them by sqrt(d).", power=0),
         _step("softmax queries", "runs the softmax over the QUERIES: over the keys, softmax(dim=-1).", softmax=-2),
         _step("softmax heads", "runs the softmax over the HEADS: over the keys, softmax(dim=-1).", softmax=1),
         _step("not grown", "returns the caches NOT GROWN: append the new keys and values.", store="unchanged"),
         _step("new only", "returns caches of ONLY THE NEW keys and values: the T old ones and the L new.", store="new"),
         _step("front", "returns the right out, but the new entries at the FRONT of the caches.", store="front"),
+        _step("prepended", "puts the new keys and values BEFORE the cache: append, cat([cache_k, k], 2).", front=True),
         _step("raw", "stores the new keys UNROTATED: the cache holds keys rotated at their positions.", store="raw"),
     ],
     passed="each step equals attention over all T + L tokens: prefills, one token, chunks, d = 2 to 8, a generation.",
 )
 
-
 def check_decode_step(fn) -> None:
     """Check ``fn(q, k, v, cache_k, cache_v) -> (out, cache_k, cache_v)``: one causal step with a KV cache."""
     check(DECODE_STEP, fn)
-
 
 # Exercise 4: the sliding-window mask
 def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat=False):  # and the slips
@@ -216,20 +223,18 @@ def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat
     back = -back if band == "forward" else back
     return back.abs() >= window if band == "symmetric" else (back < near) | (back >= window + far)  # 0: the future
 
-
 def _window_case(q, k, window):
     back = (q := torch.tensor(q))[:, None] - (k := torch.tensor(k))[None, :]
     marks = {"where the key is after the query (k > q)": back < 0, "at the query's own key (k = q)": back == 0,
              "at keys exactly window positions back": back == window, "at keys window - 1 back": back == window - 1}
-    return Case(f"queries at {q.tolist()}, keys at {k.tolist()}, window {window}", (q, k, window), marks)
-
+    return Case(f"queries at {q.tolist()}, keys at {k.tolist()}, window = {window}", (q, k, window), marks)
 
 _band = lambda name, says, **switches: Mistake(name, says, partial(_window, **switches))  # noqa: E731
 SEES = "A query sees itself and the window - 1 positions before it: hide q - k >= window."
 WINDOW_MASK = Exercise(
     what="your window_mask", reference=_window,
     cases=[_window_case(*c) for c in (([0], [0], 1), ([9], [*range(10)], 4), ([10], [8, 9, 10, 7], 3),
-                                      ([7, 8, 9], [*range(10)], 3), ([2, 13], [13, 9, 4, 12, 11], 4),
+                                      ([7, 8, 9], [*range(10)], 3), ([2, 13], [13, 9, 4, 12, 10], 4),
                                       *(([*range(n)], [*range(n)], w) for n, w in ((4, 1), (6, 3), (5, 10))))],
     mistakes=[
         _band("window + 1", "lets a query see window + 1 keys: an OFF BY ONE, hiding q - k > window. " + SEES, far=1),
@@ -244,16 +249,18 @@ WINDOW_MASK = Exercise(
                 lambda q, k, w: _window(torch.arange(len(q)), torch.arange(len(k)), w)),
         Mistake("key indices", "is built from INDICES S-L .. S-1 and 0 .. S-1, not from the positions given.",
                 lambda q, k, w: _window(torch.arange(len(k) - len(q), len(k)), torch.arange(len(k)), w)),
+        Mistake("keys as indices", "takes the keys' INDICES 0 .. S-1 for their positions: use k_positions.",
+                lambda q, k, w: _window(q, torch.arange(len(k)), w)),
+        Mistake("keys sorted", "SORTS the keys: column j is key j, in the order given (a ring buffer's).",
+                lambda q, k, w: _window(q, k.sort().values, w)),
     ],
     passed="True where k > q or q - k >= window: prefills, decode steps, a ring buffer, windows 1 to 10.",
     forbidden=("attention_course.decoding.decode_mask",),
     instead="Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].",
 )
 
-
 def check_window_mask(fn) -> None:
     """Check ``fn(q_positions, k_positions, window)``: the (L, S) ignore mask, True where k > q or q - k >= window."""
     check(WINDOW_MASK, fn)
-
 
 EXERCISES = [REPEAT_KV, APPLY_ROPE, DECODE_STEP, WINDOW_MASK]

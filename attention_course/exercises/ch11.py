@@ -1,27 +1,11 @@
-"""Checkers for chapter 11, attention across processes: heads split over workers, and a sequence passed around a ring.
+"""Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key):
 
-The exercises (the checkers pass float64 CPU tensors; padding masks are IGNORE masks, True = a padded key):
+1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size)`` (``ex-ch11-split-in-proj``): the rows
+   of rank r's heads r*n .. (r+1)*n - 1 in each of the packed W_q, W_k, W_v, packed alike, and their bias entries.
+2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)`` (``ex-ch11-ring-step``): block
+   (r - s) mod world_size scored and merged into chapter 8's running state (m, l, acc).
 
-1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` --
-   :func:`check_split_in_proj`, grade_id ``ex-ch11-split-in-proj``. ``in_proj_weight`` (3D, D) and
-   ``in_proj_bias`` (3D,) are ``nn.MultiheadAttention``'s packed projections: the rows of W_q, then of W_k, then of
-   W_v, head j in rows j*d .. (j+1)*d - 1 of each (d = D / num_heads). Rank ``rank`` of ``world_size`` owns the
-   contiguous heads rank*n .. (rank+1)*n - 1, n = num_heads / world_size, as ``ColwiseParallel`` shards, and returns
-   their rows packed the same way, ``weight`` (3D / world_size, D) (q rows, then k, then v) and ``bias``
-   (3D / world_size,); ValueError when world_size does not divide num_heads. Without the package's
-   ``split_in_proj_by_heads`` (made to raise in the workers, where grading's own guard does not reach).
-2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> state`` --
-   :func:`check_ring_step`, grade_id ``ex-ch11-ring-step``. One step of ring attention on one rank: ``q``
-   (B, h, L_q, d) its queries, block ``rank`` of ``torch.tensor_split(x, world_size, dim=2)``; ``k``, ``v``
-   (B, h, L_k, d) and ``key_padding_mask`` (B, L_k) or None the block it holds at step s, block
-   (rank - s) mod world_size (the blocks travel to rank + 1). ``state = (m, l, acc)``, chapter 8's running state:
-   ``m`` (B, h, L_q, 1) the largest score so far (-inf at first), ``l`` (B, h, L_q, 1) the sum of exp(score - m),
-   ``acc`` (B, h, L_q, d) the sum of exp(score - m) * value (0 at first). The step scores the block (1/sqrt(d),
-   padded keys hidden; with ``is_causal`` a block after the rank's is skipped, its own block hides the keys after
-   each query, a block before is seen whole), merges it, rescaling the old l and acc by exp(m_old - m_new), and
-   returns the new (m, l, acc); after world_size steps acc / l is the rank's block of the output.
-
-The checkers run it in worker processes (:mod:`..distributed.trial`) and judge what it did with :mod:`.diagnose`.
+Both run in worker processes (:mod:`..distributed.trial`); what they did is judged by :mod:`.diagnose`.
 """
 from __future__ import annotations
 
@@ -33,8 +17,6 @@ from . import DTYPE
 from .diagnose import Case, Exercise, Mistake
 
 # Exercise 1: the rows of a packed in_proj_weight that one rank's heads need
-
-
 def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse="raise", layout="packed",
            heads="contiguous", out="packed", bias_mode="split", order=(0, 1, 2)):
     """This rank's (weight, bias), and each classic mistake as an option ("per head": Megatron's fused layout)."""
@@ -57,7 +39,6 @@ def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse=
     w, b = rows.reshape(-1, E), entries.reshape(-1)
     return w, {"split": b, "chunks": bias.chunk(world_size)[rank], "whole": bias, "none": None}[bias_mode]
 
-
 def _split_cases():
     """Every rank of worlds of 1 to 4 (d = 1 to 6), worlds that do not divide the heads, the real run last."""
     gen, cases = torch.Generator().manual_seed(11), []
@@ -66,16 +47,14 @@ def _split_cases():
         w, b = torch.randn(3 * E, E, generator=gen, dtype=DTYPE), torch.randn(3 * E, generator=gen, dtype=DTYPE)
         what = f"{h} head{'s' * (h > 1)} of size {E // h} over {P} rank{'s' * (P > 1)}"
         cases += [Case(f"{what}, rank {r}", (w, b, h, r, P)) for r in range(ranks)]
-    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} processes summed by "
+    return cases + [Last(f"the real run (a layer's 4 heads over {trial.WORLD} ranks in as many processes, summed by "
                          f"all_reduce, which a state kept between calls or a rank read from elsewhere than the "
                          f"arguments breaks)", (Real("heads", trial.layer(8, 4, gen)),))]
 
-
 _FIX = ("Rank r owns the CONTIGUOUS heads r*n .. (r+1)*n - 1 (n = num_heads // world_size), as ColwiseParallel cuts "
         "the rows: in_proj_weight.view(3, num_heads, d, D)[:, r*n:(r+1)*n].")
-
-
 _s = lambda **switches: lambda *args: _split(*args, **switches)  # noqa: E731 - the reference with one switch
+_n = lambda r, h, P: slice(r * h // P, (r + 1) * h // P)  # noqa: E731 - rank r's heads
 _PASSED = (f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
            f"num_heads, and in {trial.WORLD} processes the heads summed by all_reduce equal the whole layer.")
 _CASES = _split_cases()
@@ -89,33 +68,36 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("per head", "reads the rows HEAD BY HEAD, q, k, v of head 0, then of head 1 (Megatron-LM's fused "
                 "layout): nn.MultiheadAttention packs W_q, then W_k, then W_v.", _s(layout="per head")),
         Mistake("strided", f"takes heads rank, rank + world_size, ...: STRIDED. {_FIX}", _s(heads="strided")),
-        Mistake("mirror", f"takes ANOTHER RANK's heads, world_size - 1 - r's (counted from the other end). {_FIX}",
-                _s(heads="mirror")),
+        Mistake("mirror", f"takes ANOTHER RANK's heads, P - 1 - r's (from the other end). {_FIX}", _s(heads="mirror")),
         Mistake("next", f"takes ANOTHER RANK's heads, r + 1's (an off-by-one). {_FIX}", _s(heads="next")),
-        Mistake("one head", "keeps ONE HEAD, head r: each rank owns n = num_heads // world_size heads, r*n .. (r+1)*n "
-                "- 1.", _s(heads="one")),
+        Mistake("d by heads", "views each third as (d, num_heads): head j is rows j*d .. (j+1)*d - 1 of each third.",
+                lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1, h))[:, :, _n(r, h, P)].flatten(0, 2) for t in [w, b])),
+        Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
+                lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
+        Mistake("one head", "keeps ONE HEAD, head r: a rank owns n = num_heads // world_size heads.", _s(heads="one")),
         Mistake("ordered per head", "has the right rows ORDERED PER HEAD (q, k, v of one head, then of the next): "
                 "pack the q rows of the rank's heads, then their k rows, then their v rows.", _s(out="per head")),
         *[Mistake(f"order {o}", f"packs the blocks in the order {', '.join('qkv'[i] for i in o)}: keep the PACKED "
                   f"ORDER q, k, v of in_proj_weight, which the layer reads.", _s(order=o))
           for o in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))],
-        Mistake("bias forgotten", "returns None for the bias: the bias is FORGOTTEN. Cut in_proj_bias like the rows.",
-                _s(bias_mode="none")),
-        Mistake("bias whole", "returns the whole in_proj_bias: the bias is NOT SPLIT. Cut it like the rows.",
-                _s(bias_mode="whole")),
+        Mistake("bias forgotten", "returns None for the bias: the bias is FORGOTTEN.", _s(bias_mode="none")),
+        Mistake("bias whole", "returns the whole in_proj_bias: the bias is NOT SPLIT.", _s(bias_mode="whole")),
         Mistake("bias chunks", "cuts the bias into world_size contiguous chunks, NOT LIKE THE ROWS: "
                 "in_proj_bias.view(3, num_heads, d)[:, r*n:(r+1)*n].", _s(bias_mode="chunks")),
-        Mistake("not split", "returns in_proj_weight and in_proj_bias whole: the rows are NOT SPLIT. Keep this rank's "
-                "heads' rows.", lambda w, b, *_: (w, b)),
+        Mistake("not split", "returns in_proj_weight whole: the rows are NOT SPLIT.", lambda w, b, *_: (w, b)),
+        Mistake("bias of q", "cuts the bias from b_q alone: take the rank's entries of b_q, b_k and b_v.",
+                lambda *a: (_split(*a)[0], _split(*a)[1][:len(_split(*a)[1]) // 3])),
         Mistake("columns", "splits the COLUMNS, the input features, which every head reads whole: a head is ROWS of "
                 "W_q, W_k and W_v.", lambda w, b, h, r, P: (w.chunk(P, dim=1)[r], _split(w, b, h, r, P)[1])),
         Mistake("only q", "returns the rows of W_q only, ONE OF q, k, v: the rank needs its heads' rows of all three.",
                 lambda *a: tuple(t[:len(t) // 3] for t in _split(*a))),
-        Mistake("three", "returns 3 tensors: return the rows PACKED in one weight, torch.cat([w_q, w_k, w_v]), and "
-                "one bias.", lambda *a: tuple(_split(*a)[0].chunk(3))),
+        Mistake("three", "returns 3 tensors: the rows PACKED in one weight, then the bias.",
+                lambda *a: tuple(_split(*a)[0].chunk(3))),
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
     ],
     passed=_PASSED, run=trial.run, parts=("weight", "bias"),
+    hints=((r"(?i)divid|divisib|uneven|evenly|share", "your divisibility check fires where world_size DIVIDES "
+            "num_heads: raise only if num_heads % world_size."),),
 )
 REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinstance(c.args[0], Real) and
                                                c.args[2] % c.args[4]], mistakes=[
@@ -127,15 +109,11 @@ REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinst
 _SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],  # made to raise in the workers, which
                "*without* the package's `split_in_proj_by_heads`")  # grading's RULES (instructor/verdict.py) miss
 
-
 def check_split_in_proj(fn) -> None:
     """Check ``fn(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` in workers."""
     _verdicts("split", [fn])[0]()
 
-
 # Exercise 2: one step of ring attention
-
-
 def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal, *, direction="back",
                rescale="both", causal="blocks", scale="sqrt", guard=True, padding="hide", acc_mode="sum", old=True,
                running=True, skipped="state"):
@@ -144,10 +122,11 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     src = (rank - step) % world_size if direction == "back" else (rank + step) % world_size
     Lq, Lk = q.shape[2], k.shape[2]
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
+    if (is_causal or causal == "always") and causal not in ("no skip", "ignored", "positions") and (
+            src < rank if causal == "before" else src > rank):
+        return (m, l, acc) if skipped else None  # every key of a later block comes after every query
     if is_causal:
-        if causal in ("blocks", "own block open", "diagonal hidden", "past hidden") and src > rank:
-            return (m, l, acc) if skipped else None  # every key of a later block comes after every query
-        if causal in ("blocks", "no skip") and src == rank or causal == "triangle everywhere":
+        if causal in ("blocks", "no skip", "before", "always") and src == rank or causal == "triangle everywhere":
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(1)  # key j after query i, within one block
         if causal in ("diagonal hidden", "past hidden") and src == rank:  # triu(0), or tril(-1): the past
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0) if causal[0] == "d" else (~hide).tril(-1)
@@ -158,8 +137,9 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     scores = q @ k.transpose(-2, -1) * {"sqrt": d ** -0.5, "none": 1.0, "d": 1.0 / d}[scale]  # (B, h, Lq, Lk)
     scores = scores.masked_fill(hide, float("-inf"))
     if key_padding_mask is not None and padding != "ignored":
-        pads = key_padding_mask if padding == "hide" else ~key_padding_mask
-        scores = scores.masked_fill(pads[:, None, None, :], float("-inf"))
+        pads = key_padding_mask if padding != "inverted" else ~key_padding_mask
+        pads = pads[:, None, :, None] if padding == "queries" else pads[:, None, None, :]
+        scores = scores.masked_fill(pads, float("-inf"))
     m_new = torch.maximum(m, scores.amax(-1, keepdim=True)) if running else scores.amax(-1, keepdim=True)
     shift = m_new.masked_fill(m_new == float("-inf"), 0.0) if guard else m_new  # nothing seen yet: 0
     p = torch.exp(scores - shift)
@@ -167,7 +147,6 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     l_new = (c if rescale in ("both", "l only", "inverted") else 1.0) * l + p.sum(-1, keepdim=True)
     acc_new = (c if rescale in ("both", "acc only", "inverted") else 1.0) * acc + p @ v
     return m_new, l_new, acc_new / l_new if acc_mode == "normalised" else acc_new
-
 
 def _ring_cases():
     """Every step of every rank of rings of 1 to 4 (each from the reference's state), then a real ring of two."""
@@ -198,12 +177,9 @@ def _ring_cases():
                          f"between calls or a tensor given changed breaks)",
                          (Real("ring", {"q": q, "k": k, "v": v, "pad": pad, "causal": True}),), marks)]
 
-
 _r = lambda **switches: lambda *args: _ring_step(*args, **switches)  # noqa: E731
 _RESCALE = "multiply the old one by exp(m_old - m_new), the factor from exp(score - m_old) to exp(score - m_new)."
 _TRIU = "query i sees keys j <= i, the rest hidden with torch.ones(L_q, L_k, dtype=torch.bool).triu(1)"
-
-
 RING = Exercise(
     what="your ring_step",
     reference=_ring_step,
@@ -219,27 +195,28 @@ RING = Exercise(
         Mistake("not scaled", "does NOT SCALE the scores: divide q @ k^T by sqrt(d).", _r(scale="none")),
         Mistake("divided by d", "divides the scores by d: the scale is 1/sqrt(d), the SQUARE ROOT.", _r(scale="d")),
         Mistake("no guard", "gives NaN when every key of a block is padding (or hidden) and the state is still empty: "
-                "exp(score - m_new) = exp(-inf + inf). Shift by m_new.masked_fill(m_new == -inf, 0) instead.",
-                _r(guard=False)),
+                "exp(-inf + inf). Shift by m_new.masked_fill(m_new == -inf, 0).", _r(guard=False)),
         Mistake("padding ignored", "IGNORES THE PADDING: hide the padded keys, scores.masked_fill("
                 "key_padding_mask[:, None, None, :], -inf).", _r(padding="ignored")),
-        Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True is a key to hide.",
-                _r(padding="inverted")),
+        Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True hides.", _r(padding="inverted")),
+        Mistake("padding on queries", "lays the padding mask along the QUERIES, [:, None, :, None]: it marks KEYS, "
+                "key_padding_mask[:, None, None, :].", _r(padding="queries")),
         Mistake("forward", "counts the block index the WRONG WAY ROUND THE RING: the blocks travel to rank + 1, so at "
                 "step s a rank holds block (rank - s) mod world_size.", _r(direction="forward")),
         Mistake("no skip", "attends a block AFTER THE RANK'S OWN (causal), whose keys all come after every query: "
                 "return the state unchanged when (rank - step) mod world_size > rank.", _r(causal="no skip")),
         Mistake("triangle everywhere", "puts the own block's TRIANGLE on every block: a block before the rank's own is "
                 "seen whole.", _r(causal="triangle everywhere")),
+        Mistake("skips before", "skips the blocks BEFORE its own (causal), which it must see whole: skip those AFTER, "
+                "(rank - step) mod world_size > rank.", _r(causal="before")),
+        Mistake("skips always", "skips later blocks when NOT CAUSAL too: skip only if is_causal.", _r(causal="always")),
         Mistake("diagonal hidden", f"hides each query's OWN KEY (causal): {_TRIU}, not triu(0).",
                 _r(causal="diagonal hidden")),
-        Mistake("past hidden", f"hides the PAST of each query in its own block (causal): {_TRIU}.",
-                _r(causal="past hidden")),
+        Mistake("past hidden", f"hides the PAST of each query in its own block: {_TRIU}.", _r(causal="past hidden")),
         Mistake("own block open", f"does not mask the rank's OWN BLOCK: {_TRIU}.", _r(causal="own block open")),
         Mistake("causal ignored", "IGNORES is_causal: skip later blocks, mask the own block.", _r(causal="ignored")),
         Mistake("positions", "takes the positions as rank * L_q + i and src * L_k + j, true only if every block has "
-                "ONE LENGTH (torch.tensor_split's need not): decide by blocks, src < rank, == rank or > rank.",
-                _r(causal="positions")),
+                "ONE LENGTH (tensor_split's need not): decide by blocks, src <, == or > rank.", _r(causal="positions")),
         Mistake("old dropped", "DROPS THE OLD STATE, as if nothing had been seen before: rescale the old l and acc to "
                 "m_new and add the block's sums.", _r(old=False)),
         Mistake("block maximum", "takes m as this block's maximum, not the RUNNING MAXIMUM: torch.maximum(m, the "
@@ -250,8 +227,7 @@ RING = Exercise(
                 lambda *a: (_ring_step(*a)[0].squeeze(-1), *_ring_step(*a)[1:])),
         Mistake("order", "returns the state in the order (m, acc, l): return it in the ORDER (m, l, acc).",
                 lambda *a: tuple(_ring_step(*a)[i] for i in (0, 2, 1))),
-        Mistake("acc returned", "returns one tensor, acc: return the new STATE, the tuple (m, l, acc); the output acc "
-                "/ l comes after the last step.", lambda *a: _ring_step(*a)[2]),
+        Mistake("acc returned", "returns one tensor, acc: return the new STATE.", lambda *a: _ring_step(*a)[2]),
         Mistake("None skipped", "returns None for a block it skips: return the state unchanged.", _r(skipped=None)),
     ],
     passed=f"every step of every rank for 1 to 4 ranks (uneven blocks, padding, causal) merges its block as the online "
@@ -261,17 +237,14 @@ RING = Exercise(
     parts=("m", "l", "acc"),
 )
 
-
 def check_ring_step(fn) -> None:
     """Check ``fn(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal) -> (m, l, acc)`` in workers."""
     _verdicts("ring", [fn])[0]()
-
 
 def _verdicts(name: str, answers: list) -> list:
     """One launch, a verdict function per answer (tests/mutants/ch11.py's catalogues); (3, 4): rank, world_size."""
     if name == "split":
         return trial.verdicts([SPLIT, REFUSE], answers, (3, 4), _SPLIT_RULE)
     return trial.verdicts([RING], answers, (6, 7))
-
 
 EXERCISES = [SPLIT, REFUSE, RING]

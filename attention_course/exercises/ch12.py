@@ -1,17 +1,8 @@
-"""Checkers for chapter 12, attention that serves many: packed batches, a paged cache, continuous batching.
+"""Checkers for chapter 12, attention that serves many (masks are IGNORE masks: True = may NOT attend):
 
-The exercises, as the learner writes them (masks are IGNORE masks, bool, True = may NOT attend):
-
-1. ``block_mask(cu_seqlens)`` -- grade_id ``ex-ch12-block-mask``. ``cu_seqlens`` a LongTensor (n + 1,) = [0, L_0,
-   L_0 + L_1, ..., N]; returns the (N, N) bool ignore mask of packed causal attention: True where query row i and
-   key row j belong to different sequences, or j > i.
-2. ``gather(pool, table, length)`` -- grade_id ``ex-ch12-gather``. ``pool`` (num_blocks, h_kv, b, d); ``table`` the
-   request's block numbers in the order of its tokens; returns (h_kv, length, d), token t from
-   ``pool[table[t // b], :, t % b]``.
-3. ``plan_step(running, budget)`` -- grade_id ``ex-ch12-plan-step``. ``running`` a list of (rid, prompt tokens not
-   yet fed), 0 for a request that is decoding. Returns [(rid, n)]: every decoding request first, one token each, in
-   the order given, while the budget lasts; then the prefilling ones in the order given, each min(remaining, budget
-   left); requests that get no token left out.
+1. ``block_mask(cu_seqlens)`` (``ex-ch12-block-mask``): True where rows i and j are of different sequences or j > i.
+2. ``gather(pool, table, length)`` (``ex-ch12-gather``): (h_kv, length, d), token t from pool[table[t // b], :, t % b].
+3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): [(rid, n)], decodes first (one token each), then prompts.
 """
 from __future__ import annotations
 
@@ -20,8 +11,6 @@ import torch
 from .diagnose import Case, Exercise, Mistake, check
 
 # Exercise 1: the block-diagonal causal mask from cu_seqlens
-
-
 def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True):
     rows = torch.arange(int(cu[-1]))
     ids = torch.searchsorted(cu, rows, right=right) - 1  # (N,): row i's sequence
@@ -29,18 +18,17 @@ def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True):
     ignore = ids[:, None] != ids[None, :] if blocks else torch.zeros(len(rows), len(rows), dtype=torch.bool)
     return ignore | causal(rows[None, :], rows[:, None]) if causal else ignore
 
-
 def _block_case(*lengths):
     cu = torch.tensor([0, *lengths]).cumsum(0)
     ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    starts = torch.zeros(len(ids), dtype=torch.bool)
-    starts[cu[:-1]] = True
+    starts = torch.isin(torch.arange(len(ids)), cu[:-1])
     s = "s" * (len(lengths) > 1)
     return Case(f"{len(lengths)} sequence{s} of length{s} {', '.join(map(str, lengths))}", (cu,),
                 {"between two sequences": ids[:, None] != ids[None, :],
                  "in the first row or column of a sequence": starts[:, None] | starts[None, :]})
 
-
+_START = "Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) - 1, or repeat_interleave of the lengths."
+_b = lambda **switches: lambda cu: _block(cu, **switches)  # noqa: E731 - the reference with one switch
 BLOCK_MASK = Exercise(
     what="your block_mask",
     reference=_block,
@@ -49,32 +37,28 @@ BLOCK_MASK = Exercise(
         Mistake("allow", "is True where a key MAY be attended: an allow mask, the polarity SWAPPED. The course's masks "
                 "are ignore masks: True where the key is hidden.", lambda cu: ~_block(cu)),
         Mistake("not causal", "keeps each sequence apart but is NOT CAUSAL: a query reads the later tokens of its own "
-                "sequence. Also hide j > i.", lambda cu: _block(cu, causal=None)),
+                "sequence. Also hide j > i.", _b(causal=None)),
         Mistake("no blocks", "is causal over the whole packed row but has NO BLOCKS: a query reads the earlier "
-                "sequences. Also hide keys of another sequence.", lambda cu: _block(cu, blocks=False)),
-        Mistake("diagonal", "hides the DIAGONAL: a query must read its own key (hide j > i, not j >= i).",
-                lambda cu: _block(cu, causal=torch.ge)),
-        Mistake("past", "hides the PAST instead of the future: hide j > i (a later key), keep j <= i.",
-                lambda cu: _block(cu, causal=torch.lt)),
+                "sequences. Also hide keys of another sequence.", _b(blocks=False)),
+        Mistake("diagonal", "hides the DIAGONAL: a query reads its own key, hide j > i.", _b(causal=torch.ge)),
+        Mistake("past", "hides the PAST instead of the future: hide j > i, keep j <= i.", _b(causal=torch.lt)),
         Mistake("boundary", "puts the first row of each sequence in the sequence before it: the sequences are shifted "
-                "by one row at each BOUNDARY. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) - 1, "
-                "or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False)),
+                "by one row at each BOUNDARY. " + _START, _b(right=False)),
+        Mistake("last left out", "leaves the LAST sequence all True: a loop over range(len(cu) - 2) stops one short.",
+                lambda cu: _block(cu) | (last := torch.arange(int(cu[-1])) >= cu[-2])[:, None] | last[None, :]),
+        Mistake("cu as lengths", "reads cu_seqlens[1:] as the LENGTHS: they are where the sequences END; the lengths "
+                "are cu.diff(), N = cu[-1].", lambda cu: _block(torch.cat([cu[:1], cu[1:].cumsum(0)]))),
         Mistake("boundary, unclamped", "puts the first row of each sequence in the sequence before it (row 0 in none): "
-                "searchsorted without right=True. Row cu[i] starts sequence i: searchsorted(cu, rows, right=True) "
-                "- 1, or repeat_interleave of the lengths.", lambda cu: _block(cu, right=False, clamp=False)),
+                "searchsorted without right=True. " + _START, _b(right=False, clamp=False)),
     ],
     passed="block-diagonal and causal: one sequence (plain causal), sequences of length 1, several of mixed lengths.",
 )
-
 
 def check_block_mask(fn) -> None:
     """Check ``fn(cu_seqlens)``: the (N, N) ignore mask, different sequence or later key."""
     check(BLOCK_MASK, fn)
 
-
 # Exercise 2: one request's keys through its block table
-
-
 def _gather(pool, table, length, blocks=None, cut=True, heads_first=True):
     blocks = torch.tensor(table if blocks is None else blocks(table))
     x = pool[blocks]  # (n, h, b, d)
@@ -82,21 +66,17 @@ def _gather(pool, table, length, blocks=None, cut=True, heads_first=True):
     x = x.flatten(1, 2)  # (h, n b, d)
     return x[:, :length] if cut else x
 
-
 def _per_token(pool, table, length, b=None, swap=False):
     b = b or pool.shape[2]
     at = (lambda t: (t % b, t // b)) if swap else (lambda t: (t // b, t % b))  # noqa: E731
     return torch.stack([pool[table[at(t)[0]], :, at(t)[1]] for t in range(length)], dim=1)
 
-
 def _gather_case(num_blocks, h, b, d, table, length, dtype=torch.float64):
     pool = torch.randn(num_blocks, h, b, d, generator=torch.Generator().manual_seed(12), dtype=dtype)
     full = "the last block exactly full" if length == len(table) * b else "the last block partly filled"
     name = f"blocks of {b}, table {table}, {length} token{'s' * (length > 1)} ({full}), {h} head{'s' * (h > 1)} of size {d}"
-    starts = torch.zeros(h, length, d, dtype=torch.bool)
-    starts[:, ::b] = True
+    starts = (torch.arange(length) % b == 0)[None, :, None].expand(h, length, d)
     return Case(name, (pool, table, length), {"at the first token of each block": starts})
-
 
 GATHER = Exercise(
     what="your gather",
@@ -116,53 +96,61 @@ GATHER = Exercise(
                 "the last block are empty, or hold another request's old tokens.", lambda p, t, n: _gather(p, t, n, cut=False)),
         Mistake("shifted", "reads each token one slot late, SHIFTED by one: token t sits at offset t % b of block "
                 "table[t // b], counting from t = 0.", lambda p, t, n: _gather(p, t, n + 1)[:, 1:]),
-        Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b], offset "
-                "t % b (t // b counts whole blocks before it, t % b the slots within its block).",
-                lambda p, t, n: _per_token(p, t, n, swap=True)),
+        Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b] (whole "
+                "blocks before it), offset t % b.", lambda p, t, n: _per_token(p, t, n, swap=True)),
         Mistake("table reversed", "reads the block table from its END: token 0 is in the table's first block.",
                 lambda p, t, n: _gather(p, t, n, blocks=lambda t: t[::-1])),
-        Mistake("whole blocks only", "reads only the FULL blocks (length // b of them) and drops the last, partly "
-                "filled one: take ceil(length / b) blocks, then cut at length.",
-                lambda p, t, n: _gather(p, t[:n // p.shape[2]] or t[:1], n)[:, :n // p.shape[2] * p.shape[2]]),
-        Mistake("block size 4", "uses a block size of 4 whatever the pool's: read b from the pool, pool.shape[2].",
-                lambda p, t, n: _per_token(p, t, n, b=4)),
+        Mistake("whole blocks only", "reads only the FULL blocks, length // b, and drops the last, partly filled one: "
+                "read ceil(length / b).", lambda p, t, n: torch.cat([p[i] for i in t[:n // p.shape[2]]], 1)[:, :n]),
+        Mistake("block too many", "reads length // b + 1 blocks, past the table when the last is exactly full: "
+                "(length + b - 1) // b.", lambda p, t, n: _gather(p, [t[i] for i in range(n // p.shape[2] + 1)], n)),
+        Mistake("heads cut", "cuts at length along the HEADS, [:length]: cut the tokens, axis 1, [:, :length].",
+                lambda p, t, n: _gather(p, t, n, cut=False)[:n]),
+        Mistake("b misread", "reads the block size b from another axis of the pool (h_kv's, d's): b is pool.shape[2].",
+                lambda p, t, n: _per_token(p, t, n, b=p.shape[1])),
     ],
     passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
     hints=((r"out of range|out of bounds", "a block or slot index computed from the wrong quantity: the block size "
             "read from another axis (b is pool.shape[2]), t // b and t % b swapped, or a loop past `length`."),),
 )
 
-
 def check_gather(fn) -> None:
     """Check ``fn(pool, table, length)``: (h_kv, length, d), token t from block table[t // b], offset t % b."""
     check(GATHER, fn)
 
-
 # Exercise 3: one scheduler step
-
-
 _ORDERS = {"first": lambda rs: sorted(rs, key=lambda r: r[1] > 0),  # stable: each group in the order given
            "last": lambda rs: sorted(rs, key=lambda r: r[1] == 0), "mixed": list,
            "dropped": lambda rs: [r for r in rs if r[1] > 0]}
 
-
-def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0):
+def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0, free=False, stop=0,
+          whole=False):
     out, left = [], budget + spend
     for rid, remaining in _ORDERS[decodes](running):
         n = 1 if remaining == 0 else remaining
-        if limit:
-            n = min(n, left) if chunks else (n if n <= left else 0)
+        if limit and (remaining or not free):
+            n = 0 if left <= stop else min(n, budget if whole else left) if chunks else n * (n <= left)
         if n > 0 or zeros:
             out.append((rid, max(n, 0)))
         left -= max(n, 0)
     return out
 
+def _plan_notes(got, running, budget) -> str:
+    """What a wrong plan does in the step's own terms: its tokens against the budget, its order, its shares."""
+    try:
+        plan, need = [(rid, int(n)) for rid, n in got], dict(running)
+    except (TypeError, ValueError):
+        return ""
+    spent, order = sum(n for _, n in plan), [rid for rid, _ in running].index
+    kinds = [[rid for rid, _ in plan if rid in need and (need[rid] > 0) == k] for k in (False, True)]
+    return " ".join(said for said, true in (
+        (f"Its plan spends {spent} tokens, OVER the budget of {budget}.", spent > budget),
+        (f"It spends {spent} of {budget} while requests WAIT.", spent < min(budget, sum(max(r, 1) for r in need.values()))),
+        ("It puts a prompt BEFORE a decoding request.", any(r in kinds[1] for r, _ in plan[:len(kinds[0])])),
+        ("It takes requests of one kind in ANOTHER ORDER than given.", any(k != sorted(k, key=order) for k in kinds)),
+        ("It gives a request MORE tokens than it needs.", any(n > max(need.get(r, 1), 1) for r, n in plan))) if true)
 
-def _sorted_in_place(running, budget):
-    running.sort(key=lambda r: r[1] > 0)
-    return _plan(running, budget)
-
-
+_p = lambda **switches: lambda r, b: _plan(r, b, **switches)  # noqa: E731 - the reference with one switch
 PLAN_STEP = Exercise(
     what="your plan_step",
     reference=_plan,
@@ -172,31 +160,34 @@ PLAN_STEP = Exercise(
         (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)))],
     mistakes=[
         Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
-                "requests wait. Decode tokens first, one each.", lambda r, b: _plan(r, b, decodes="last")),
+                "requests wait. Decode tokens first, one each.", _p(decodes="last")),
         Mistake("given order", "plans the requests in the order given, decoding or not: decode tokens go FIRST, one "
-                "each, then the prompts.", lambda r, b: _plan(r, b, decodes="mixed")),
+                "each, then the prompts.", _p(decodes="mixed")),
         Mistake("decodes dropped", "leaves out the DECODING requests (remaining 0): each gets one token, first.",
-                lambda r, b: _plan(r, b, decodes="dropped")),
+                _p(decodes="dropped")),
         Mistake("budget ignored", "IGNORES THE BUDGET: the step's tokens add up to more than budget. Cut each prompt "
-                "to the budget left.", lambda r, b: _plan(r, b, limit=False)),
+                "to the budget left.", _p(limit=False)),
         Mistake("no chunks", "skips a prompt that does not fit whole: NO CHUNKS. A prompt longer than the budget left "
-                "gets min(remaining, budget left) tokens now, the rest later.", lambda r, b: _plan(r, b, chunks=False)),
+                "gets min(remaining, budget left) tokens now, the rest later.", _p(chunks=False)),
         Mistake("zeros", "lists requests with ZERO tokens: leave out the requests that get nothing this step.",
-                lambda r, b: _plan(r, b, zeros=True)),
+                _p(zeros=True)),
         Mistake("budget minus one", "spends ONE TOKEN LESS than the budget: a budget exactly used is allowed "
-                "(left >= n, not left > n).", lambda r, b: _plan(r, b, spend=-1)),
-        Mistake("budget plus one", "spends ONE TOKEN MORE than the budget: stop when the budget left is 0.",
-                lambda r, b: _plan(r, b, spend=1)),
+                "(left >= n, not left > n).", _p(spend=-1)),
+        Mistake("budget plus one", "spends ONE TOKEN MORE than the budget: stop when none is left.", _p(spend=1)),
+        Mistake("decodes past budget", "gives decodes tokens PAST THE BUDGET: they count too.", _p(free=True)),
+        Mistake("stops at 1", "stops with ONE TOKEN of the budget left (left > 1): spend it, left >= 1.", _p(stop=1)),
+        Mistake("whole budget", "cuts a chunk to the WHOLE budget, not to the budget LEFT.", _p(whole=True)),
+        Mistake("dict", "returns a dict: return a LIST of (rid, n) pairs, in plan order.", lambda *a: dict(_plan(*a))),
         Mistake("sorted in place", "SORTS `running` IN PLACE (running.sort): the caller's list is the server's queue, "
-                "its order is theirs. Use sorted(running) or two passes.", _sorted_in_place),
+                "its order is theirs. Use sorted(running) or two passes.",
+                lambda r, b: (r.sort(key=lambda x: x[1] > 0), _plan(r, b))[1]),
     ],
     passed="decode tokens first, prompts cut to the budget, nothing beyond it, the caller's list left as it was.",
+    notes=_plan_notes,
 )
-
 
 def check_plan_step(fn) -> None:
     """Check ``fn(running, budget)``: decodes first (1 token each), then prefill chunks, within the budget."""
     check(PLAN_STEP, fn)
-
 
 EXERCISES = [BLOCK_MASK, GATHER, PLAN_STEP]

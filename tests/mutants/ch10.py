@@ -112,7 +112,7 @@ REPEAT_KV = Catalogue(
         Mutant("sentences mixed", lambda x, n: x.repeat_interleave(n, dim=1).flip(0),
                (r"slices along axis 0 in another order",)),
         Mutant("repeated along the sequence, reshaped into heads", interleaved_then_reshaped,
-               (r"right values, arranged differently",)),
+               (r"repeats each ROW, the sequence axis",)),
         Mutant("the package's repeat_kv", decoding.repeat_kv, (r"calls attention_course\.decoding\.repeat_kv",
                                                                 r"WITHOUT the ready-made"), family="package"),
         Mutant("the package's repeat_kv inside a helper", through_the_package,
