@@ -11,6 +11,7 @@ from functools import partial
 
 import torch
 
+from .ch06 import alike
 from .diagnose import Case, Exercise, Mistake, check
 
 NEG_INF = float("-inf")
@@ -48,12 +49,17 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
     values = torch.randn(n1 + n2, dv, generator=gen, dtype=torch.float64)
     masked = "".join(f", query {q} with {('', 'its first block', 'its second block', 'both blocks')[e]} masked"
                      for q, e in enumerate(empty) if e)
-    name = f"m of shape {tuple(lead) + (1,)}, acc {tuple(lead) + (dv,)}, blocks of {n1} and {n2} keys{masked}"
-    return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])))
+    name = f"m of shape {tuple(lead) + (1,)}, acc {tuple(lead) + (dv,)}, key blocks {n1} and {n2} long{masked}"
+    marks = {f"at the queries with {w} masked{' (acc)' * (n > 1)}": where.view(*lead, 1).expand(*lead, n)
+             for e, w in (((3,), "both blocks"), ((1,), "their first block"), ((2,), "their second block"),
+                          ((1, 2), "one block")) for n in {1, dv}
+             if (where := torch.tensor([q < len(empty) and empty[q] in e for q in range(flat.shape[0])])).any()}
+    return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])),
+                marks)
 
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
-MERGE = Exercise(
+MERGE = alike(Exercise(
     what="your merge_partials",
     reference=_reference_merge,
     cases=[_case((), 1, 1, 1), _case((1,), 2, 3, 1, [1]), _case((1,), 3, 1, 2, [3]), _case((4,), 6, 4, 3, [0, 1, 2, 3]),
@@ -77,6 +83,9 @@ MERGE = Exercise(
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): "
                 "acc / l is right, but l and acc are not the sums under the common maximum m (and exp(m1) "
                 "overflows once a score passes 709).", partial(_reference_merge, factor=lambda mb, m: torch.exp(mb))),
+        Mistake("m2 kept", "keeps m = m2 and rescales only the first block: m2 need not be the larger; m = "
+                "torch.maximum(m1, m2), and both blocks rescaled to it.", partial(_reference_merge, take=lambda a, b: b,
+                                                                                  scale=(1, 0, 1, 0))),
         Mistake("m1", "returns m = m1, the first block's maximum; the second block may hold a larger score: "
                 "m = torch.maximum(m1, m2).", partial(_reference_merge, take=lambda a, b: a)),
         Mistake("minimum", "returns the smaller of m1 and m2 as m; it must be the larger, torch.maximum(m1, m2).",
@@ -108,7 +117,7 @@ MERGE = Exercise(
     hints=((r"must match the size of tensor b", "m, l and the factors exp(m1 - m), exp(m2 - m) are (..., 1) and acc "
             "(..., dv): keep the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every "
             "column of acc."),),
-)
+))
 
 
 def check_merge_partials(fn) -> None:

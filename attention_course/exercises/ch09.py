@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import functools
 from functools import partial
 
 import torch
@@ -75,6 +76,17 @@ def _bert_case(D: int, h: int) -> Case:
                 (mha, _bert_attention(D)))
 
 
+def _thirds(got: dict, mha, block) -> str:
+    """Where query, key or value does not hold its own third of in_proj_weight: whose it holds, or NaN (not copied)."""
+    W, said = mha.in_proj_weight.detach().chunk(3), []
+    for name, part in zip(QKV, got[next(iter(got))].chunk(3)):
+        src = [QKV[j] for j, w in enumerate(W) if torch.equal(part, w)]
+        said += [] if name in src else [f"{name}.weight holds the {src[0]}'s third."] if src else \
+            [f"{name}.weight was never copied (still NaN)."] if part.isnan().all() else []
+    return " ".join(said + [f"{k.split(' (')[0].removeprefix('stack of ')}: never copied (still NaN)." for k, v in
+                            list(got.items())[1:] if isinstance(v, torch.Tensor) and v.isnan().all()])
+
+
 COURSE_TO_BERT = Exercise(
     what="your course_to_bert",
     reference=_course_to_bert,
@@ -89,8 +101,11 @@ COURSE_TO_BERT = Exercise(
     passed="query, key and value hold the thirds of in_proj in order, dense holds out_proj, the LayerNorm is "
            "untouched and no parameter is shared, for 1 to 4 heads of sizes 1 to 4.",
     run=_after,
+    notes=_thirds,
     hints=((r"must match the size", "in_proj_weight is (3D, D) and in_proj_bias (3D,), three blocks: copy one third "
-            "into each Linear, chunk(3) or rows i*D:(i+1)*D."),
+            "into each Linear, chunk(3) or rows i*D:(i+1)*D, D = mha.embed_dim (not a number written in)."),
+           (r"cannot assign .* as parameter", "a slice of in_proj_weight is a plain tensor, not an nn.Parameter: copy "
+            "it into the Linear's own weight, .copy_(...) inside torch.no_grad()."),
            (r"leaf Variable that requires grad", "autograd forbids changing a parameter in place while it records: "
             "do the copies inside `with torch.no_grad():`.")),
 )
@@ -105,6 +120,12 @@ def _keep(*lengths):
     """The keep mask (B, L) of sentences of these lengths, and how a message names them."""
     keep, s = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long(), "s" * (len(lengths) > 1)
     return keep, f"{len(lengths)} sentence{s} of length{s} {', '.join(map(str, lengths))}"
+
+
+def _by_shape(got, want, table) -> str:
+    """What a wrong shape of ``got`` means, from ``table`` ((shape, words), ...): only a shape one entry has."""
+    said = [w for s, w in table if isinstance(got, torch.Tensor) and tuple(got.shape) == s != want]
+    return f"It holds {said[0]}." if len(said) == 1 else ""
 
 
 # Exercise 2: the previous-token head ------------------------------------------------------------------------
@@ -136,6 +157,11 @@ PREVIOUS_TOKEN = Exercise(
                   f"of the (L, S) weights.", partial(_previous, offset=k)) for k, says in (
             (1, "the NEXT token (key i + 1, diagonal offset +1)"), (0, "each query's weight on ITSELF (offset 0)"),
             (-2, "the token TWO places back (key i - 2, offset -2)"))],
+        Mistake("offset 1, queries 0..", "measures the NEXT token (key i + 1, diagonal offset +1) of queries 0 to L - 2"
+                ". The previous token of query i is key i - 1: diagonal(offset=-1).", partial(
+                    _previous, offset=1, queries=lambda k, n: k[:, :n])),
+        Mistake("pads counted", "divides by every query i >= 1, pads included: divide by the number of REAL queries "
+                "i >= 1.", partial(_previous, count=lambda keep: keep[:, 1:].numel())),
         Mistake("all queries", "averages over the pad queries too. Pads are not words: count only the queries with "
                 "keep == 1 (and i >= 1).", partial(_previous, queries=lambda keep, n: torch.ones_like(keep[:, -n:]))),
         Mistake("pads", "counts ONLY the pad queries: the keep mask is 1 for real tokens, so the real queries are "
@@ -149,6 +175,12 @@ PREVIOUS_TOKEN = Exercise(
     ],
     passed="one score per head, the mean over every real query i >= 1 of the batch: one sentence or several, with "
            "and without pads, sentences of one token, one head or four.",
+    notes=lambda got, w, keep: _by_shape(got, (w.shape[1],), (((w.shape[-2] - 1,), "one score per query position, the "
+        "heads reduced: keep them (dim 1), average over the sentences and the queries"), ((12,), "12 scores, "
+        "MiniLM's heads written in: these weights have weights.shape[1]"), ((w.shape[0], w.shape[1]), "one row per "
+        "sentence: average over the sentences too"))),
+    hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 and "
+            "1: select with keep.bool() (or keep == 1)."),),
 )
 
 
@@ -207,9 +239,22 @@ MAX_POOL = Exercise(
                   lambda x, k, e=e: torch.stack([s[:int(n.sum()) + e].amax(0) for s, n in zip(x, k)])) for e, says in (
             (-1, "leaves out each sentence's LAST real token, one position short (hidden[b, :n - 1])"),
             (1, "takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1])"))],
+        Mistake("slice 0", "takes each sentence's first n = keep[b].sum() positions, hidden[b, :n]: with the pads on "
+                "the LEFT those are not the real tokens. Select by keep, not by position.",
+                lambda x, k: torch.stack([s[:int(n.sum())].amax(0) for s, n in zip(x, k)])),
+        Mistake("log", "adds log(keep): -inf at the pads, but a pad holding inf or NaN gives NaN. Fill instead, "
+                "masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: (x + k[..., None].log()).amax(1)),
+        Mistake("running from token 0", "starts its running maximum at token 0 without checking that it is real (with "
+                "the pads on the LEFT it is a pad): start at -inf.", lambda x, k: functools.reduce(
+                    lambda m, t: torch.where(k[:, t, None] == 1, torch.maximum(m, x[:, t]), m), range(1, x.shape[1]),
+                    x[:, 0])),
     ],
     passed="the maximum over the real tokens only: pads holding 1e6, inf or NaN never win, real values as low as -1e30 "
            "still do, for sentences of 1 to 5 tokens and 1 to 5 features.",
+    notes=lambda got, x, keep: _by_shape(got, (x.shape[0], x.shape[2]), (((x.shape[0], x.shape[1]), "one value per "
+        "token, the features reduced (dim=2): take the maximum over the tokens, dim=1"), ((x.shape[1], x.shape[2]), "one "
+        "row per position, the sentences reduced (dim 0): take the maximum over the tokens, dim=1"), ((x.shape[2],), "one row for the whole batch: every "
+        "sentence's real tokens pooled together; one row per sentence, (B, D)"))),
     hints=((r"masked_fill.*bool", "keep is the tokenizer's 0/1 INTEGER mask, not a bool one: the pads are keep == 0 "
             "(a bool tensor); ~ on integers flips bits (~1 = -2), it does not swap 0 and 1."),
            (r"must match the size", "the mask must line up with the tokens axis of (B, L, D): keep[..., None] is "
