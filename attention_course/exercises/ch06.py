@@ -21,8 +21,7 @@ from .diagnose import Case, Exercise, Mistake, agree, check, naming, same
 
 
 def alike(ex: Exercise):
-    """``ex.notes``: the one mistake of the catalogue whose result on the case shown the answer's equals (the answer
-    then slips elsewhere too: it raised on another case, say)."""
+    """``ex.notes``: the one mistake whose result on the case shown is the answer's (which slips elsewhere too)."""
     def notes(got, *args):
         case = next(c for c in ex.cases if all(a is b for a, b in zip(c.args, args)))
         found = [m for m in ex.mistakes if same(got, ex.expected(m.name, m.answer, case).value, ex.atol)]
@@ -30,8 +29,8 @@ def alike(ex: Exercise):
     ex.notes = notes
     return ex
 
-# Exercise 1: combine the masks
 
+# Exercise 1: combine the masks
 
 def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, expand=True, drop="", kpm_as="keys",
              flat_3d=False, turn_2d=False, none_safe=True, swap_3d=False, out=lambda m: m):
@@ -96,8 +95,8 @@ MASKS = Exercise(
          "is."),
         ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
         ("xor", dict(op="xor"), "combined the masks with ^ (xor): a pair BOTH masks block is let through; |."),
-        ("elif kpm", dict(drop="kpm"), "drops the key_padding_mask when an attn_mask is given (if/elif?): apply both."),
-        ("elif attn", dict(drop="attn"), "drops the attn_mask when a key_padding_mask is given (if/elif?): apply both."),
+        *[(f"elif {m}", dict(drop=m), f"drops the {n} when the other mask is given (if/elif?): apply both.") for m, n in
+          (("kpm", "key_padding_mask"), ("attn", "attn_mask"))],
         ("flat", dict(out=lambda m: m.flatten(0, 1)), "returns the (B*h, L, S) layout: return (B, h, L, S)."),
     ]) + [Mistake("None for None", "returns None when neither mask is given: return an all-False (B, h, L, S) mask.",
                   lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
@@ -180,8 +179,7 @@ class Reference(nn.Module):
         out = out.transpose(0, 1) if o["seq_first"] else out
         if o["need_weights"] == "never" or (not need_weights and o["need_weights"] == "obey"):
             return out, None
-        average = {"always": True, "never": False, "flat": False, "sum": average_attn_weights}.get(o["average"],
-                                                                                                  average_attn_weights)
+        average = o["average"] == "always" or o["average"] in ("obey", "sum") and average_attn_weights
         mean = weights.sum(1) if o["average"] == "sum" else weights.mean(1)
         return out, weights.flatten(0, 1) if o["average"] == "flat" else mean if average else weights
 
@@ -305,18 +303,14 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
      "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
     ("values from key", dict(v_from_k=True), "projects the values from key: v comes from value, the third argument."),
-    ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's third of in_proj (W_k, b_k): v uses the "
-     "last third, in_proj_weight.chunk(3)[2] and in_proj_bias.chunk(3)[2]."),
-    ("W transposed", dict(W_T=True), "multiplies by the weights TRANSPOSED, x @ W: nn.Linear and in_proj_weight store "
-     "(out, in), so it is x @ W.T, F.linear(x, W, b)."),
+    ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's W_k and b_k: v takes in_proj's last third."),
+    ("W transposed", dict(W_T=True), "computes x @ W: weights are stored (out, in), so x @ W.T (F.linear(x, W, b))."),
     ("summed", dict(average="sum"), "SUMS the weights over the heads: average them, .mean(dim=1)."),
     ("float ignored", dict(floats="none"), "ignores a float mask: add it to the scores, scores + mask."),
-    ("3-D head-major", dict(head_major=True), "reads the (B*h, L, S) attn_mask head-major, (h, B, L, S): it is "
-     "batch-major, row b*h + i is sentence b, head i: view(B, h, L, S)."),
-    ("scaled after the mask", dict(scale_last=True), "adds the mask to the raw scores, then divides by sqrt(d): a "
-     "finite float mask is scaled too. Scale the scores first, then add the mask."),
-    ("naive softmax, zeros", dict(softmax="naive, zeros"), "computes exp(s) / exp(s).sum() without subtracting the "
-     "max (zeros where the sum is 0): exp overflows to inf, inf / inf = NaN. Subtract each row's max first."),
+    ("3-D head-major", dict(head_major=True), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
+    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask, scaling a finite one: scale first."),
+    ("naive softmax, zeros", dict(softmax="naive, zeros"), "computes exp(s) / exp(s).sum() (0 where the sum is 0) "
+     "without subtracting the max: exp overflows, inf / inf = NaN. Subtract each row's max first."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
