@@ -1,10 +1,8 @@
 """Checkers for chapter 6, multi-head attention reproduced.
 
-1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- grade_id ``ex-ch6-masks``: bool masks (B, S) and
-   (L, S) or (B*h, L, S) (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
-2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- grade_id ``ex-ch6-layer``, torch's parameters and forward: its
-   catalogue switches :class:`Reference`; chapter 7's ``run_layer`` builds and calls the layer in each case.
-"""
+1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- ``ex-ch6-masks``: bool (B, S) and (L, S) or (B*h, L, S)
+   (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
+2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- ``ex-ch6-layer``: switches of :class:`Reference`, run by ch07."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +43,7 @@ def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, ex
                      else attn.view(h, B, L, S).transpose(0, 1) if head_major else
                      attn.view(B, h, S, L).transpose(-2, -1) if swap_3d else attn.view(B, h, L, S))
     mask = torch.zeros((B, h, L, S) if expand else (1, 1, 1, 1), dtype=torch.bool)
-    for part in parts if op == "or" or len(parts) < 2 else [parts[0] & parts[1] if op == "and" else parts[0] ^ parts[1]]:
+    for part in parts if op == "or" or len(parts) < 2 else [getattr(parts[0], f"__{op}__")(parts[1])]:
         mask = mask | part
     return out(~mask if polarity == "all" else mask)
 
@@ -100,8 +98,8 @@ MASKS = Exercise(
         ("flat", dict(out=lambda m: m.flatten(0, 1)), "returns the (B*h, L, S) layout: return (B, h, L, S)."),
     ]) + [Mistake("None for None", "returns None when neither mask is given: return an all-False (B, h, L, S) mask.",
                   lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
-           Mistake("one not expanded", "returns a single mask as a broadcastable view, not expanded per head: "
-                   ".expand(B, h, L, S).", lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
+           Mistake("one not expanded", "returns a single mask as a broadcastable view, not expanded per head: .expand("
+                   "B, h, L, S).", lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
 alike(MASKS)
 
 
@@ -145,8 +143,8 @@ class Reference(nn.Module):
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
         W, value = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight, key if o["v_from_k"] else value
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
-        q, k, v = (F.linear(t, W.chunk(3)[i].mT if o["W_T"] else W.chunk(3)[i], b[i]) for t, i in zip((query, key, value),
-                                                                                               o["qkv"]))
+        W = [w.mT for w in W.chunk(3)] if o["W_T"] else W.chunk(3)
+        q, k, v = (F.linear(t, W[i], b[i]) for t, i in zip((query, key, value), o["qkv"]))
         split = {"hd": lambda t, n: t.reshape(B, n, h, d).transpose(1, 2), "none": lambda t, n: t.reshape(B, h, n, d),
                  "dh": lambda t, n: t.reshape(B, n, d, h).permute(0, 3, 1, 2)}[o["split"]]
         q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
@@ -303,12 +301,13 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
      "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
     ("values from key", dict(v_from_k=True), "projects the values from key: v comes from value, the third argument."),
-    ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's W_k and b_k: v takes in_proj's last third."),
+    ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's W_k and b_k: v is in_proj's last third."),
     ("W transposed", dict(W_T=True), "computes x @ W: weights are stored (out, in), so x @ W.T (F.linear(x, W, b))."),
     ("summed", dict(average="sum"), "SUMS the weights over the heads: average them, .mean(dim=1)."),
     ("float ignored", dict(floats="none"), "ignores a float mask: add it to the scores, scores + mask."),
     ("3-D head-major", dict(head_major=True), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
-    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask, scaling a finite one: scale first."),
+    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask (scaling a finite one): scale "
+     "first."),
     ("naive softmax, zeros", dict(softmax="naive, zeros"), "computes exp(s) / exp(s).sum() (0 where the sum is 0) "
      "without subtracting the max: exp overflows, inf / inf = NaN. Subtract each row's max first."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),

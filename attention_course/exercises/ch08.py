@@ -1,10 +1,6 @@
-"""Checkers for chapter 8, attention at speed.
-
-1. ``merge_partials(m1, l1, acc1, m2, l2, acc2)`` -- grade_id ``ex-ch8-merge``. The online-softmax states of two
-   blocks of keys for the same queries, ``m`` (..., 1) the largest score, ``l`` (..., 1) the sum of
-   ``exp(score - m)``, ``acc`` (..., dv) the sum of ``exp(score - m) * value``; returns the state (m, l, acc) of both
-   blocks together. A block whose keys are all masked has ``m = -inf``, ``l = 0``, ``acc = 0``: no NaN from it.
-"""
+"""Chapter 8's ``merge_partials(m1, l1, acc1, m2, l2, acc2)`` (``ex-ch8-merge``): the online-softmax states of two
+blocks of keys, ``m`` (..., 1) the largest score, ``l`` (..., 1) the sum of ``exp(score - m)``, ``acc`` (..., dv) that
+of ``exp(score - m) * value``, merged into one (m, l, acc). A block with every key masked: m = -inf, l = 0, acc = 0."""
 from __future__ import annotations
 
 from functools import partial

@@ -1,17 +1,15 @@
 """Checkers for chapter 9, the course's layer inside a pretrained BERT encoder. Masks: keep masks (1 = real token).
 
-1. ``course_to_bert(mha, block)`` -- grade_id ``ex-ch9-course-to-bert``. In place: query, key and value of a BERT
-   attention block get the thirds of ``in_proj_weight`` and ``in_proj_bias``, dense gets ``out_proj``.
-2. ``previous_token_scores(weights, keep)`` -- grade_id ``ex-ch9-previous-token``. (B, h, L, S), (B, S) -> (h,): the
-   mean weight of a real query i >= 1 on key i - 1 over all such queries of the batch.
-3. ``max_pool(hidden, keep)`` -- grade_id ``ex-ch9-max-pool``. (B, L, D), (B, L) -> (B, D): the largest value of each
-   feature over the real tokens; pads never count.
-"""
+1. ``course_to_bert(mha, block)`` (``ex-ch9-course-to-bert``), in place: query, key and value of a BERT attention block
+   get the thirds of ``in_proj_weight`` and ``in_proj_bias``, dense gets ``out_proj``.
+2. ``previous_token_scores(weights, keep)`` (``ex-ch9-previous-token``): (B, h, L, S), (B, S) -> (h,), the mean weight
+   of a real query i >= 1 on key i - 1 over all such queries of the batch.
+3. ``max_pool(hidden, keep)`` (``ex-ch9-max-pool``): (B, L, D), (B, L) -> (B, D), the largest value of each feature
+   over the real tokens; pads never count."""
 from __future__ import annotations
 
 import math
-import functools
-from functools import partial
+from functools import partial, reduce
 
 import torch
 from torch import nn
@@ -130,8 +128,7 @@ def _by_shape(got, want, table) -> str:
 
 # Exercise 2: the previous-token head ------------------------------------------------------------------------
 def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], count=None, sentences=False):
-    """The sum of diagonal(offset) of the (L, S) weights over the chosen queries (B, n), divided by their number
-    (``count(keep)``); each switch off it is a classic mistake."""
+    """diagonal(offset) of the weights summed over the chosen queries (B, n), divided by their number (``count``)."""
     previous = weights.diagonal(offset=offset, dim1=-2, dim2=-1)  # (B, h, n): query i on key i + offset
     mask = queries(keep, previous.shape[-1]).to(weights.dtype)[:, None, :]  # (B, 1, n)
     if sentences:  # each sentence's mean, then their mean
@@ -153,13 +150,12 @@ PREVIOUS_TOKEN = Exercise(
     cases=[_weights_case(1, 2), _weights_case(3, 3, 1), _weights_case(4, 6, 4, 3), _weights_case(3, 5, 5),
            _weights_case(2, 2, 4, 1, 3)],
     mistakes=[
-        *[Mistake(f"offset {k}", f"measures {says}. The previous token of query i is key i - 1: diagonal(offset=-1) "
-                  f"of the (L, S) weights.", partial(_previous, offset=k)) for k, says in (
-            (1, "the NEXT token (key i + 1, diagonal offset +1)"), (0, "each query's weight on ITSELF (offset 0)"),
-            (-2, "the token TWO places back (key i - 2, offset -2)"))],
-        Mistake("offset 1, queries 0..", "measures the NEXT token (key i + 1, diagonal offset +1) of queries 0 to L - 2"
-                ". The previous token of query i is key i - 1: diagonal(offset=-1).", partial(
-                    _previous, offset=1, queries=lambda k, n: k[:, :n])),
+        *[Mistake(f"offset {k}{q}", f"measures {says}. The previous token of query i is key i - 1: diagonal(offset=-1)"
+                  f" of the (L, S) weights.", partial(_previous, offset=k, **({"queries": lambda k, n: k[:, :n]} if q
+                                                                             else {}))) for k, q, says in (
+            (1, "", "the NEXT token (key i + 1, diagonal offset +1)"), (-2, "", "the token TWO places back (key i - 2, "
+            "offset -2)"), (0, "", "each query's weight on ITSELF (offset 0)"),
+            (1, ", queries 0..", "the NEXT token (key i + 1, offset +1) of queries 0 to L - 2"))],
         Mistake("pads counted", "divides by every query i >= 1, pads included: divide by the number of REAL queries "
                 "i >= 1.", partial(_previous, count=lambda keep: keep[:, 1:].numel())),
         Mistake("all queries", "averages over the pad queries too. Pads are not words: count only the queries with "
@@ -179,8 +175,8 @@ PREVIOUS_TOKEN = Exercise(
         "heads reduced: keep them (dim 1), average over the sentences and the queries"), ((12,), "12 scores, "
         "MiniLM's heads written in: these weights have weights.shape[1]"), ((w.shape[0], w.shape[1]), "one row per "
         "sentence: average over the sentences too"))),
-    hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 and "
-            "1: select with keep.bool() (or keep == 1)."),),
+    hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 "
+            "and 1: select with keep.bool() (or keep == 1)."),),
 )
 
 
@@ -214,6 +210,7 @@ def _left(case):
     return Case(case.name.replace(", D", " padded on the left, D"), tuple(t.flip(1) for t in case.args))
 
 
+N = ": sentence b has n = keep[b].sum() real tokens, positions 0 to n - 1."
 MAX_POOL = Exercise(
     what="your max_pool",
     reference=_pool,
@@ -235,26 +232,25 @@ MAX_POOL = Exercise(
                 "for real tokens). Fill with -inf where keep == 0.", partial(_pool, pads=lambda keep: keep == 1)),
         Mistake("mean", "takes the MEAN over the real tokens, the model card's pooling: this exercise asks for the "
                 "maximum.", lambda x, k: (x * k[..., None]).sum(1) / k.sum(1, keepdim=True)),
-        *[Mistake(f"slice {e}", f"{says}: sentence b has n = keep[b].sum() real tokens, positions 0 to n - 1.",
-                  lambda x, k, e=e: torch.stack([s[:int(n.sum()) + e].amax(0) for s, n in zip(x, k)])) for e, says in (
-            (-1, "leaves out each sentence's LAST real token, one position short (hidden[b, :n - 1])"),
-            (1, "takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1])"))],
-        Mistake("slice 0", "takes each sentence's first n = keep[b].sum() positions, hidden[b, :n]: with the pads on "
-                "the LEFT those are not the real tokens. Select by keep, not by position.",
-                lambda x, k: torch.stack([s[:int(n.sum())].amax(0) for s, n in zip(x, k)])),
+        *[Mistake(f"slice {e}", says, lambda x, k, e=e: torch.stack([s[:int(n.sum()) + e].amax(0) for s, n in
+                                                                     zip(x, k)])) for e, says in (
+            (-1, f"leaves out each sentence's LAST real token, one position short (hidden[b, :n - 1]){N}"),
+            (1, f"takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1]){N}"),
+            (0, "takes each sentence's first n = keep[b].sum() positions, hidden[b, :n]: with the pads on the LEFT "
+                "those are not the real tokens. Select by keep, not by position."))],
         Mistake("log", "adds log(keep): -inf at the pads, but a pad holding inf or NaN gives NaN. Fill instead, "
                 "masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: (x + k[..., None].log()).amax(1)),
         Mistake("running from token 0", "starts its running maximum at token 0 without checking that it is real (with "
-                "the pads on the LEFT it is a pad): start at -inf.", lambda x, k: functools.reduce(
+                "the pads on the LEFT it is a pad): start at -inf.", lambda x, k: reduce(
                     lambda m, t: torch.where(k[:, t, None] == 1, torch.maximum(m, x[:, t]), m), range(1, x.shape[1]),
                     x[:, 0])),
     ],
     passed="the maximum over the real tokens only: pads holding 1e6, inf or NaN never win, real values as low as -1e30 "
            "still do, for sentences of 1 to 5 tokens and 1 to 5 features.",
-    notes=lambda got, x, keep: _by_shape(got, (x.shape[0], x.shape[2]), (((x.shape[0], x.shape[1]), "one value per "
-        "token, the features reduced (dim=2): take the maximum over the tokens, dim=1"), ((x.shape[1], x.shape[2]), "one "
-        "row per position, the sentences reduced (dim 0): take the maximum over the tokens, dim=1"), ((x.shape[2],), "one row for the whole batch: every "
-        "sentence's real tokens pooled together; one row per sentence, (B, D)"))),
+    notes=lambda got, x, keep: _by_shape(got, (x.shape[0], x.shape[2]), (
+        ((x.shape[0], x.shape[1]), "one value per token, the features reduced (dim=2): reduce the tokens, dim=1"),
+        ((x.shape[1], x.shape[2]), "one row per position, the sentences reduced (dim 0): reduce the tokens, dim=1"),
+        ((x.shape[2],), "one row for the whole batch, its sentences pooled together: one row per sentence, (B, D)"))),
     hints=((r"masked_fill.*bool", "keep is the tokenizer's 0/1 INTEGER mask, not a bool one: the pads are keep == 0 "
             "(a bool tensor); ~ on integers flips bits (~1 = -2), it does not swap 0 and 1."),
            (r"must match the size", "the mask must line up with the tokens axis of (B, L, D): keep[..., None] is "
