@@ -240,10 +240,8 @@ LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask); _finite: 
                loss="finite"),
 ]
 LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
-    ("softmax over queries", dict(softmax_dim=-2), "ran the softmax over the queries (dim=-2 of (B, h, L, S)): each "
-     "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
-    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of (B, h, L, S)): each query's "
-     "weights over the keys sum to 1, softmax(scores, dim=-1)."),
+    *[(f"softmax over {w}", dict(softmax_dim=k), f"ran the softmax over the {w} (dim={k} of (B, h, L, S)): each "
+       "query's weights over the keys sum to 1, softmax(scores, dim=-1).") for w, k in (("queries", -2), ("heads", 1))],
     ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: divide by sqrt(d), d = D / h."),
     ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: divide by sqrt(d), d = D / h."),
     ("not scaled", dict(scale=None), "does not scale the scores: divide them by sqrt(d), d = D / h the head size."),

@@ -75,14 +75,15 @@ def _bert_case(D: int, h: int) -> Case:
 
 
 def _thirds(got: dict, mha, block) -> str:
-    """Where query, key or value does not hold its own third of in_proj_weight: whose it holds, or NaN (not copied)."""
-    W, said = mha.in_proj_weight.detach().chunk(3), []
+    """Whose third of in_proj_weight query, key or value holds where not its own; what was never copied (NaN)."""
+    W, moved, nan = mha.in_proj_weight.detach().chunk(3), [], []
     for name, part in zip(QKV, got[next(iter(got))].chunk(3)):
         src = [QKV[j] for j, w in enumerate(W) if torch.equal(part, w)]
-        said += [] if name in src else [f"{name}.weight holds the {src[0]}'s third."] if src else \
-            [f"{name}.weight was never copied (still NaN)."] if part.isnan().all() else []
-    return " ".join(said + [f"{k.split(' (')[0].removeprefix('stack of ')}: never copied (still NaN)." for k, v in
-                            list(got.items())[1:] if isinstance(v, torch.Tensor) and v.isnan().all()])
+        moved += [f"{name}.weight holds the {src[0]}'s third."] if src and name not in src else []
+        nan += [f"{name}.weight"] if part.isnan().all() else []
+    nan += [k.split(" (")[0].removeprefix("stack of ") for k, v in list(got.items())[1:]
+            if isinstance(v, torch.Tensor) and v.isnan().all()]
+    return " ".join(moved + [f"Never copied (still NaN): {', '.join(nan)}."] * bool(nan))
 
 
 COURSE_TO_BERT = Exercise(
