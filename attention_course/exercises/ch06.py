@@ -19,7 +19,8 @@ from .diagnose import Case, Exercise, Mistake, agree, check, naming, same
 
 
 def alike(ex: Exercise):
-    """``ex.notes``: the one mistake whose result on the case shown is the answer's (which slips elsewhere too)."""
+    """``ex.notes``: the one mistake whose result on the case shown is the answer's (which raised on another case, the
+    both-None one say). The masks' only: a layer's or a merge's result can match a slip by coincidence."""
     def notes(got, *args):
         case = next(c for c in ex.cases if all(a is b for a, b in zip(c.args, args)))
         found = [m for m in ex.mistakes if same(got, ex.expected(m.name, m.answer, case).value, ex.atol)]
@@ -318,13 +319,13 @@ HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the la
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "
           "bool, float and per-head masks, one query, big scores, no key (NaN as torch's, or zeros: finite gradients)")
-LAYER = alike(LayerExercise(
+LAYER = LayerExercise(
     what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
     run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
     cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2),
-                                    make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode."))
+                                    make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode.")
 SAFE = functools.partial(Reference, softmax="safe")  # the course's convention: a query with no key gets zeros
-LAYER_SAFE = alike(dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={}))
+LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={})
 
 
 def convention(exercises, answer):

@@ -161,12 +161,11 @@ CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) f
     layer_case("embed_dim=10 in num_heads=4 (they do not split)", 1, 1, 1, 10, 4, state=None, refuse=True),
     Case("a (B, L) key_padding_mask for S keys", _cross[:4] + (_cross[4][:, :4],) + _cross[5:]),
     Case("a query of width D + 1", _cross[:1] + (torch.cat([_cross[1], _cross[1][..., :1]], -1),) + _cross[2:])]]
-EXERCISE = ch06.alike(LayerExercise(
+EXERCISE = LayerExercise(
     what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS,
     mistakes=_catalogue(ch06.Reference), passed=f"all {len(CASES)} cases: " + ch06.PASSED + ", training mode, no "
     "bias, float32 and float16, nothing printed or warned; sizes that do not split and shapes that do not fit refused.")
-)
-EXERCISE_SAFE = ch06.alike(dataclasses.replace(EXERCISE, reference=ch06.SAFE, mistakes=_catalogue(ch06.SAFE), _memo={}))
+EXERCISE_SAFE = dataclasses.replace(EXERCISE, reference=ch06.SAFE, mistakes=_catalogue(ch06.SAFE), _memo={})
 
 
 def check_multihead_attention(factory) -> None:

@@ -7,7 +7,6 @@ from functools import partial
 
 import torch
 
-from .ch06 import alike
 from .diagnose import Case, Exercise, Mistake, check
 
 NEG_INF = float("-inf")
@@ -55,7 +54,7 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
 
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
-MERGE = alike(Exercise(
+MERGE = Exercise(
     what="your merge_partials",
     reference=_reference_merge,
     cases=[_case((), 1, 1, 1), _case((1,), 2, 3, 1, [1]), _case((1,), 3, 1, 2, [3]), _case((4,), 6, 4, 3, [0, 1, 2, 3]),
@@ -113,7 +112,7 @@ MERGE = alike(Exercise(
     hints=((r"must match the size of tensor b", "m, l and the factors exp(m1 - m), exp(m2 - m) are (..., 1) and acc "
             "(..., dv): keep the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every "
             "column of acc."),),
-))
+)
 
 
 def check_merge_partials(fn) -> None:
