@@ -64,7 +64,7 @@ def _mistakes(make, table) -> list[Mistake]:
     return [Mistake(name, says, functools.partial(make, **switches)) for name, switches, says in table]
 
 
-MASKS = Exercise(
+MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "attn_mask", "B", "h", "L", "S"]})(
     what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
