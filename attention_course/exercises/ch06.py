@@ -1,10 +1,8 @@
 """Checkers for chapter 6, multi-head attention reproduced.
 
-1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- grade_id ``ex-ch6-masks``: bool masks (B, S) and
-   (L, S) or (B*h, L, S) (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
-2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- grade_id ``ex-ch6-layer``, torch's parameters and forward: its
-   catalogue switches :class:`Reference`; chapter 7's ``run_layer`` builds and calls the layer in each case.
-"""
+1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- ``ex-ch6-masks``: bool (B, S) and (L, S) or (B*h, L, S)
+   (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
+2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- ``ex-ch6-layer``: switches of :class:`Reference`, run by ch07."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,14 +15,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import DTYPE
-from .diagnose import Case, Exercise, Mistake, agree, check, naming
+from .diagnose import Case, Exercise, Mistake, agree, check, naming, same
+
+
+def alike(ex: Exercise):
+    """``ex.notes``: the one mistake whose result on the case shown is the answer's (which raised on another case, the
+    both-None one say). The masks' only: a layer's or a merge's result can match a slip by coincidence."""
+    def notes(got, *args):
+        case = next(c for c in ex.cases if all(a is b for a, b in zip(c.args, args)))
+        found = [m for m in ex.mistakes if same(got, ex.expected(m.name, m.answer, case).value, ex.atol)]
+        return f"That result is exactly the slip where {ex.what} {found[0].says}" if len(found) == 1 else ""
+    ex.notes = notes
+    return ex
+
 
 # Exercise 1: combine the masks
 
-
-def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, expand=True, drop=(), kpm_as="keys",
-             flat_3d=False, turn_2d=False, none_safe=True, swap_3d=False):
-    parts = []
+def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, expand=True, drop="", kpm_as="keys",
+             flat_3d=False, turn_2d=False, none_safe=True, swap_3d=False, out=lambda m: m):
+    parts, drop = [], drop if kpm is not None and attn is not None else ""  # drop: the branch an if/elif skips
     if kpm is not None and "kpm" not in drop:
         kpm = ~kpm if polarity == "kpm" else kpm
         parts.append(kpm if kpm_as == "bare" else kpm.view({"keys": (B, 1, 1, S), "queries": (B, 1, S, 1),
@@ -35,9 +44,9 @@ def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, ex
                      else attn.view(h, B, L, S).transpose(0, 1) if head_major else
                      attn.view(B, h, S, L).transpose(-2, -1) if swap_3d else attn.view(B, h, L, S))
     mask = torch.zeros((B, h, L, S) if expand else (1, 1, 1, 1), dtype=torch.bool)
-    for part in parts if op == "or" or len(parts) < 2 else [parts[0] & parts[1]]:
+    for part in parts if op == "or" or len(parts) < 2 else [getattr(parts[0], f"__{op}__")(parts[1])]:
         mask = mask | part
-    return ~mask if polarity == "all" else mask
+    return out(~mask if polarity == "all" else mask)
 
 
 def _masks_case(seed, B, h, L, S, kpm, attn):
@@ -55,7 +64,7 @@ def _mistakes(make, table) -> list[Mistake]:
     return [Mistake(name, says, functools.partial(make, **switches)) for name, switches, says in table]
 
 
-MASKS = Exercise(
+MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "attn_mask", "B", "h", "L", "S"]})(
     what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
@@ -84,7 +93,15 @@ MASKS = Exercise(
         ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
          "is."),
         ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
-    ]))
+        ("xor", dict(op="xor"), "combined the masks with ^ (xor): a pair BOTH masks block is let through; |."),
+        *[(f"elif {m}", dict(drop=m), f"drops the {n} when the other mask is given (if/elif?): apply both.") for m, n in
+          (("kpm", "key_padding_mask"), ("attn", "attn_mask"))],
+        ("flat", dict(out=lambda m: m.flatten(0, 1)), "returns the (B*h, L, S) layout: return (B, h, L, S)."),
+    ]) + [Mistake("None for None", "returns None when neither mask is given: return an all-False (B, h, L, S) mask.",
+                  lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
+           Mistake("one not expanded", "returns a single mask as a broadcastable view, not expanded per head: .expand("
+                   "B, h, L, S).", lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
+alike(MASKS)
 
 
 def check_combine_masks(fn) -> None:
@@ -97,13 +114,15 @@ def check_combine_masks(fn) -> None:
 SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # "safe": zeros
            "safe": lambda s, d: torch.softmax(s.masked_fill(e := s.isneginf().all(d, True), 0), d).masked_fill(e, 0),
            "nan_to_num": lambda s, dim: torch.softmax(s, dim).nan_to_num(0.0),
-           "float32": lambda s, dim: torch.softmax(s.float(), dim).to(s.dtype)}
+           "float32": lambda s, dim: torch.softmax(s.float(), dim).to(s.dtype),
+           "naive, zeros": lambda s, dim: torch.where((t := (e := s.exp()).sum(dim, True)) > 0, e / t, 0.0)}
 FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul": lambda s, m, fill: s * m.exp(),
           "bool": lambda s, m, fill: s.masked_fill(m != 0, fill), "clamp": lambda s, m, fill: s + m.clamp(min=-1e4),
-          "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill)}
+          "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill), "none": lambda s, m, fill: s}
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
-          softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False)
+          softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
+          W_T=False, head_major=False, scale_last=False)
 
 
 class Reference(nn.Module):
@@ -125,12 +144,14 @@ class Reference(nn.Module):
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
         W, value = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight, key if o["v_from_k"] else value
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
-        q, k, v = (F.linear(t, w, c) for t, w, c in zip((query, key, value), W.chunk(3), b))
+        W = [w.mT for w in W.chunk(3)] if o["W_T"] else W.chunk(3)
+        q, k, v = (F.linear(t, W[i], b[i]) for t, i in zip((query, key, value), o["qkv"]))
         split = {"hd": lambda t, n: t.reshape(B, n, h, d).transpose(1, 2), "none": lambda t, n: t.reshape(B, h, n, d),
                  "dh": lambda t, n: t.reshape(B, n, d, h).permute(0, 3, 1, 2)}[o["split"]]
         q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
-        scores = scores / math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else scores
+        scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
+        scores = scores if o["scale_last"] else scores / scale
         after = []
         for which, m in (("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
                          ("attn", kpm.view(B, 1, 1, S))):  # "copy": the attn_mask branch masks with the padding
@@ -139,14 +160,14 @@ class Reference(nn.Module):
                 continue
             if which == "kpm":
                 m = m if o["kpm_as"] == "bare" else m.view((B, 1, S, 1) if o["kpm_as"] == "queries" else (B, 1, 1, S))
-            m = m.view(B, h, L, S) if m.dim() == 3 else m
+            m = (m.view(h, B, L, S).transpose(0, 1) if o["head_major"] else m.view(B, h, L, S)) if m.dim() == 3 else m
             if m.dtype == torch.bool:
                 m = ~m if o["invert"] in (True, which) else m
                 after, scores = (after + [m], scores) if o["mask_after"] else (after, scores.masked_fill(m, o["fill"]))
             else:
                 how = ("bool" if which == "kpm" else "add") if o["floats"] == "kpm bool" else o["floats"]
                 scores = FLOATS[how](scores, m, o["fill"])
-        weights = SOFTMAX[o["softmax"]](scores, o["softmax_dim"])  # (B, h, L, S)
+        weights = SOFTMAX[o["softmax"]](scores / scale if o["scale_last"] else scores, o["softmax_dim"])  # (B, h, L, S)
         for m in after:
             weights = weights.masked_fill(m, 0.0)
         heads = weights @ v  # (B, h, L, d), merged to (B, L, D), its own L if it "grows" (a mask broadcast)
@@ -157,8 +178,9 @@ class Reference(nn.Module):
         out = out.transpose(0, 1) if o["seq_first"] else out
         if o["need_weights"] == "never" or (not need_weights and o["need_weights"] == "obey"):
             return out, None
-        average = {"always": True, "never": False, "flat": False}.get(o["average"], average_attn_weights)
-        return out, weights.flatten(0, 1) if o["average"] == "flat" else weights.mean(1) if average else weights
+        average = o["average"] == "always" or o["average"] in ("obey", "sum") and average_attn_weights
+        mean = weights.sum(1) if o["average"] == "sum" else weights.mean(1)
+        return out, weights.flatten(0, 1) if o["average"] == "flat" else mean if average else weights
 
 
 class LayerExercise(Exercise):  # an answer that is a layer: a case's arguments, a setup (layer_case) and forward's
@@ -219,10 +241,8 @@ LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask); _finite: 
                loss="finite"),
 ]
 LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
-    ("softmax over queries", dict(softmax_dim=-2), "ran the softmax over the queries (dim=-2 of (B, h, L, S)): each "
-     "query's weights over the keys sum to 1, softmax(scores, dim=-1)."),
-    ("softmax over heads", dict(softmax_dim=1), "ran the softmax over the heads (dim=1 of (B, h, L, S)): each query's "
-     "weights over the keys sum to 1, softmax(scores, dim=-1)."),
+    *[(f"softmax over {w}", dict(softmax_dim=k), f"ran the softmax over the {w} (dim={k} of (B, h, L, S)): each "
+       "query's weights over the keys sum to 1, softmax(scores, dim=-1).") for w, k in (("queries", -2), ("heads", 1))],
     ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: divide by sqrt(d), d = D / h."),
     ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: divide by sqrt(d), d = D / h."),
     ("not scaled", dict(scale=None), "does not scale the scores: divide them by sqrt(d), d = D / h the head size."),
@@ -280,6 +300,15 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
      "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
     ("values from key", dict(v_from_k=True), "projects the values from key: v comes from value, the third argument."),
+    ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's W_k and b_k: v is in_proj's last third."),
+    ("W transposed", dict(W_T=True), "computes x @ W: weights are stored (out, in), so x @ W.T (F.linear(x, W, b))."),
+    ("summed", dict(average="sum"), "SUMS the weights over the heads: average them, .mean(dim=1)."),
+    ("float ignored", dict(floats="none"), "ignores a float mask: add it to the scores, scores + mask."),
+    ("3-D head-major", dict(head_major=True), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
+    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask (scaling a finite one): scale "
+     "first."),
+    ("naive softmax, zeros", dict(softmax="naive, zeros"), "computes exp(s) / exp(s).sum() (0 where the sum is 0) "
+     "without subtracting the max: exp overflows, inf / inf = NaN. Subtract each row's max first."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]

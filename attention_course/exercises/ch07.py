@@ -1,9 +1,7 @@
-"""Checker for chapter 7, the bug clinic: :func:`check_multihead_attention`, a whole layer put through a battery.
-
-Exercises ``ex-ch7-merge``, ``-padding``, ``-float-mask``, ``-cross``: ``factory(embed_dim, num_heads, bias)`` builds a
-layer with torch's parameter names (or names ending in them, or a ``from_torch``) and forward. Both chapters' layers
-are held by :func:`probe_layer` alone (in grading in the learner's process), whose plain data :func:`judge` reads.
-"""
+"""Chapter 7's :func:`check_multihead_attention` (``ex-ch7-merge``, ``-padding``, ``-float-mask``, ``-cross``): a layer
+``factory(embed_dim, num_heads, bias)`` builds, torch's parameter names (or names ending in them, or ``from_torch``) and
+forward, through a battery. :func:`probe_layer` alone holds a layer (in grading, in the learner's process); :func:`judge`
+reads its plain data."""
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +44,7 @@ def _in_time(fn, what: str):
 
 
 def probe_layer(target, spec: dict, query, key, value, key_padding_mask, attn_mask, need_weights, average):
-    """Build the layer (``spec["make"]``: (args, kwargs) for the class ``target``), load torch's weights (by name, or
-    ``from_torch``), call it twice or differentiate the rows ``spec["rows"]`` of its output: plain data."""
+    """Build ``target`` (``spec["make"]``), load torch's weights, call it twice or differentiate ``spec["rows"]``."""
     layer, (args, kwargs) = target, spec["make"] or ((), {})
     with contextlib.suppress(TypeError):  # a class that takes no dropout= is built without it, below
         layer = target(*args, **kwargs) if kwargs else layer

@@ -1,10 +1,6 @@
-"""Checkers for chapter 8, attention at speed.
-
-1. ``merge_partials(m1, l1, acc1, m2, l2, acc2)`` -- grade_id ``ex-ch8-merge``. The online-softmax states of two
-   blocks of keys for the same queries, ``m`` (..., 1) the largest score, ``l`` (..., 1) the sum of
-   ``exp(score - m)``, ``acc`` (..., dv) the sum of ``exp(score - m) * value``; returns the state (m, l, acc) of both
-   blocks together. A block whose keys are all masked has ``m = -inf``, ``l = 0``, ``acc = 0``: no NaN from it.
-"""
+"""Chapter 8's ``merge_partials(m1, l1, acc1, m2, l2, acc2)`` (``ex-ch8-merge``): the online-softmax states of two
+blocks of keys, ``m`` (..., 1) the largest score, ``l`` (..., 1) the sum of ``exp(score - m)``, ``acc`` (..., dv) that
+of ``exp(score - m) * value``, merged into one (m, l, acc). A block with every key masked: m = -inf, l = 0, acc = 0."""
 from __future__ import annotations
 
 from functools import partial
@@ -48,8 +44,13 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
     values = torch.randn(n1 + n2, dv, generator=gen, dtype=torch.float64)
     masked = "".join(f", query {q} with {('', 'its first block', 'its second block', 'both blocks')[e]} masked"
                      for q, e in enumerate(empty) if e)
-    name = f"m of shape {tuple(lead) + (1,)}, acc {tuple(lead) + (dv,)}, blocks of {n1} and {n2} keys{masked}"
-    return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])))
+    name = f"m of shape {tuple(lead) + (1,)}, acc {tuple(lead) + (dv,)}, key blocks {n1} and {n2} long{masked}"
+    marks = {f"at the queries with {w} masked{' (acc)' * (n > 1)}": where.view(*lead, 1).expand(*lead, n)
+             for e, w in (((3,), "both blocks"), ((1,), "their first block"), ((2,), "their second block"),
+                          ((1, 2), "one block")) for n in {1, dv}
+             if (where := torch.tensor([q < len(empty) and empty[q] in e for q in range(flat.shape[0])])).any()}
+    return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])),
+                marks)
 
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
@@ -77,6 +78,9 @@ MERGE = Exercise(
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): "
                 "acc / l is right, but l and acc are not the sums under the common maximum m (and exp(m1) "
                 "overflows once a score passes 709).", partial(_reference_merge, factor=lambda mb, m: torch.exp(mb))),
+        Mistake("m2 kept", "keeps m = m2 and rescales only the first block: m2 need not be the larger; m = "
+                "torch.maximum(m1, m2), and both blocks rescaled to it.", partial(_reference_merge, take=lambda a, b: b,
+                                                                                  scale=(1, 0, 1, 0))),
         Mistake("m1", "returns m = m1, the first block's maximum; the second block may hold a larger score: "
                 "m = torch.maximum(m1, m2).", partial(_reference_merge, take=lambda a, b: a)),
         Mistake("minimum", "returns the smaller of m1 and m2 as m; it must be the larger, torch.maximum(m1, m2).",

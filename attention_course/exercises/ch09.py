@@ -1,16 +1,15 @@
 """Checkers for chapter 9, the course's layer inside a pretrained BERT encoder. Masks: keep masks (1 = real token).
 
-1. ``course_to_bert(mha, block)`` -- grade_id ``ex-ch9-course-to-bert``. In place: query, key and value of a BERT
-   attention block get the thirds of ``in_proj_weight`` and ``in_proj_bias``, dense gets ``out_proj``.
-2. ``previous_token_scores(weights, keep)`` -- grade_id ``ex-ch9-previous-token``. (B, h, L, S), (B, S) -> (h,): the
-   mean weight of a real query i >= 1 on key i - 1 over all such queries of the batch.
-3. ``max_pool(hidden, keep)`` -- grade_id ``ex-ch9-max-pool``. (B, L, D), (B, L) -> (B, D): the largest value of each
-   feature over the real tokens; pads never count.
-"""
+1. ``course_to_bert(mha, block)`` (``ex-ch9-course-to-bert``), in place: query, key and value of a BERT attention block
+   get the thirds of ``in_proj_weight`` and ``in_proj_bias``, dense gets ``out_proj``.
+2. ``previous_token_scores(weights, keep)`` (``ex-ch9-previous-token``): (B, h, L, S), (B, S) -> (h,), the mean weight
+   of a real query i >= 1 on key i - 1 over all such queries of the batch.
+3. ``max_pool(hidden, keep)`` (``ex-ch9-max-pool``): (B, L, D), (B, L) -> (B, D), the largest value of each feature
+   over the real tokens; pads never count."""
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import partial, reduce
 
 import torch
 from torch import nn
@@ -75,6 +74,18 @@ def _bert_case(D: int, h: int) -> Case:
                 (mha, _bert_attention(D)))
 
 
+def _thirds(got: dict, mha, block) -> str:
+    """Whose third of in_proj_weight query, key or value holds where not its own; what was never copied (NaN)."""
+    W, moved, nan = mha.in_proj_weight.detach().chunk(3), [], []
+    for name, part in zip(QKV, got[next(iter(got))].chunk(3)):
+        src = [QKV[j] for j, w in enumerate(W) if torch.equal(part, w)]
+        moved += [f"{name}.weight holds the {src[0]}'s third."] if src and name not in src else []
+        nan += [f"{name}.weight"] if part.isnan().all() else []
+    nan += [k.split(" (")[0].removeprefix("stack of ") for k, v in list(got.items())[1:]
+            if isinstance(v, torch.Tensor) and v.isnan().all()]
+    return " ".join(moved + [f"Never copied (still NaN): {', '.join(nan)}."] * bool(nan))
+
+
 COURSE_TO_BERT = Exercise(
     what="your course_to_bert",
     reference=_course_to_bert,
@@ -89,8 +100,11 @@ COURSE_TO_BERT = Exercise(
     passed="query, key and value hold the thirds of in_proj in order, dense holds out_proj, the LayerNorm is "
            "untouched and no parameter is shared, for 1 to 4 heads of sizes 1 to 4.",
     run=_after,
+    notes=_thirds,
     hints=((r"must match the size", "in_proj_weight is (3D, D) and in_proj_bias (3D,), three blocks: copy one third "
-            "into each Linear, chunk(3) or rows i*D:(i+1)*D."),
+            "into each Linear, chunk(3) or rows i*D:(i+1)*D, D = mha.embed_dim (not a number written in)."),
+           (r"cannot assign .* as parameter", "a slice of in_proj_weight is a plain tensor, not an nn.Parameter: copy "
+            "it into the Linear's own weight, .copy_(...) inside torch.no_grad()."),
            (r"leaf Variable that requires grad", "autograd forbids changing a parameter in place while it records: "
             "do the copies inside `with torch.no_grad():`.")),
 )
@@ -107,10 +121,15 @@ def _keep(*lengths):
     return keep, f"{len(lengths)} sentence{s} of length{s} {', '.join(map(str, lengths))}"
 
 
+def _by_shape(got, want, table) -> str:
+    """What a wrong shape of ``got`` means, from ``table`` ((shape, words), ...): only a shape one entry has."""
+    said = [w for s, w in table if isinstance(got, torch.Tensor) and tuple(got.shape) == s != want]
+    return f"It holds {said[0]}." if len(said) == 1 else ""
+
+
 # Exercise 2: the previous-token head ------------------------------------------------------------------------
 def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], count=None, sentences=False):
-    """The sum of diagonal(offset) of the (L, S) weights over the chosen queries (B, n), divided by their number
-    (``count(keep)``); each switch off it is a classic mistake."""
+    """diagonal(offset) of the weights summed over the chosen queries (B, n), divided by their number (``count``)."""
     previous = weights.diagonal(offset=offset, dim1=-2, dim2=-1)  # (B, h, n): query i on key i + offset
     mask = queries(keep, previous.shape[-1]).to(weights.dtype)[:, None, :]  # (B, 1, n)
     if sentences:  # each sentence's mean, then their mean
@@ -132,10 +151,14 @@ PREVIOUS_TOKEN = Exercise(
     cases=[_weights_case(1, 2), _weights_case(3, 3, 1), _weights_case(4, 6, 4, 3), _weights_case(3, 5, 5),
            _weights_case(2, 2, 4, 1, 3)],
     mistakes=[
-        *[Mistake(f"offset {k}", f"measures {says}. The previous token of query i is key i - 1: diagonal(offset=-1) "
-                  f"of the (L, S) weights.", partial(_previous, offset=k)) for k, says in (
-            (1, "the NEXT token (key i + 1, diagonal offset +1)"), (0, "each query's weight on ITSELF (offset 0)"),
-            (-2, "the token TWO places back (key i - 2, offset -2)"))],
+        *[Mistake(f"offset {k}{q}", f"measures {says}. The previous token of query i is key i - 1: diagonal(offset=-1)"
+                  f" of the (L, S) weights.", partial(_previous, offset=k, **({"queries": lambda k, n: k[:, :n]} if q
+                                                                             else {}))) for k, q, says in (
+            (1, "", "the NEXT token (key i + 1, diagonal offset +1)"), (-2, "", "the token TWO places back (key i - 2, "
+            "offset -2)"), (0, "", "each query's weight on ITSELF (offset 0)"),
+            (1, ", queries 0..", "the NEXT token (key i + 1, offset +1) of queries 0 to L - 2"))],
+        Mistake("pads counted", "divides by every query i >= 1, pads included: divide by the number of REAL queries "
+                "i >= 1.", partial(_previous, count=lambda keep: keep[:, 1:].numel())),
         Mistake("all queries", "averages over the pad queries too. Pads are not words: count only the queries with "
                 "keep == 1 (and i >= 1).", partial(_previous, queries=lambda keep, n: torch.ones_like(keep[:, -n:]))),
         Mistake("pads", "counts ONLY the pad queries: the keep mask is 1 for real tokens, so the real queries are "
@@ -149,6 +172,12 @@ PREVIOUS_TOKEN = Exercise(
     ],
     passed="one score per head, the mean over every real query i >= 1 of the batch: one sentence or several, with "
            "and without pads, sentences of one token, one head or four.",
+    notes=lambda got, w, keep: _by_shape(got, (w.shape[1],), (((w.shape[-2] - 1,), "one score per query position, the "
+        "heads reduced: keep them (dim 1), average over the sentences and the queries"), ((12,), "12 scores, "
+        "MiniLM's heads written in: these weights have weights.shape[1]"), ((w.shape[0], w.shape[1]), "one row per "
+        "sentence: average over the sentences too"))),
+    hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 "
+            "and 1: select with keep.bool() (or keep == 1)."),),
 )
 
 
@@ -182,6 +211,7 @@ def _left(case):
     return Case(case.name.replace(", D", " padded on the left, D"), tuple(t.flip(1) for t in case.args))
 
 
+N = ": sentence b has n = keep[b].sum() real tokens, positions 0 to n - 1."
 MAX_POOL = Exercise(
     what="your max_pool",
     reference=_pool,
@@ -203,13 +233,25 @@ MAX_POOL = Exercise(
                 "for real tokens). Fill with -inf where keep == 0.", partial(_pool, pads=lambda keep: keep == 1)),
         Mistake("mean", "takes the MEAN over the real tokens, the model card's pooling: this exercise asks for the "
                 "maximum.", lambda x, k: (x * k[..., None]).sum(1) / k.sum(1, keepdim=True)),
-        *[Mistake(f"slice {e}", f"{says}: sentence b has n = keep[b].sum() real tokens, positions 0 to n - 1.",
-                  lambda x, k, e=e: torch.stack([s[:int(n.sum()) + e].amax(0) for s, n in zip(x, k)])) for e, says in (
-            (-1, "leaves out each sentence's LAST real token, one position short (hidden[b, :n - 1])"),
-            (1, "takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1])"))],
+        *[Mistake(f"slice {e}", says, lambda x, k, e=e: torch.stack([s[:int(n.sum()) + e].amax(0) for s, n in
+                                                                     zip(x, k)])) for e, says in (
+            (-1, f"leaves out each sentence's LAST real token, one position short (hidden[b, :n - 1]){N}"),
+            (1, f"takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1]){N}"),
+            (0, "takes each sentence's first n = keep[b].sum() positions, hidden[b, :n]: with the pads on the LEFT "
+                "those are not the real tokens. Select by keep, not by position."))],
+        Mistake("log", "adds log(keep): -inf at the pads, but a pad holding inf or NaN gives NaN. Fill instead, "
+                "masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: (x + k[..., None].log()).amax(1)),
+        Mistake("running from token 0", "starts its running maximum at token 0 without checking that it is real (with "
+                "the pads on the LEFT it is a pad): start at -inf.", lambda x, k: reduce(
+                    lambda m, t: torch.where(k[:, t, None] == 1, torch.maximum(m, x[:, t]), m), range(1, x.shape[1]),
+                    x[:, 0])),
     ],
     passed="the maximum over the real tokens only: pads holding 1e6, inf or NaN never win, real values as low as -1e30 "
            "still do, for sentences of 1 to 5 tokens and 1 to 5 features.",
+    notes=lambda got, x, keep: _by_shape(got, (x.shape[0], x.shape[2]), (
+        ((x.shape[0], x.shape[1]), "one value per token, the features reduced (dim=2): reduce the tokens, dim=1"),
+        ((x.shape[1], x.shape[2]), "one row per position, the sentences reduced (dim 0): reduce the tokens, dim=1"),
+        ((x.shape[2],), "one row for the whole batch, its sentences pooled together: one row per sentence, (B, D)"))),
     hints=((r"masked_fill.*bool", "keep is the tokenizer's 0/1 INTEGER mask, not a bool one: the pads are keep == 0 "
             "(a bool tensor); ~ on integers flips bits (~1 = -2), it does not swap 0 and 1."),
            (r"must match the size", "the mask must line up with the tokens axis of (B, L, D): keep[..., None] is "

@@ -291,7 +291,7 @@ LAYER_MUTANTS = [
     mutant("scaled by sqrt(D)", (r"by sqrt\(D\), D the embedding", r"sqrt\(d\)"), scale="D"),
     mutant("not scaled", (r"not scale", r"sqrt\(d\)"), scale=None),
     mutant("scaled by sqrt(h)", (r"sqrt\(h\)", r"number of HEADS"), scale="h"),
-    mutant("weights summed over the heads", (r"attention-weight tensor is 3 times the right one",),
+    mutant("weights summed over the heads", (r"SUMS the weights over the heads",),
            average="sum"),
     mutant("q @ k, no transpose", (r"inner sizes differ", r"q @ k\.transpose\(-2, -1\)"), k_transposed="no"),
     mutant("weights left in float32", (r"Two dtypes met", r"dtype=x\.dtype"), softmax="float32 kept"),
