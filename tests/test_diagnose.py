@@ -209,3 +209,9 @@ def test_a_mistake_made_wherever_the_answer_returns_is_named_beside_its_exceptio
     text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)
     assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
     assert text.endswith(f"And on x of shape (3, 3), n = 4, your scaled {SQRT.says}")
+
+
+def test_an_input_changed_in_place_is_said_even_where_the_case_shown_raised():
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x.div_(n ** 0.5))
+    assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
+    assert "And on x of shape (3, 3), n = 4, your scaled modified its input `x` in place" in text

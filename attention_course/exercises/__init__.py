@@ -7,18 +7,14 @@ import textwrap
 
 import torch
 
-
 class ExerciseError(AssertionError):
     """The learner's answer is not right yet; the message says what differs."""
-
 
 def passed(message: str) -> None:
     """Print the verdict, wrapped to the width a chapter page shows."""
     print(textwrap.fill(f"Correct: {message}", 79))
 
-
 DTYPE = torch.float64  # checkers compute in float64, so "equal" can mean equal to 1e-10
-
 
 # The errors learners' code raises for the usual slips, each with the mistake that most often causes it.
 HINTS = [
@@ -69,12 +65,10 @@ HINTS = [
     (r"division by zero", " A division by a size or count that is 0 in this case."),
 ]
 
-
 def classic_hint(err: Exception) -> str:
     """The likely mistake behind one of the usual errors (a device mismatch, .view on a transposed tensor, an index
     out of bounds, a broadcast or a product of mismatched sizes, two dtypes, max(dim)'s pair, a list index), or ""."""
     return next((hint for pattern, hint in HINTS if re.search(pattern, str(err))), "")
-
 
 def raised(err: Exception, what: str) -> ExerciseError:
     """The message for an exception raised by the learner's code: its type, its text and a hint."""
@@ -88,14 +82,12 @@ def raised(err: Exception, what: str) -> ExerciseError:
         text += "."
     return ExerciseError(f"{what} raised {type(err).__name__}: {text}{hint}")
 
-
 def same_error(a: Exception, b: Exception) -> bool:
     """Whether two exceptions are the same failure: one type, the same numbers (sizes, dims) in their texts, however
     worded (``torch.where`` and ``masked_fill``); "list index out of range" names none: any IndexError meets it."""
     numbers = lambda e: sorted(re.findall(r"\d+", str(e)))  # noqa: E731
     sizeless = type(a) in (IndexError, KeyError) and not (numbers(a) and numbers(b))
     return type(a) is type(b) and (numbers(a) == numbers(b) or sizeless)
-
 
 def __getattr__(name: str):
     """``check_multihead_attention`` (chapter 7) from here too, loaded on first use: its module imports this one."""

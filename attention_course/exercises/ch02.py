@@ -6,7 +6,6 @@ import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-
 def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(True, True), below=None):
     """The reference; the slips as options (``over``: the axis really used, ``below``: "raw" or "all" sums)."""
     dim = dim if over is None else over
@@ -16,7 +15,6 @@ def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(Tru
     total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
     return e / total() if divide else e
 
-
 def _ties(got, s, dim=-1):
     """The notes: two scores that differ given the same weight, where the right weights differ (a clamp)."""
     if not isinstance(got, torch.Tensor) or got.shape != s.shape or not s.ndim:
@@ -25,7 +23,6 @@ def _ties(got, s, dim=-1):
     tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
     a, b = (t.expand_as(tie)[tie][:1].sum(), t.mT.expand_as(tie)[tie][:1].sum())
     return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
-
 
 _scores = lambda name, s, dim=-1: Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' * (dim != -1)}",  # noqa: E731
                                        (s,) if dim == -1 else (s, dim))
@@ -65,11 +62,9 @@ SOFTMAX = Exercise(
     notes=_ties,
 )
 
-
 def check_softmax(fn) -> None:
     """Check ``fn(scores, dim=-1)``: ``torch.softmax(scores, dim)`` without calling it."""
     check(SOFTMAX, fn)
-
 
 def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda k: k.mT, after=False,
                softmax=True, swap=False, out=lambda w, k, v: w @ v):
@@ -79,12 +74,10 @@ def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda
     weights = weights / by(q, k, v) if after else weights
     return out(weights, k, v), weights
 
-
 def _qkv(B, L, S, d, dv):
     g = torch.Generator().manual_seed(3)
     name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}"
     return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
-
 
 _a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
 SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
@@ -119,10 +112,8 @@ ATTENTION = Exercise(
     parts=("output", "tensor of weights"),
 )
 
-
 def check_attention(fn) -> None:
     """Check ``fn(q, k, v) -> (output, weights)`` on batches of every size, one query and one key included."""
     check(ATTENTION, fn)
-
 
 EXERCISES = [SOFTMAX, ATTENTION]

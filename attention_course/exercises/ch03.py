@@ -37,11 +37,9 @@ PADDING_MASK = Exercise(
     passed="(B, 1, S), True exactly at the pads, for one sentence or several, padded to max(lengths) or further.",
 )
 
-
 def check_padding_mask(fn) -> None:
     """Check ``fn(lengths, max_len) -> mask``: a bool ignore mask (B, 1, S), True at the pads."""
     check(PADDING_MASK, fn)
-
 
 def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=0):
     """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, the all-masked rows left (``empty``
@@ -56,12 +54,10 @@ def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=N
             "nan": w.isnan, False: lambda: torch.tensor(False)}[empty]()
     return w.masked_fill(rows, 0.0)
 
-
 _m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
 EMPTY = "And a row whose keys are all masked gets {}: give it zeros, mask.all(-1, keepdim=True)."
 _both = lambda name, says, gets="NaN", **slip: [Mistake(name, says, _m(**slip)), Mistake(  # noqa: E731 - empty rows too
     f"{name}, {gets}", f"{says} {EMPTY.format(gets)}", _m(empty=False, **slip))]
-
 
 def _scores(name, scores, mask):
     mask = torch.tensor(mask, dtype=torch.bool)[:, None, :] if isinstance(mask, list) else mask  # (B, 1, S)
@@ -69,7 +65,6 @@ def _scores(name, scores, mask):
     marks = {"at the masked keys": at, "in the rows whose keys are all masked": at.all(-1, keepdim=True).expand_as(at),
              "in the rows that have a masked key": at.any(-1, keepdim=True).expand_as(at)}
     return Case(f"{name}, scores {tuple(scores.shape)}, mask {mask.int().tolist()}", (scores, mask), marks)
-
 
 _r = (lambda g: lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64))(torch.Generator().manual_seed(3))
 INF = "Fill the masked scores with float('-inf') BEFORE the softmax."
@@ -112,10 +107,8 @@ MASKED_SOFTMAX = Exercise(
     passed="masked keys get exactly 0, the others sum to 1, huge scores are safe, an all-masked row gives zeros.",
 )
 
-
 def check_masked_softmax(fn) -> None:
     """Check ``fn(scores, mask) -> weights`` for scores (B, L, S) and a bool ignore mask (B, 1, S)."""
     check(MASKED_SOFTMAX, fn)
-
 
 EXERCISES = [PADDING_MASK, MASKED_SOFTMAX]

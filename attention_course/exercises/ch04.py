@@ -10,7 +10,6 @@ from torch import nn
 from . import ExerciseError
 from .diagnose import Case, Exercise, Mistake, check, same
 
-
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
                turn=lambda m: m[:, None, :], after=False, scale_after=False, added=False, Wt=False, swap=False,
                kT=lambda K: K.mT, values=lambda x, W_k, W_v: x @ W_v, wT=False, zero=False):
@@ -26,14 +25,12 @@ def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, f
     out = (weights.mT if wT else weights) @ V
     return out.masked_fill(kpm[..., None], 0.0) if zero else out, weights
 
-
 def _run(answer, *args):  # twice, on copies: an answer with randomness in it (dropout) answers differently
     first = answer(*copy.deepcopy(args))
     if not same(first, answer(*args), 0.0):
         raise ExerciseError("your attention gave different results for the same inputs: something random runs in it. "
                             "Is dropout on? F.dropout(p) drops by default (training=True); this exercise has none.")
     return first
-
 
 def _x(B, L, D, lengths, huge=False):
     g = torch.Generator().manual_seed(4)
@@ -45,7 +42,6 @@ def _x(B, L, D, lengths, huge=False):
     q = kpm[..., None]  # (B, L, 1): the pad queries
     return Case(name, (x, *W, kpm), {"at the padded keys": kpm[:, None, :].expand(B, L, L), "at the pad queries":
                                      q.expand(B, L, L), "at the pad queries' outputs": q.expand(B, L, D)})
-
 
 _a = lambda **slip: lambda *args: _attention(*args, **slip)  # noqa: E731
 INF = "And fill with float('-inf'), not -1e9, which is an ordinary score."
@@ -93,11 +89,9 @@ SELF_ATTENTION = Exercise(
     parts=("out", "tensor of weights"),
 )
 
-
 def check_self_attention(fn) -> None:
     """Check ``fn(x, W_q, W_k, W_v, key_padding_mask) -> (out, weights)``."""
     check(SELF_ATTENTION, fn)
-
 
 def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T for W in Ws], join=torch.cat,
           bias=True, out_w=lambda W_o: W_o.T, out_b=True, scale=()):
@@ -109,7 +103,6 @@ def _copy(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o, blocks=lambda Ws: [W.T fo
         mha.out_proj.weight.copy_(out_w(W_o)) if out_w else None
         mha.out_proj.bias.copy_(b_o) if out_b else None
 
-
 def _layer(D):
     g = torch.Generator().manual_seed(5)
     mha = nn.MultiheadAttention(D, 1, batch_first=True, dtype=torch.float64)
@@ -119,7 +112,6 @@ def _layer(D):
     rows = torch.arange(3 * D)[:, None].expand(3 * D, D) // D
     marks = {f"in the {n} block (rows {i * D}:{(i + 1) * D})": rows == i for i, n in enumerate(("W_q", "W_k", "W_v"))}
     return Case(f"D={D}", (mha, *weights), marks)
-
 
 def _held(got, mha, *given):
     """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
@@ -132,7 +124,6 @@ def _held(got, mha, *given):
             zip(got, (mha.in_proj_weight, mha.in_proj_bias)) for b, w in zip(p.chunk(3), was.detach().chunk(3))]
     said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
     return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
-
 
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
 _parameters = lambda answer, mha, *weights: [answer(mha, *weights), tuple(  # noqa: E731 - called, then read
@@ -169,10 +160,8 @@ IN_PROJ_COPY = Exercise(
     hints=((r"leaf Variable|requires grad", "parameters track gradients: copy inside `with torch.no_grad():`."),),
 )
 
-
 def check_in_proj_copy(fn) -> None:
     """Check ``fn(mha, W_q, W_k, W_v, b_q, b_k, b_v, W_o, b_o)``, which copies hand-made weights into ``mha``."""
     check(IN_PROJ_COPY, fn)
-
 
 EXERCISES = [SELF_ATTENTION, IN_PROJ_COPY]

@@ -38,11 +38,9 @@ SPLIT = Exercise(
     hints=(FLOAT,),
 )
 
-
 def check_split_heads(fn) -> None:
     """Check ``fn(x, num_heads)``: (B, L, D) -> (B, h, L, d) with head i holding features ``i*d:(i+1)*d``."""
     check(SPLIT, fn)
-
 
 _merge = lambda x, order=(0, 2, 1, 3): x.permute(*order).reshape(x.shape[0], x.shape[2], -1)  # noqa: E731 - (B, L, D)
 REDUCED = "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d."
@@ -74,10 +72,8 @@ MERGE = Exercise(
     hints=(FLOAT,),
 )
 
-
 def check_merge_heads(fn) -> None:
     """Check ``fn(x)``: (B, h, L, d) -> (B, L, D), the inverse of the split (features of head i at i*d:(i+1)*d)."""
     check(MERGE, fn)
-
 
 EXERCISES = [SPLIT, MERGE]

@@ -15,19 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import DTYPE
-from .diagnose import Case, Exercise, Mistake, agree, check, naming, same
-
-
-def alike(ex: Exercise):
-    """``ex.notes``: the one mistake whose result on the case shown is the answer's (which raised on another case, the
-    both-None one say). The masks' only: a layer's or a merge's result can match a slip by coincidence."""
-    def notes(got, *args):
-        case = next(c for c in ex.cases if all(a is b for a, b in zip(c.args, args)))
-        found = [m for m in ex.mistakes if same(got, ex.expected(m.name, m.answer, case).value, ex.atol)]
-        return f"That result is exactly the slip where {ex.what} {found[0].says}" if len(found) == 1 else ""
-    ex.notes = notes
-    return ex
-
+from .diagnose import Case, Exercise, Mistake, agree, check, naming
 
 # Exercise 1: combine the masks
 
@@ -48,7 +36,6 @@ def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, ex
         mask = mask | part
     return out(~mask if polarity == "all" else mask)
 
-
 def _masks_case(seed, B, h, L, S, kpm, attn):
     g = torch.Generator().manual_seed(seed)
     k = torch.arange(S) >= torch.randint(1, S + 1, (B,), generator=g)[:, None] if kpm else None  # right padding
@@ -59,10 +46,8 @@ def _masks_case(seed, B, h, L, S, kpm, attn):
     return Case(name, (k, a, B, h, L, S), {"where the key_padding_mask alone blocks": alone_k & ~alone_a,
                                            "where the attn_mask alone blocks": alone_a & ~alone_k})
 
-
 def _mistakes(make, table) -> list[Mistake]:
     return [Mistake(name, says, functools.partial(make, **switches)) for name, switches, says in table]
-
 
 MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "attn_mask", "B", "h", "L", "S"]})(
     what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
@@ -101,13 +86,10 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
                   lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
            Mistake("one not expanded", "returns a single mask as a broadcastable view, not expanded per head: .expand("
                    "B, h, L, S).", lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
-alike(MASKS)
-
 
 def check_combine_masks(fn) -> None:
     """Check ``fn(key_padding_mask, attn_mask, batch_size, num_heads, query_len, key_len)`` -> (B, h, L, S) bool."""
     check(MASKS, fn)
-
 
 # Exercise 2: the whole layer. The reference and each mistake: Reference(D, h, bias, dropout, **switches).
 
@@ -123,7 +105,6 @@ OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_b
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
           W_T=False, head_major=False, scale_last=False)
-
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -182,17 +163,14 @@ class Reference(nn.Module):
         mean = weights.sum(1) if o["average"] == "sum" else weights.mean(1)
         return out, weights.flatten(0, 1) if o["average"] == "flat" else mean if average else weights
 
-
 class LayerExercise(Exercise):  # an answer that is a layer: a case's arguments, a setup (layer_case) and forward's
     arguments = ["setup", "query", "key", "value", "key_padding_mask", "attn_mask", "need_weights",
                  "average_attn_weights"]
-
 
 def pads(*lengths, S=None, left=False):
     """(B, S) bool, True at the pads (S: the longest length): each sentence's pads on the right (or the left)."""
     mask = torch.arange(S or max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
     return mask.flip(-1) if left else mask
-
 
 def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=False, scale=1.0, average=True,
                need_weights=True, make=None, bias=True, dtype=DTYPE, **spec):
@@ -212,7 +190,6 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
     marks = {"in the rows of queries that see no key": hidden.all(-1, True).expand(B, L, D),
              "at the keys the masks hide": hidden} if kpm is not None or attn is not None else {}
     return Case(name, (spec, x.to(dtype), kv[0].to(dtype), kv[1].to(dtype), kpm, attn, need_weights, average), marks)
-
 
 causal = lambda L: torch.ones(L, L, dtype=torch.bool).triu(1)  # noqa: E731
 additive = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa: E731
@@ -327,7 +304,6 @@ LAYER = LayerExercise(
 SAFE = functools.partial(Reference, softmax="safe")  # the course's convention: a query with no key gets zeros
 LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={})
 
-
 def convention(exercises, answer):
     """The exercise in the answer's convention for a query with no key: torch's NaN, or (zero rows) the course's."""
     got = [exercises[0].outcome(answer, case) for case in exercises[0].cases]  # right, or one mistake named, or zeros
@@ -337,10 +313,8 @@ def convention(exercises, answer):
                 for w in [g.value.get("attention-weight tensor")])
     return exercises[right.index(True) if True in right else zeros]
 
-
 def check_multihead(cls) -> None:
     """Check ``cls(embed_dim, num_heads)`` (``dropout=0.5`` too if it takes it) against ``nn.MultiheadAttention``."""
     check(convention([LAYER, LAYER_SAFE], cls), cls)
-
 
 EXERCISES = [MASKS, LAYER, LAYER_SAFE]

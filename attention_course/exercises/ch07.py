@@ -22,7 +22,6 @@ from .diagnose import Case, Mistake, check, same
 
 TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes milliseconds
 
-
 def _in_time(fn, what: str):
     """``fn()``, or an ExerciseError after TIMEOUT_S: its thread is left behind, a daemon (Python cannot stop one)."""
     result = {}
@@ -41,7 +40,6 @@ def _in_time(fn, what: str):
     if "error" in result:
         raise result["error"]
     return result["value"]
-
 
 def probe_layer(target, spec: dict, query, key, value, key_padding_mask, attn_mask, need_weights, average):
     """Build ``target`` (``spec["make"]``), load torch's weights, call it twice or differentiate ``spec["rows"]``."""
@@ -82,7 +80,6 @@ def probe_layer(target, spec: dict, query, key, value, key_padding_mask, attn_ma
         raise ExerciseError(f"{spec['name']}: {refusal}.") from None
     return {**found, "printed": printed.getvalue(), "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
 
-
 def run_layer(answer, spec: dict, *args):
     """One case: :func:`probe_layer` on a class, or on a factory's layer (a ``boundary.Layer`` in grading)."""
     try:
@@ -100,7 +97,6 @@ def run_layer(answer, spec: dict, *args):
             return "raised an error"
         raise
     return judge(found, spec)
-
 
 def judge(found: dict, spec: dict):
     """What the probe found, as the checker compares it: {"output", "attention-weight tensor"}, or the gradients."""
@@ -128,7 +124,6 @@ def judge(found: dict, spec: dict):
             "default dropout above 0? torch's default dropout is 0.0, and a new layer is in training mode."))
     return {"output": first[0], "attention-weight tensor": first[1]}
 
-
 def _accepting(make, D, h, bias=True):  # the battery's mistake: a query too wide cut, a mask that does not fit dropped
     layer = make(D, h, bias)
     fits = lambda m, key: m is None or m.shape[-1] == key.shape[1]  # noqa: E731
@@ -136,9 +131,7 @@ def _accepting(make, D, h, bias=True):  # the battery's mistake: a query too wid
                                                       else {**kw, "key_padding_mask": None}), with_kwargs=True)
     return layer
 
-
 SAYS = {name: says for name, _, says in ch06.LAYER_TABLE}  # the words of each mistake, by name
-
 
 def _catalogue(make) -> list:
     return ch06._mistakes(make, ch06.LAYER_TABLE + [  # float16 tells these from -1e9 and from no mask
@@ -150,7 +143,6 @@ def _catalogue(make) -> list:
         Mistake("shapes accepted", "runs without an error on a shape that does not fit (a query of width D + 1, a (B, "
                 "L) key_padding_mask for S keys): it must raise, as torch's does; a broadcast mask masks the wrong "
                 "keys.", functools.partial(_accepting, make))]
-
 
 _cross = layer_case("shapes that do not fit", 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True).args
 CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) for c in ch06.LAYER_CASES + [
@@ -167,10 +159,8 @@ EXERCISE = LayerExercise(
     "bias, float32 and float16, nothing printed or warned; sizes that do not split and shapes that do not fit refused.")
 EXERCISE_SAFE = dataclasses.replace(EXERCISE, reference=ch06.SAFE, mistakes=_catalogue(ch06.SAFE), _memo={})
 
-
 def check_multihead_attention(factory) -> None:
     """Check ``factory(embed_dim, num_heads, bias)`` -> a layer against ``nn.MultiheadAttention(batch_first=True)``."""
     check(ch06.convention([EXERCISE, EXERCISE_SAFE], factory), factory)
-
 
 EXERCISES = [EXERCISE, EXERCISE_SAFE]

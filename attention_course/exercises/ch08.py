@@ -11,14 +11,12 @@ from .diagnose import Case, Exercise, Mistake, check
 
 NEG_INF = float("-inf")
 
-
 def partial_state(scores: torch.Tensor, values: torch.Tensor):
     """(m, l, acc) of one block: scores (..., n) of the queries over n keys, values (n, dv)."""
     m = scores.amax(-1, keepdim=True)  # (..., 1)
     shift = m.masked_fill(m == NEG_INF, 0.0)
     p = torch.exp(scores - shift)  # (..., n)
     return m, p.sum(-1, keepdim=True), p @ values
-
 
 def _reference_merge(m1, l1, acc1, m2, l2, acc2, take=torch.maximum, stand_in=True, scale=(1, 1, 1, 1), swap=False,
                      factor=lambda m_block, m: torch.exp(m_block - m), fill=None):
@@ -30,7 +28,6 @@ def _reference_merge(m1, l1, acc1, m2, l2, acc2, take=torch.maximum, stand_in=Tr
     c1, c2 = (factor(m2, shift), factor(m1, shift)) if swap else (factor(m1, shift), factor(m2, shift))
     f1, f2, g1, g2 = (c if on else 1.0 for c, on in zip((c1, c2, c1, c2), scale))
     return m, f1 * l1 + f2 * l2, g1 * acc1 + g2 * acc2
-
 
 def _case(lead, n1, n2, dv, empty=(), seed=8):
     """Blocks of n1 and n2 keys for queries of shape ``lead``; ``empty``, per query: 1 its first block masked, 2 its
@@ -51,7 +48,6 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
              if (where := torch.tensor([q < len(empty) and empty[q] in e for q in range(flat.shape[0])])).any()}
     return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])),
                 marks)
-
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
 MERGE = Exercise(
@@ -114,10 +110,8 @@ MERGE = Exercise(
             "column of acc."),),
 )
 
-
 def check_merge_partials(fn) -> None:
     """Check ``fn(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc)``: the state of the two blocks together."""
     check(MERGE, fn)
-
 
 EXERCISES = [MERGE]

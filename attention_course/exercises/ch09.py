@@ -20,7 +20,6 @@ from .diagnose import Case, Exercise, Mistake, check
 
 QKV = ("query", "key", "value")
 
-
 # Exercise 1: from the course's layer back into BERT ---------------------------------------------------------
 def _bert_attention(D: int) -> nn.Module:
     """A BertAttention stand-in: Linears NaN (a copy missed shows), LayerNorm off its defaults (a reset shows)."""
@@ -33,7 +32,6 @@ def _bert_attention(D: int) -> nn.Module:
         nn.init.uniform_(p, 0.5, 1.5) if "LayerNorm" in name else nn.init.constant_(p, math.nan)
     return block
 
-
 def _course_to_bert(mha, block, transpose=False, new=False):
     """The copy; a switch off it is a mistake: the blocks transposed, or new nn.Parameters sharing mha's memory."""
     W, b = mha.in_proj_weight.detach().chunk(3), mha.in_proj_bias.detach().chunk(3)  # (D, D) and (D,) each
@@ -45,7 +43,6 @@ def _course_to_bert(mha, block, transpose=False, new=False):
                 linear.weight, linear.bias = nn.Parameter(w), nn.Parameter(bias.detach())
             else:
                 linear.weight.copy_(w), linear.bias.copy_(bias)
-
 
 def _after(fn, mha, block) -> dict:
     """Run ``fn(mha, block)``; what the block holds after it, its Linears stacked as in_proj."""
@@ -65,14 +62,12 @@ def _after(fn, mha, block) -> dict:
             "list of the block's parameters that share memory with mha (copies share none)":
                 [n for n, p in block.named_parameters() if p.untyped_storage().data_ptr() in mine]}
 
-
 def _bert_case(D: int, h: int) -> Case:
     torch.manual_seed(D + h)
     mha = MultiheadAttention(D, h, dtype=DTYPE)
     nn.init.normal_(mha.in_proj_bias), nn.init.normal_(mha.out_proj.bias)  # non-zero: a bias left behind shows
     return Case(f"D = {D}, h = {h} heads of d = {D // h}, the block's Linears NaN before the copy",
                 (mha, _bert_attention(D)))
-
 
 def _thirds(got: dict, mha, block) -> str:
     """Whose third of in_proj_weight query, key or value holds where not its own; what was never copied (NaN)."""
@@ -84,7 +79,6 @@ def _thirds(got: dict, mha, block) -> str:
     nan += [k.split(" (")[0].removeprefix("stack of ") for k, v in list(got.items())[1:]
             if isinstance(v, torch.Tensor) and v.isnan().all()]
     return " ".join(moved + [f"Never copied (still NaN): {', '.join(nan)}."] * bool(nan))
-
 
 COURSE_TO_BERT = Exercise(
     what="your course_to_bert",
@@ -109,23 +103,19 @@ COURSE_TO_BERT = Exercise(
             "do the copies inside `with torch.no_grad():`.")),
 )
 
-
 def check_course_to_bert(fn) -> None:
     """Check ``fn(mha, block)``: a course ``MultiheadAttention`` copied into a BERT attention block, in place."""
     check(COURSE_TO_BERT, fn)
-
 
 def _keep(*lengths):
     """The keep mask (B, L) of sentences of these lengths, and how a message names them."""
     keep, s = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long(), "s" * (len(lengths) > 1)
     return keep, f"{len(lengths)} sentence{s} of length{s} {', '.join(map(str, lengths))}"
 
-
 def _by_shape(got, want, table) -> str:
     """What a wrong shape of ``got`` means, from ``table`` ((shape, words), ...): only a shape one entry has."""
     said = [w for s, w in table if isinstance(got, torch.Tensor) and tuple(got.shape) == s != want]
     return f"It holds {said[0]}." if len(said) == 1 else ""
-
 
 # Exercise 2: the previous-token head ------------------------------------------------------------------------
 def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], count=None, sentences=False):
@@ -136,14 +126,12 @@ def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], co
         return ((previous * mask).sum(2) / mask.sum(2)).mean(0)
     return (previous * mask).sum((0, 2)) / (mask.sum() if count is None else count(keep))
 
-
 def _weights_case(h, *lengths):
     (keep, name), B, L = _keep(*lengths), len(lengths), max(lengths)
     scores = torch.randn(B, h, L, L, generator=torch.Generator().manual_seed(L * h + B), dtype=DTYPE)
     scores[:, 0].diagonal(offset=-1, dim1=-2, dim2=-1).add_(4.0)  # head 0 looks at the previous token
     weights = scores.masked_fill(keep[:, None, None, :] == 0, -math.inf).softmax(-1)  # (B, h, L, S)
     return Case(f"{name}, {h} head{'s' * (h > 1)}", (weights, keep))
-
 
 PREVIOUS_TOKEN = Exercise(
     what="your previous_token_scores",
@@ -180,18 +168,15 @@ PREVIOUS_TOKEN = Exercise(
             "and 1: select with keep.bool() (or keep == 1)."),),
 )
 
-
 def check_previous_token_scores(fn) -> None:
     """Check ``fn(weights, keep) -> scores`` (h,): the mean weight of a real query i >= 1 on key i - 1."""
     check(PREVIOUS_TOKEN, fn)
-
 
 # Exercise 3: max pooling over real tokens -------------------------------------------------------------------
 def _pool(hidden, keep, fill=-math.inf, pads=lambda keep: keep == 0, add=False):
     """Pads filled with -inf, then the maximum over the tokens; each switch off it is a classic mistake."""
     mask = pads(keep)[..., None]  # (B, L, 1)
     return (hidden + fill * mask).amax(1) if add else hidden.masked_fill(mask, fill).amax(1)  # (B, D)
-
 
 def _pool_case(D, pad, *lengths):
     """Real values negative but one, feature D - 1 at -1e30 in the short sentences (a finite fill wins over it);
@@ -205,11 +190,9 @@ def _pool_case(D, pad, *lengths):
     pads = f", pads holding {pad:g}" + f" to {2 * pad:g}" * math.isfinite(pad) if L > min(lengths) else ""
     return Case(f"{name}, D = {D}{pads.replace('e+0', 'e')}", (hidden, keep))
 
-
 def _left(case):
     """The same sentences padded on the LEFT (the statement does not say where the pads are)."""
     return Case(case.name.replace(", D", " padded on the left, D"), tuple(t.flip(1) for t in case.args))
-
 
 N = ": sentence b has n = keep[b].sum() real tokens, positions 0 to n - 1."
 MAX_POOL = Exercise(
@@ -258,10 +241,8 @@ MAX_POOL = Exercise(
             "(B, L, 1); keep[:, None] is (B, 1, L), the tokens against the features.")),
 )
 
-
 def check_max_pool(fn) -> None:
     """Check ``fn(hidden, keep) -> pooled``: (B, L, D) and (B, L) give (B, D), the maximum over the real tokens."""
     check(MAX_POOL, fn)
-
 
 EXERCISES = [COURSE_TO_BERT, PREVIOUS_TOKEN, MAX_POOL]

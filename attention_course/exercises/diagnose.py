@@ -28,7 +28,6 @@ import torch
 
 from . import ExerciseError, passed, raised, same_error
 
-
 @dataclass
 class Case:
     """One call of the answer: ``name`` is how a message shows it; ``marks`` names regions of the output (a bool
@@ -42,7 +41,6 @@ class Case:
         return sum(a.numel() if isinstance(a, torch.Tensor) else len(a) if isinstance(a, (list, tuple)) else 1
                    for a in self.args)
 
-
 @dataclass
 class Mistake:
     """A classic mistake: ``answer`` is the reference transformed (same signature); ``says`` completes the sentence
@@ -51,13 +49,11 @@ class Mistake:
     says: str
     answer: Callable
 
-
 @dataclass
 class Outcome:
     value: Any = None
     error: Exception | None = None
     changed: tuple = ()  # the names of the inputs the call modified
-
 
 @dataclass(eq=False)
 class Exercise:
@@ -108,7 +104,6 @@ class Exercise:
             self._memo[key, id(case)] = self.outcome(answer, case)
         return self._memo[key, id(case)]
 
-
 def check(exercise: Exercise, answer) -> None:
     """Print "Correct: ..." or raise :class:`ExerciseError` that names or describes the mistake."""
     used = []
@@ -138,7 +133,6 @@ def check(exercise: Exercise, answer) -> None:
                             f"it needs is in its arguments.")
     raise ExerciseError(describe(exercise, exercise.cases, got, want, wrong))
 
-
 def watching(answer, forbidden, used: list):
     """``answer``, noting in ``used`` the ``forbidden`` functions it calls while it runs (of the modules imported)."""
     codes = {getattr(getattr(sys.modules.get(f.rsplit(".", 1)[0]), f.rsplit(".", 1)[1], None), "__code__", None): f
@@ -154,13 +148,11 @@ def watching(answer, forbidden, used: list):
             sys.setprofile(previous)
     return watched if codes else answer
 
-
 def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None) -> list[Mistake]:
     """The mistakes of the catalogue that agree with the answer's outcomes on every case (of ``on``)."""
     on = range(len(got)) if on is None else on
     return [m for m in exercise.mistakes if all(agree(got[i], exercise.expected(m.name, m.answer, exercise.cases[i]),
                                                       exercise.atol) for i in on)]
-
 
 def agree(a: Outcome, b: Outcome, atol: float) -> bool:
     """Whether the answer's outcome ``a`` is the expected one ``b``: the same values and inputs changed, or the same
@@ -171,12 +163,10 @@ def agree(a: Outcome, b: Outcome, atol: float) -> bool:
                                                                  (sizeless and type(a.error) is type(b.error)))
     return a.changed == b.changed and same(a.value, b.value, atol)
 
-
 def tolerance(a: torch.Tensor, b: torch.Tensor, atol: float) -> float:
     """``atol`` in float64; a less precise dtype on either side is compared at its own precision."""
     eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b))
     return max(atol, 64 * eps) if eps > torch.finfo(torch.float64).eps else atol
-
 
 def same(a, b, atol: float) -> bool:
     """Equal values: tensors of one shape and dtype within ``atol`` (NaN = NaN), sequences item by item (a list
@@ -198,13 +188,11 @@ def same(a, b, atol: float) -> bool:
     except Exception:  # noqa: BLE001 - an object that cannot say: not the same
         return False
 
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.to(torch.float64), b.to(torch.float64)
     diff = (a - b).abs().nan_to_num(nan=math.inf)
     diff = diff.masked_fill((a.isnan() & b.isnan()) | (a == b), 0.0)
     return float(diff.max()) if diff.numel() else 0.0
-
 
 def _detach(value):
     if isinstance(value, torch.Tensor):
@@ -212,7 +200,6 @@ def _detach(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_detach(v) for v in value) if not hasattr(value, "_fields") else tuple(map(_detach, value))
     return value
-
 
 # What the answer did, when no mistake of the catalogue explains it.
 
@@ -223,17 +210,14 @@ def likeliest_cause(exercise: Exercise, err: Exception) -> str:
             return f" Likeliest cause here: {cause}"
     return ""
 
-
 def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
     """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one (of a
     tuple's or a dict's items, the first that differs)."""
     return (_big(exercise, got, want, wrong) or wrong)[0]
 
-
 def _big(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> list[int]:
     shown = [_differing(got[i].value, want[i].value, exercise.atol)[2] for i in wrong]
     return [i for i, w in zip(wrong, shown) if not isinstance(w, torch.Tensor) or w.numel() >= 4]
-
 
 def _differing(got, want, atol: float, key=None):
     """(key, got's item, want's item) of the first item of a tuple or dict result that differs; the whole result
@@ -245,7 +229,6 @@ def _differing(got, want, atol: float, key=None):
         return (key, got, want) if k is None else _differing(got[k], want[k], atol, k)
     return key, got, want
 
-
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
     i = shown_case(exercise, got, want, wrong)
     what, case, words = exercise.what, cases[i], []
@@ -254,10 +237,12 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     elif want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
-    elif got[i].changed != want[i].changed:
-        changed = ", ".join(f"`{n}`" for n in got[i].changed)
-        words.append(f"{what} modified its input {changed} in place; the caller still needs it: work on a copy "
-                     f"(x.clone(), list(x), sorted(x) rather than x.sort()), or an out-of-place operation.")
+    moved = [j for j in wrong if got[j].error is None and got[j].changed != want[j].changed]
+    if moved:  # inputs changed in place, on this case or (after an exception) another
+        changed = ", ".join(f"`{n}`" for n in got[moved[0]].changed)
+        words.append(("" if moved[0] == i else f"on {cases[moved[0]].name}, ") + f"{what} modified its input "
+                     f"{changed} in place; the caller still needs it: work on a copy (x.clone(), list(x), sorted(x) "
+                     f"rather than x.sort()), or an out-of-place operation.")
     valued = [j for j in wrong if got[j].error is None and want[j].error is None and
               not same(got[j].value, want[j].value, exercise.atol)]
     if valued:  # the values it gets wrong, after an exception elsewhere too: the exception may hide the real slip
@@ -271,19 +256,16 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         words.append(f"on {cases[failed[0]].name}, " + exception(exercise, got[failed[0]].error))
     return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
 
-
 def exception(exercise: Exercise, err: Exception) -> str:
     own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
     text = f"{exercise.what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, exercise.what))
     return text + ("" if text[-1] in ".!?" else ".") + own
-
 
 def _sizes(name: str) -> dict:
     """The sizes a case's name states: "d=2", "T = 2", "4 heads", "blocks of 2" (key: how it is said)."""
     found = {k: f"{k} = {v}" for k, v in re.findall(r"\b([A-Za-z_]\w*) ?= ?(\d[\d.]*)\b", name)}
     found |= {w[:4]: f"{n} {w}" for n, w in re.findall(r"\b(\d+) ([a-z]+s|head|query|key|rank|token)\b", name)}
     return found | {w: f"{w} of {n}" for w, n in re.findall(r"\b([a-z]+) of (\d+)\b", name)}
-
 
 def only_where(cases: list, wrong: list[int]) -> str:
     """" It is right on every case with d = 6, and on no other", where a size the cases state tells the right ones
@@ -304,7 +286,6 @@ def only_where(cases: list, wrong: list[int]) -> str:
                 return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
     return ""
 
-
 def kind(got, want, exercise: Exercise) -> str:
     """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
     wrong case shows the same (of a tuple's or a dict's items, the first that differs, and which)."""
@@ -314,7 +295,6 @@ def kind(got, want, exercise: Exercise) -> str:
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
         return pattern(got, want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype else "dtype"
     return type(got).__name__
-
 
 def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result", strong: bool = True) -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
@@ -340,13 +320,11 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
         return f"{noun} {sequence_difference(list(got), list(want))}"
     return f"{noun} is {_show(got)}, expected {_show(want)}."
 
-
 def _show(x) -> str:
     if isinstance(x, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in x):  # shapes, not values
         return "(" + ", ".join(map(_show, x)) + ("," if len(x) == 1 else "") + ")"
     text = repr(x) if not isinstance(x, torch.Tensor) else f"a tensor of shape {tuple(x.shape)}"
     return text if len(text) < 120 else text[:117] + "..."
-
 
 def sequence_difference(got: list, want: list) -> str:
     shown = f"expected {_show(want)}, got {_show(got)}"
@@ -360,7 +338,6 @@ def sequence_difference(got: list, want: list) -> str:
         return f"has {_show(extra)} too many: {shown}."
     i = next((i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, 0.0)), min(len(got), len(want)))
     return f"differs first at item {i}: {shown}."
-
 
 def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> str:
     if isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
@@ -387,7 +364,6 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
             return f"is bool, expected {_name(want.dtype)} numbers."
         prefix, got = f"is {_name(got.dtype)}, expected {_name(want.dtype)}, and ", got.to(want.dtype)
     return prefix + pattern(got, want, case, atol, strong)[1]
-
 
 def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     shown = f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
@@ -418,7 +394,6 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
                 f"reduction over too many axes).")
     return f"{shown}."
 
-
 def _extra(short, long) -> list:
     """The sizes of ``long`` left over once ``short`` is found in it in order (a subsequence), else []."""
     rest, left = list(long), list(short)
@@ -430,10 +405,8 @@ def _extra(short, long) -> list:
             extra.append(size)
     return extra if not left else []
 
-
 def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
 
 def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, strong: bool = True) -> tuple[str, str]:
     """(kind, words after "its result"): the shape of the difference between two tensors of one shape and dtype.
@@ -503,14 +476,12 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
                             f"{_where(differ, case)}.")
     return weak
 
-
 def _root(r: float) -> str:
     """" (√8)" for 2.828, " (1/√6)" for 0.408: a square root of a whole number that is not itself whole; 0: none."""
     for value, name in ((r * r, "√{:.0f}"), (1 / (r * r) if r else 0.0, "1/√{:.0f}")):
         if abs(value - round(value)) < 1e-6 and round(value) > 1 and math.isqrt(round(value)) ** 2 != round(value):
             return " (" + name.format(round(value)) + ")"
     return ""
-
 
 def _permutation(got, want, axis: int, tol: float):
     size = want.shape[axis]
@@ -525,7 +496,6 @@ def _permutation(got, want, axis: int, tol: float):
         perm.append(match[0] if i not in match else i)
     return perm if perm != list(range(size)) and sorted(perm) == list(range(size)) else None
 
-
 def _kind(perm: list) -> str:
     n = len(perm)
     if perm == list(range(n))[::-1]:
@@ -534,7 +504,6 @@ def _kind(perm: list) -> str:
         if perm == [(i + k) % n for i in range(n)] or perm == [(i - k) % n for i in range(n)]:
             return f"rotated by {k}"
     return "permuted"
-
 
 def _where(differ: torch.Tensor, case: Case) -> str:
     """Where the differing entries lie: a region the case marks, the diagonal, whole rows or columns, a triangle."""
@@ -559,11 +528,9 @@ def _where(differ: torch.Tensor, case: Case) -> str:
             return f", all of them {name}"
     return ""
 
-
 def _first(differ, got, want) -> str:
     index = tuple(differ.nonzero()[0].tolist())
     return f"{list(index)}: expected {_number(want[index])}, got {_number(got[index])}"
-
 
 def _number(x: torch.Tensor) -> str:
     v = x.item()
