@@ -125,8 +125,8 @@ def check(exercise: Exercise, answer) -> None:
     named = naming(exercise, got, [i for i, g in enumerate(got) if g.error is None]) if returned else []
     if len(named) == 1 and len(returned) < len(wrong):  # one mistake wherever it returns, an exception elsewhere
         f = next(i for i in wrong if got[i].error is not None)
-        raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error)} And on "
-                            f"{exercise.cases[returned[0]].name}, {exercise.what} {named[0].says}")
+        raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error)} And "
+                            f"{on(exercise.cases[returned[0]])}, {exercise.what} {named[0].says}")
     if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
         raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
                             f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
@@ -240,7 +240,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     moved = [j for j in wrong if got[j].error is None and got[j].changed != want[j].changed]
     if moved:  # inputs changed in place, on this case or (after an exception) another
         changed = ", ".join(f"`{n}`" for n in got[moved[0]].changed)
-        words.append(("" if moved[0] == i else f"on {cases[moved[0]].name}, ") + f"{what} modified its input "
+        words.append(("" if moved[0] == i else f"{on(cases[moved[0]])}, ") + f"{what} modified its input "
                      f"{changed} in place; the caller still needs it: work on a copy (x.clone(), list(x), sorted(x) "
                      f"rather than x.sort()), or an out-of-place operation.")
     valued = [j for j in wrong if got[j].error is None and want[j].error is None and
@@ -250,11 +250,15 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         kinds = {kind(got[k].value, want[k].value, exercise) for k in _big(exercise, got, want, valued) or valued}
         phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
         note = exercise.notes(got[j].value, *cases[j].args)
-        words.append(("" if j == i else f"on {cases[j].name}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
+        words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
-        words.append(f"on {cases[failed[0]].name}, " + exception(exercise, got[failed[0]].error))
+        words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error))
     return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
+
+def on(case: Case) -> str:
+    """"on <the case>", or the case's name where it starts with its own preposition ("in float16")."""
+    return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
 
 def exception(exercise: Exercise, err: Exception) -> str:
     own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
