@@ -60,7 +60,7 @@ def check_block_mask(fn) -> None:
 
 # Exercise 2: one request's keys through its block table
 def _gather(pool, table, length, blocks=None, cut=True, heads_first=True):
-    blocks = torch.tensor(table if blocks is None else blocks(table))
+    blocks = torch.tensor(table if blocks is None else blocks(table), dtype=torch.long)
     x = pool[blocks]  # (n, h, b, d)
     x = x.transpose(0, 1) if heads_first else x.reshape(x.shape[1], x.shape[0], *x.shape[2:])
     x = x.flatten(1, 2)  # (h, n b, d)
@@ -101,7 +101,7 @@ GATHER = Exercise(
         Mistake("table reversed", "reads the block table from its END: token 0 is in the table's first block.",
                 lambda p, t, n: _gather(p, t, n, blocks=lambda t: t[::-1])),
         Mistake("whole blocks only", "reads only the FULL blocks, length // b, and drops the last, partly filled one: "
-                "read ceil(length / b).", lambda p, t, n: torch.cat([p[i] for i in t[:n // p.shape[2]]], 1)[:, :n]),
+                "read ceil(length / b).", lambda p, t, n: _gather(p, t, n, blocks=lambda t: t[:n // p.shape[2]])),
         Mistake("block too many", "reads length // b + 1 blocks, past the table when the last is exactly full: "
                 "(length + b - 1) // b.", lambda p, t, n: _gather(p, [t[i] for i in range(n // p.shape[2] + 1)], n)),
         Mistake("heads cut", "cuts at length along the HEADS, [:length]: cut the tokens, axis 1, [:, :length].",
