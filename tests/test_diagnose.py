@@ -215,3 +215,14 @@ def test_an_input_changed_in_place_is_said_even_where_the_case_shown_raised():
     text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x.div_(n ** 0.5))
     assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
     assert "And on x of shape (3, 3), n = 4, your scaled modified its input `x` in place" in text
+
+
+def test_a_factor_of_its_own_on_each_row_and_blocks_each_transposed_are_said():
+    rows = message(lambda x, n: scaled(x, n) * torch.arange(1.0, x.shape[-2] + 1, dtype=x.dtype)[:, None]
+                   if x.ndim > 1 else scaled(x, n))
+    assert "each row (last axis) times a factor of its own, from 1 to 3" in rows
+    gen = torch.Generator().manual_seed(2)
+    ex = Exercise(what="your stack", reference=lambda w: w.clone(), mistakes=[], passed="ok",
+                  cases=[Case(f"D={c}", (torch.randn(3 * c, c, generator=gen, dtype=torch.float64),)) for c in (2, 3)])
+    assert "holds each (2, 2) block of the right one transposed" in message(
+        lambda w: w.view(3, *w.shape[1:] * 2).mT.reshape(w.shape), ex)
