@@ -470,12 +470,15 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
                 return "offset", f"is the right one plus the same {float(d[0]):.4g} {at}, right elsewhere."
             if bool((w64[differ].abs() > 1e-6).all()) and float(r.max() - r.min()) <= rel * float(r.abs().max()):
                 return "factor", f"is {float(r[0]):.4g} times the right one{_root(float(r[0]))} {at}, right elsewhere."
-        if want.ndim and want.shape[-1] > 1 and finite.all() and bool((w64.abs() > 1e-6).all()):  # a factor per row
-            r = ratio
-            if bool(((r.amax(-1) - r.amin(-1)) <= 1e-6 * r.abs().amax(-1)).all()):
+        nz = w64.abs() > 1e-6  # a factor per row (rows of zeros right as they are)
+        if want.ndim and want.shape[-1] > 1 and finite.all() and not (differ & ~nz).any() and nz.any(-1).sum() > 1:
+            hi, lo = ratio.masked_fill(~nz, -math.inf).amax(-1), ratio.masked_fill(~nz, math.inf).amin(-1)
+            some = nz.any(-1)
+            if bool(((hi - lo)[some] <= 1e-6 * hi[some].abs()).all()):
                 return "rows", (f"is the right one with each row (last axis) times a factor of its own, from "
-                                f"{float(r.min()):.4g} to {float(r.max()):.4g}: a division or product once too often or "
-                                f"too few (by a row's sum, its l, a count), or a normalisation over the wrong entries.")
+                                f"{float(lo[some].min()):.4g} to {float(hi[some].max()):.4g}: a division or product once "
+                                f"too often or too few (by a row's sum, its l, a count), or a normalisation over the "
+                                f"wrong entries.")
     if want.ndim == 2 and want.shape[0] % want.shape[1] == 0 and want.shape[0] > want.shape[1]:  # blocks, each turned
         c = want.shape[1]
         if same(got.reshape(-1, c, c).mT.reshape(want.shape), want, atol):
