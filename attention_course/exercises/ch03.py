@@ -13,7 +13,8 @@ PADDING_MASK = Exercise(
     what="your padding mask",
     reference=_pad,
     cases=[Case(f"lengths {n}, max_len = {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
-                                                                    ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4))],
+                                                                    ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4),
+                                                                    ([0, 3], 3))],
     mistakes=[
         Mistake(">", "misses the first pad of each sentence: position lengths[b] is the first pad (positions start at "
                 "0), so the test is position >= length, not >.", _p(first=1)),

@@ -244,6 +244,8 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
      "the fill is a finite -1e9). A bool True means ignore this key: fill with float('-inf') where it is True."),
     ("attn inverted", dict(invert="attn"), "reads the key_padding_mask right, but the attn_mask alone is read the "
      "other way round: its True blocks the pair too. Not ~attn_mask."),
+    ("kpm inverted", dict(invert="kpm"), "reads the attn_mask right, but the key_padding_mask alone is read the "
+     "other way round: its True marks a pad, to block. Not ~key_padding_mask."),
     ("after softmax", dict(mask_after=True), "applies the mask after the softmax: fill the SCORES with -inf first."),
     ("finite fill", dict(fill=-1e9), "fills with a finite number such as -1e9 (a finite fill): a query with no key "
      "then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with float('-inf')."),

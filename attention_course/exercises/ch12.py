@@ -110,8 +110,8 @@ GATHER = Exercise(
                 lambda p, t, n: _per_token(p, t, n, b=p.shape[1])),
     ],
     passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
-    hints=((r"out of range|out of bounds", "a block or slot index computed from the wrong quantity: the block size "
-            "read from another axis (b is pool.shape[2]), t // b and t % b swapped, or a loop past `length`."),),
+    hints=((r"out of range|out of bounds", "an index into the wrong axis or past its end: the table indexes the pool's "
+            "BLOCKS, axis 0; b is pool.shape[2]; t // b and t % b swapped; or a loop past `length`."),),
 )
 
 def check_gather(fn) -> None:
@@ -157,7 +157,7 @@ PLAN_STEP = Exercise(
     cases=[Case(f"budget {b}, running {r}", (r, b)) for b, *r in (
         (1, ("a", 0)), (3, ("p", 3)), (6, ("p", 10), ("q", 0)), (8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)),
         (2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)), (7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)),
-        (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)))],
+        (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)), (3, ("e", 10), ("f", 0), ("g", 1)))],
     mistakes=[
         Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
                 "requests wait. Decode tokens first, one each.", _p(decodes="last")),

@@ -256,8 +256,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error))
     return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
 
-def on(case: Case) -> str:
-    """"on <the case>", or the case's name where it starts with its own preposition ("in float16")."""
+def on(case: Case) -> str:  # "on <the case>", or its name where it starts with its own preposition ("in float16")
     return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
 
 def exception(exercise: Exercise, err: Exception) -> str:
@@ -534,13 +533,13 @@ def _where(differ: torch.Tensor, case: Case) -> str:
         return ""
     i, j = torch.arange(differ.shape[-2])[:, None], torch.arange(differ.shape[-1])[None, :]
     if not (differ & (i != j)).any():
-        return ", all of them on the diagonal (key = query)"
+        return ", all of them on the diagonal"
     if differ.ndim == 2:
         for axis, name in ((-1, "rows"), (-2, "columns")):
             whole = differ.all(axis, keepdim=True)
             if not (differ & ~whole).any():
                 return f", whole {name} {whole.flatten().nonzero().flatten().tolist()}"
-    for name, region in (("above the diagonal (key after query)", j > i), ("below the diagonal (key before query)", j < i),
+    for name, region in (("above the diagonal", j > i), ("below the diagonal", j < i),
                          ("on or above the diagonal", j >= i), ("on or below the diagonal", j <= i)):
         if not (differ & ~region).any():
             return f", all of them {name}"
