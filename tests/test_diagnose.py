@@ -226,3 +226,12 @@ def test_a_factor_of_its_own_on_each_row_and_blocks_each_transposed_are_said():
                   cases=[Case(f"D={c}", (torch.randn(3 * c, c, generator=gen, dtype=torch.float64),)) for c in (2, 3)])
     assert "holds each (2, 2) block of the right one transposed" in message(
         lambda w: w.view(3, *w.shape[1:] * 2).mT.reshape(w.shape), ex)
+
+
+def test_axes_in_another_order_are_told_from_sizes_listed_in_another_order():
+    gen = torch.Generator().manual_seed(3)
+    ex = Exercise(what="your scaled", reference=scaled, mistakes=[], passed="ok", cases=[
+        Case(f"x of shape {s}", (torch.randn(*s, generator=gen, dtype=torch.float64), 4)) for s in ((2, 3), (3, 5))])
+    assert "the right one with its axes in another order (a transpose" in message(lambda x, n: scaled(x, n).mT, ex)
+    assert "the sizes listed in another order (a view or reshape" in message(
+        lambda x, n: scaled(x, n).reshape(x.shape[::-1]), ex)

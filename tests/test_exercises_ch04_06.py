@@ -131,7 +131,7 @@ def test_in_proj_copy_rejects_a_replaced_parameter_of_the_wrong_shape():
     def replace(mha, W_q, W_k, W_v, *rest):
         mha.in_proj_weight = torch.nn.Parameter(torch.cat([W_q.T, W_k.T, W_v.T], dim=1))
 
-    with pytest.raises(ExerciseError, match=r"in_proj_weight has shape \(2, 6\), expected \(6, 2\): the right sizes"):
+    with pytest.raises(ExerciseError, match=r"in_proj_weight has shape \(2, 6\), expected \(6, 2\): the right sizes in another order, but not the right one"):
         ch04.check_in_proj_copy(replace)
 
 
@@ -245,7 +245,7 @@ def test_combine_masks_names_each_mistake(options, message):
 def test_combine_masks_rejects_float_and_misplaced_padding():
     with pytest.raises(ExerciseError, match="is float32, expected bool"):
         ch06.check_combine_masks(lambda *a: combine(*a).float())
-    with pytest.raises(ExerciseError, match=r"shape \(2, 3, 5, 4\), expected \(2, 3, 4, 5\): the right sizes with the axes "
+    with pytest.raises(ExerciseError, match=r"shape \(2, 3, 5, 4\), expected \(2, 3, 4, 5\): the right one with its axes "
                                             r"in another order"):
         ch06.check_combine_masks(lambda *a: combine(*a).transpose(-2, -1))
 

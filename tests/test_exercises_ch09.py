@@ -146,7 +146,7 @@ def test_max_pool_accepts_a_right_answer(capsys):
     (lambda x, k: x.amax(1), "includes the pads"),
     (lambda x, k: (x * k[..., None]).amax(1), "multiplies by the keep mask"),
     (lambda x, k: x.masked_fill(k[..., None] == 1, float("-inf")).amax(1), "wrong way round"),
-    (lambda x, k: max_pool(x, k).T, r"has shape \(4, 2\), expected \(2, 4\): the right sizes"),
+    (lambda x, k: max_pool(x, k).T, r"has shape \(4, 2\), expected \(2, 4\): the right one with its axes"),
     (lambda x, k: x.amax(2), r"has shape \(2, 3\), expected \(2, 4\)"),
     (lambda x, k: max_pool(x, k) * 2, "2 times the right one at every entry"),
     (lambda x, k: max_pool(x, k) + 1, "plus the same 1 at the 7 of 8 entries"),  # -1e30 + 1 is -1e30; not float32's rounding

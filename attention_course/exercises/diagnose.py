@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import math
 import re
 import sys
@@ -30,8 +31,7 @@ from . import ExerciseError, passed, raised, same_error
 
 @dataclass
 class Case:
-    """One call of the answer: ``name`` is how a message shows it; ``marks`` names regions of the output (a bool
-    tensor of its shape each) that a difference may fill, e.g. ``{"the first token of each block": ...}``."""
+    """One call of the answer, ``name`` in messages; ``marks``: {name: bool region of the output} to locate a difference."""
     name: str
     args: tuple
     marks: dict = field(default_factory=dict)
@@ -43,8 +43,7 @@ class Case:
 
 @dataclass
 class Mistake:
-    """A classic mistake: ``answer`` is the reference transformed (same signature); ``says`` completes the sentence
-    "your <answer> ..." with what it does and the fix."""
+    """``answer``: the reference transformed (same signature); ``says`` completes "your <answer> ...": what, fix."""
     name: str
     says: str
     answer: Callable
@@ -155,8 +154,7 @@ def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None) 
                                                       exercise.atol) for i in on)]
 
 def agree(a: Outcome, b: Outcome, atol: float) -> bool:
-    """Whether the answer's outcome ``a`` is the expected one ``b``: the same values and inputs changed, or the same
-    failure (an expected error that names no size, "world_size must divide num_heads", is met by any of its type)."""
+    """``a`` is ``b``: same values and inputs changed, or same failure (one naming no size: any of its type)."""
     if a.error is not None or b.error is not None:
         sizeless = b.error is not None and not re.search(r"\d", str(b.error))
         return a.error is not None and b.error is not None and (same_error(a.error, b.error) or
@@ -211,17 +209,15 @@ def likeliest_cause(exercise: Exercise, err: Exception) -> str:
     return ""
 
 def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
-    """The smallest wrong case that can show a pattern: an output of 4 entries or more where there is one (of a
-    tuple's or a dict's items, the first that differs)."""
+    """The smallest wrong case whose (first differing item of its) output has 4 entries or more, if any."""
     return (_big(exercise, got, want, wrong) or wrong)[0]
 
 def _big(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> list[int]:
-    shown = [_differing(got[i].value, want[i].value, exercise.atol)[2] for i in wrong]
-    return [i for i, w in zip(wrong, shown) if not isinstance(w, torch.Tensor) or w.numel() >= 4]
+    return [i for i in wrong if not isinstance(w := _differing(got[i].value, want[i].value, exercise.atol)[2],
+                                               torch.Tensor) or w.numel() >= 4]
 
 def _differing(got, want, atol: float, key=None):
-    """(key, got's item, want's item) of the first item of a tuple or dict result that differs; the whole result
-    if it is neither, or its items do not pair up."""
+    """(key, got's item, want's item) of a tuple's or dict's first differing item; else (None, got, want)."""
     if isinstance(want, tuple) and isinstance(got, (tuple, list)) and len(got) == len(want) or \
             isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
         k = next((k for k in (want if isinstance(want, dict) else range(len(want))) if not same(got[k], want[k], atol)),
@@ -284,8 +280,7 @@ def only_where(cases: list, wrong: list[int]) -> str:
             n = re.search(r"\d[\d.]*", next(iter(values)) or "0").group()
             if len(values) == 1 and not values & {sizes[k].get(key) for k in others} and (float(n) > 1 or said == "wrong"):
                 # (right only at 1 is no sign of a number written in: a slip along that axis cannot show there)
-                hint = f": is {n} written into it as a number, where it should come from the inputs?" * (said == "right")
-                hint = hint or "."
+                hint = f": is {n} written into it as a number, where it should come from the inputs?" if said == "right" else "."
                 return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
     return ""
 
@@ -370,8 +365,13 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
 
 def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
     shown = f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    if sorted(got.shape) == sorted(want.shape):
-        return f"{shown}: the right sizes with the axes in another order (a transpose or permute missing or extra)."
+    if sorted(got.shape) == sorted(want.shape):  # axes turned, or sizes listed in another order?
+        turned = got.dtype != want.dtype or any(same(want.permute(p), got, 1e-6) for p in itertools.permutations(
+            range(want.ndim)) if want.permute(p).shape == got.shape)
+        return f"{shown}: " + ("the right one with its axes in another order (a transpose or permute missing or extra)."
+                               if turned else "the right sizes in another order, but not the right one with its axes "
+                               "swapped: the sizes listed in another order (a view or reshape to (B, L, d, h) for (B, L, "
+                               "h, d)), or a torch.cat along another dim.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
