@@ -100,11 +100,12 @@ SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum
            "naive, zeros": lambda s, dim: torch.where((t := (e := s.exp()).sum(dim, True)) > 0, e / t, 0.0)}
 FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul": lambda s, m, fill: s * m.exp(),
           "bool": lambda s, m, fill: s.masked_fill(m != 0, fill), "clamp": lambda s, m, fill: s + m.clamp(min=-1e4),
-          "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill), "none": lambda s, m, fill: s}
+          "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill), "none": lambda s, m, fill: s,
+          "exp": lambda s, m, fill: s + m.exp(), "negative": lambda s, m, fill: s.masked_fill(m < 0, fill)}
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
-          W_T=False, head_major=False, scale_last=False)
+          W_T=False, head_major=False, scale_last=False, only=None)
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -128,7 +129,8 @@ class Reference(nn.Module):
         W = [w.mT for w in W.chunk(3)] if o["W_T"] else W.chunk(3)
         q, k, v = (F.linear(t, W[i], b[i]) for t, i in zip((query, key, value), o["qkv"]))
         split = {"hd": lambda t, n: t.reshape(B, n, h, d).transpose(1, 2), "none": lambda t, n: t.reshape(B, h, n, d),
-                 "dh": lambda t, n: t.reshape(B, n, d, h).permute(0, 3, 1, 2)}[o["split"]]
+                 "dh": lambda t, n: t.reshape(B, n, d, h).permute(0, 3, 1, 2),
+                 "d heads": lambda t, n: t.reshape(B, n, d, h).transpose(1, 2)}[o["split"]]
         q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
         scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
@@ -139,21 +141,26 @@ class Reference(nn.Module):
             if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
                 scores = scores if m is None or o["ignore"] != "scores" else scores.masked_fill(scores == 0, -1e20)
                 continue
+            mo = o if o["only"] in (None, which) else {**o, **{k: OK[k] for k in ("fill", "floats", "mask_after")}}
             if which == "kpm":
-                m = m if o["kpm_as"] == "bare" else m.view((B, 1, S, 1) if o["kpm_as"] == "queries" else (B, 1, 1, S))
+                m = m if o["kpm_as"] == "bare" else m.view({"queries": (B, 1, S, 1), "keys": (B, 1, 1, S), "S11": (
+                    B, S, 1, 1), "B1S": (B, 1, S)}[o["kpm_as"]])
             m = (m.view(h, B, L, S).transpose(0, 1) if o["head_major"] else m.view(B, h, L, S)) if m.dim() == 3 else m
             if m.dtype == torch.bool:
                 m = ~m if o["invert"] in (True, which) else m
-                after, scores = (after + [m], scores) if o["mask_after"] else (after, scores.masked_fill(m, o["fill"]))
+                after, scores = (after + [m], scores) if mo["mask_after"] else (after, scores.masked_fill(m, mo["fill"]))
             else:
-                how = ("bool" if which == "kpm" else "add") if o["floats"] == "kpm bool" else o["floats"]
-                scores = FLOATS[how](scores, m, o["fill"])
+                how = ("bool" if which == "kpm" else "add") if mo["floats"] == "kpm bool" else mo["floats"]
+                scores = FLOATS[how](scores, m, mo["fill"])
         weights = SOFTMAX[o["softmax"]](scores / scale if o["scale_last"] else scores, o["softmax_dim"])  # (B, h, L, S)
         for m in after:
             weights = weights.masked_fill(m, 0.0)
         heads = weights @ v  # (B, h, L, d), merged to (B, L, D), its own L if it "grows" (a mask broadcast)
+        n = heads.shape[2] if o["grow"] else L
         heads = {"hd": lambda t: t.transpose(1, 2), "none": lambda t: t, "dh": lambda t: t.permute(0, 2, 3, 1),
-                 "23": lambda t: t.transpose(2, 3)}[o["merge"]](heads).reshape(B, heads.shape[2] if o["grow"] else L, D)
+                 "23": lambda t: t.transpose(2, 3), "DL": lambda t: t.transpose(1, 2).reshape(B, D, n).mT,
+                 "mean": lambda t: t.mean(1), "tokens": lambda t: torch.cat(t.unbind(1), 1)}[o["merge"]](heads)
+        heads = heads if o["merge"] in ("mean", "tokens") else heads.reshape(B, n, D)
         out = F.linear(heads, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None) \
             if o["out_proj"] else heads
         out = out.transpose(0, 1) if o["seq_first"] else out
@@ -189,12 +196,13 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
             "dtype": dtype, "loss": None, "rows": ~hidden.all(-1), "what": "your layer", **spec}  # rows: see a key
     marks = {"in the rows of queries that see no key": hidden.all(-1, True).expand(B, L, D),
              "at the keys the masks hide": hidden} if kpm is not None or attn is not None else {}
-    return Case(name, (spec, x.to(dtype), kv[0].to(dtype), kv[1].to(dtype), kpm, attn, need_weights, average), marks)
+    return Case(name, (spec, x.to(dtype), kv[0].to(dtype), kv[1].to(dtype), kpm, attn, need_weights, average), marks,
+                dict(B=B, L=L, S=S, D=D, h=h, d=D // h))
 
 causal = lambda L: torch.ones(L, L, dtype=torch.bool).triu(1)  # noqa: E731
 additive = lambda m: None if m is None else torch.zeros(m.shape, dtype=DTYPE).masked_fill(m, -math.inf)  # noqa: E731
 _per_head = (torch.rand(8, 3, 5, generator=torch.Generator().manual_seed(6)) < 0.4).index_fill(-1, torch.tensor([0]), 0)
-_two = torch.arange(4) == 1  # a finite penalty on key 1
+_two = torch.arange(4) == 1  # a finite penalty on key 1 (and a favour on key 2)
 _finite = torch.randn(4, 4, generator=torch.Generator().manual_seed(7), dtype=DTYPE).masked_fill(causal(4), -math.inf)
 LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask); _finite: favours and penalties
     layer_case("one token, one head", 1, 1, 1, 2, 1),
@@ -202,7 +210,7 @@ LAYER_CASES = [  # (name, B, L, S, D, h, key_padding_mask, attn_mask); _finite: 
     layer_case("a bool key_padding_mask", 2, 4, 4, 6, 3, pads(4, 2)),
     layer_case("key padding and a causal attn_mask", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5)),
     layer_case("float masks, 0 and -inf", 3, 5, 5, 8, 2, pads(5, 3, 4), causal(5), floats=True),
-    layer_case("float masks, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _two, _finite),
+    layer_case("float masks, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _two + 0.5 * (torch.arange(4) == 2), _finite),
     layer_case("average_attn_weights=False, heads of size 1", 2, 4, 4, 4, 4, pads(4, 3), causal(4), average=False),
     layer_case("cross-attention, L=4 queries over S=5 keys", 2, 4, 5, 6, 3, pads(5, 3), cross=True),
     layer_case("a per-head (B*h, L, S) attn_mask, L=3 over S=5 keys", 2, 3, 5, 8, 4, pads(5, 4), _per_head, cross=True,

@@ -24,11 +24,14 @@ TIMEOUT_S = 30.0  # one call of a learner's layer on these tiny inputs takes mil
 
 def _in_time(fn, what: str):
     """``fn()``, or an ExerciseError after TIMEOUT_S: its thread is left behind, a daemon (Python cannot stop one)."""
-    result = {}
+    result, modes = {}, torch.overrides._get_current_function_mode_stack()  # the checker's, in its thread too
 
     def run():
         try:
-            result["value"] = fn()
+            with contextlib.ExitStack() as stack:
+                for mode in modes:
+                    stack.enter_context(mode)
+                result["value"] = fn()
         except BaseException as err:  # noqa: BLE001  (raised again in the checker's thread)
             result["error"] = err
     worker = threading.Thread(target=run, daemon=True)
@@ -133,8 +136,38 @@ def _accepting(make, D, h, bias=True):  # the battery's mistake: a query too wid
 
 SAYS = {name: says for name, _, says in ch06.LAYER_TABLE}  # the words of each mistake, by name
 
+ONE_MASK = {"kpm": "the key_padding_mask", "attn": "the attn_mask"}
+ALONE = [  # the chapter's fixes made for one mask: its own fill, float rule or order, the other mask right
+    *[(f"{w} fill {v:g}", dict(fill=v, only=w), f"fills the scores {ONE_MASK[w]} hides with {v:g}, the other mask's "
+       "right: a masked key gets fill float('-inf'), for every mask.") for w in ONE_MASK for v in (-1e9, 0.0)],
+    *[(f"{w} after softmax", dict(mask_after=True, only=w), f"applies {ONE_MASK[w]} after the softmax (zeroing "
+       "weights), the other before: every mask fills the SCORES with -inf before the softmax.") for w in ONE_MASK],
+    *[(f"float {f}, {w}", dict(floats=f, only=w), f"{says}, for {ONE_MASK[w]} alone (the other mask is right).")
+      for w in ONE_MASK for f, says in (("mul", "multiplies the scores by a float mask's exp: add it, scores + mask"),
+                                          ("neginf", "uses only the -inf entries of a float mask: add it all"),
+                                          ("exp", "adds exp(mask), not the mask: add it as it is, scores + mask"),
+                                          ("negative", "blocks every key whose float mask is below 0: add it as it is"))],
+    *[(f"float {f}", dict(floats=f), says) for f, says in (
+        ("exp", "adds exp(mask) to the scores: a float mask is added as it is, scores + mask (its -inf hides)."),
+        ("negative", "hides every key whose float mask is below 0 and ignores its other values: a float mask is "
+         "added as it is, scores + mask; -2.0 lowers a key's score by 2, it does not hide it."))],
+    ("split and merge", dict(split="none", merge="none"), "splits and merges the heads with reshapes alone, no "
+     "transposes: both are consistent, but each head then holds pieces of several tokens. view(B, L, h, d)."
+     "transpose(1, 2), and back."),
+    ("merge (B, D, L)", dict(merge="DL"), "merges the heads through a (B, D, L) reshape: tokens and features mixed. "
+     "transpose(1, 2) to (B, L, h, d), then reshape(B, L, D)."),
+    ("merge mean", dict(merge="mean"), "averages the heads, (B, L, d), where they are concatenated: transpose(1, 2) "
+     "to (B, L, h, d), then reshape(B, L, D): out_proj takes all D features."),
+    ("merge along tokens", dict(merge="tokens"), "concatenates the heads along the TOKENS, (B, h*L, d): their features "
+     "go side by side, transpose(1, 2).reshape(B, L, D)."),
+    ("d heads", dict(split="d heads"), "splits into d heads of h features, view(B, L, d, h): view(B, L, h, d), h "
+     "heads of d = D / h features each."),
+    *[(f"padding {k}", dict(kpm_as=k), f"views the key_padding_mask as {s}: one entry per key, on the last axis, "
+       "key_padding_mask.view(B, 1, 1, S).") for k, s in (("S11", "(B, S, 1, 1), S on the heads' axis"),
+                                                         ("B1S", "(B, 1, S), three axes: B lands on the heads' axis"))]]
+
 def _catalogue(make) -> list:
-    return ch06._mistakes(make, ch06.LAYER_TABLE + [  # float16 tells these from -1e9 and from no mask
+    return ch06._mistakes(make, ch06.LAYER_TABLE + ALONE + [  # float16 tells these from -1e9 and from no mask
         ("fill -1e4", dict(fill=-1e4), SAYS["finite fill"]),
         ("-1e20 at 0", dict(ignore="scores"), SAYS["no mask"])]) + [
         Mistake("sizes", "builds a layer although 10 features do not split into 4 heads: torch refuses it in the "
@@ -145,7 +178,7 @@ def _catalogue(make) -> list:
                 "keys.", functools.partial(_accepting, make))]
 
 _cross = layer_case("shapes that do not fit", 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True).args
-CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks) for c in ch06.LAYER_CASES + [
+CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks, c.sizes) for c in ch06.LAYER_CASES + [
     layer_case("in training mode, with torch's default dropout of 0", 2, 4, 4, 6, 3, pads(4, 2), mode="train"),
     layer_case("built with bias=False, cross-attention", 2, 4, 5, 6, 3, pads(5, 3), cross=True, bias=False),
     layer_case("in float32", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float32),

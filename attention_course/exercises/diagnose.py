@@ -31,10 +31,12 @@ from . import ExerciseError, passed, raised, same_error
 
 @dataclass
 class Case:
-    """One call of the answer, ``name`` in messages; ``marks``: {name: bool region of the output} to locate a difference."""
+    """One call of the answer, ``name`` in messages; ``marks``: {name: bool region of the output} to locate a difference;
+    ``sizes``: {name: int} the case's sizes its name does not state (an exception's numbers are read with them)."""
     name: str
     args: tuple
     marks: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -124,7 +126,7 @@ def check(exercise: Exercise, answer) -> None:
     named = naming(exercise, got, [i for i, g in enumerate(got) if g.error is None]) if returned else []
     if len(named) == 1 and len(returned) < len(wrong):  # one mistake wherever it returns, an exception elsewhere
         f = next(i for i in wrong if got[i].error is not None)
-        raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error)} And "
+        raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error, exercise.cases[f])} And "
                             f"{on(exercise.cases[returned[0]])}, {exercise.what} {named[0].says}")
     if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
         raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
@@ -227,9 +229,16 @@ def _differing(got, want, atol: float, key=None):
 
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
     i = shown_case(exercise, got, want, wrong)
+    if got[i].error is not None:  # of the cases that raise it, the one whose sizes say most about it
+        alike = [j for j in wrong if type(got[j].error) is type(got[i].error)]
+        i = max(alike, key=lambda j: (locate(exercise, got[j].error, cases[j]).startswith(" On"), j == i))
+    elif _reordered(got[i].value, want[i].value, exercise.atol):  # a case whose sizes tell the axes apart
+        turned = [j for j in wrong if got[j].error is None and _reordered(got[j].value, want[j].value, exercise.atol)]
+        i = next((j for j in turned if _reordered(got[j].value, want[j].value, exercise.atol, turned=False)),
+                 next((j for j in turned if _reordered(got[j].value, want[j].value, exercise.atol, True)), i))
     what, case, words = exercise.what, cases[i], []
     if got[i].error is not None:
-        words.append(exception(exercise, got[i].error))
+        words.append(exception(exercise, got[i].error, case))
     elif want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
@@ -249,16 +258,92 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
-        words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error))
+        words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error, cases[failed[0]]))
     return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
+
+def _reordered(got, want, atol: float, distinct: bool = False, turned: bool | None = None) -> bool:
+    """The first differing item has the right sizes in another order (``distinct``: sizes all different, none 1;
+    ``turned``: it is, or is not, the right one with its axes in another order)."""
+    _, got, want = _differing(got, want, atol)
+    return isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape and \
+        sorted(got.shape) == sorted(want.shape) and (not distinct or len(set(want.shape) - {1}) == want.ndim) and \
+        (turned is None or _turned(got, want) == turned)
 
 def on(case: Case) -> str:  # "on <the case>", or its name where it starts with its own preposition ("in float16")
     return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
 
-def exception(exercise: Exercise, err: Exception) -> str:
+def exception(exercise: Exercise, err: Exception, case: Case | None = None) -> str:
     own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
-    text = f"{exercise.what} raised {type(err).__name__}: {str(err).strip()}" if own else str(raised(err, exercise.what))
-    return text + ("" if text[-1] in ".!?" else ".") + own
+    found = locate(exercise, err, case) if case is not None else ""  # the size that failed, where it can be said
+    text = f"{exercise.what} raised {type(err).__name__}: {str(err).strip()}" if own or found.startswith(" On") else \
+        str(raised(err, exercise.what))  # (a broadcast's sizes named, its usual causes still said)
+    return text + ("" if text[-1] in ".!?" else ".") + found + own
+
+class _Shapes(torch.overrides.TorchFunctionMode):
+    """What the reference asks of torch on a case: each view's (tensor size, shape), each product's two matrices."""
+    def __init__(self):
+        super().__init__()
+        self.views, self.products = [], []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out, name = func(*args, **(kwargs or {})), getattr(func, "__name__", "")
+        a, b = (list(args) + [None, None])[:2]
+        if name in ("view", "reshape") and isinstance(out, torch.Tensor) and not isinstance(b, torch.dtype):
+            self.views.append((a.numel(), tuple(out.shape)))
+        elif name in ("linear", "matmul", "mm") and all(isinstance(t, torch.Tensor) and t.ndim >= 2 for t in (a, b)) \
+                and (name == "linear" or b.ndim == 2):  # torch's "mat1 and mat2": a flattened to rows, b (or W.T)
+            self.products.append(((a.numel() // a.shape[-1], a.shape[-1]), tuple(b.shape[::-1] if name == "linear"
+                                                                                 else b.shape)))
+        return out
+
+def _names(case: Case, n: int) -> str:
+    """" (S = 5)": the case's sizes equal to ``n`` (and B·h, B·L), where at most three."""
+    sizes = {f"{k} = {v}": int(v) for k, v in case.sizes.items()}
+    for phrase in _sizes(case.name).values():
+        sizes.setdefault(re.sub(r"(\w+) ?= ?", r"\1 = ", phrase), int(float(re.search(r"\d[\d.]*", phrase).group())))
+    found = [p for p, v in sizes.items() if v == n]
+    found = [p for p in found if "=" in p] or found  # "S = 5", not also "5 keys": one size said twice
+    if n == 1 and len(found) > 1:  # (B = 1, h = 1: any size may be 1)
+        return ""
+    short = {p.split(" = ")[0]: v for p, v in sizes.items() if " = " in p}
+    found += [f"{x}·{y} = {n}" for x, y in (("B", "h"), ("B", "L")) if short.get(x, 0) * short.get(y, 0) == n > 1]
+    return f" ({' or '.join(found)})" if 0 < len(found) <= 3 else ""
+
+def locate(exercise: Exercise, err: Exception, case: Case) -> str:
+    """A view, product or broadcast that failed, set against what the reference does on the same case: the axis and
+    the sizes (named by the case) that differ; "" where it cannot be said."""
+    text, shapes = str(err), _Shapes()
+    if re.search(r"must match the size of tensor b", text):
+        a, b = map(int, re.search(r"tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text).groups())
+        na, nb = _names(case, a), _names(case, b)
+        return f" Here {a}{na} meets {b}{nb}." if na and nb else ""
+    view = re.search(r"shape '\[([-\d, ]*)\]' is invalid for input of size (\d+)", text)
+    product = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", text)
+    if not (view or product):
+        return ""
+    try:
+        with shapes:
+            exercise.run(exercise.reference, *copy.deepcopy(case.args))
+    except Exception:  # noqa: BLE001 - a reference that raises here says nothing about the answer
+        return ""
+    if view:
+        got, n = [int(s) for s in view.group(1).split(",")], int(view.group(2))
+        fits = lambda w: sum(g in (s, -1) for g, s in zip(got, w[1])) + (w[0] == n)  # noqa: E731
+        best = max((w for w in shapes.views if len(w[1]) == len(got)), key=fits, default=None)
+        if best is None or fits(best) < len(got) - (len(got) > 3):
+            return ""
+        said = [f"axis {i} should be {s}{_names(case, s)}, not {g}{_names(case, g)}" for i, (g, s) in
+                enumerate(zip(got, best[1])) if g not in (s, -1)]
+        return (f" On this case the right answer views a tensor of {best[0]} entries as {best[1]}: "
+                f"{'; '.join(said)}." if said else "")
+    got = tuple(map(int, product.groups()))
+    fits = lambda w: sum(g == s for g, s in zip(got, w[0] + w[1]))  # noqa: E731
+    best = max(shapes.products, key=fits, default=None)
+    if best is None or fits(best) < 3:
+        return ""
+    said = [f"the {side} matrix's {axis} should be {s}{_names(case, s)}, not {g}{_names(case, g)}" for side, axis, g, s
+            in zip(("left", "left", "right", "right"), ("rows", "columns") * 2, got, best[0] + best[1]) if g != s]
+    return f" On this case the right answer multiplies {best[0]} by {best[1]} there: {'; '.join(said)}."
 
 def _sizes(name: str) -> dict:
     """The sizes a case's name states: "d=2", "T = 2", "4 heads", "blocks of 2" (key: how it is said)."""
@@ -269,7 +354,7 @@ def _sizes(name: str) -> dict:
 def only_where(cases: list, wrong: list[int]) -> str:
     """" It is right on every case with d = 6, and on no other", where a size the cases state tells the right ones
     from the wrong ones (a size written into the answer as a number, a slip that shows only with one head)."""
-    sizes = [_sizes(c.name) for c in cases]
+    sizes = [{**{k: f"{k} = {v}" for k, v in c.sizes.items()}, **_sizes(c.name)} for c in cases]
     right = [k for k in range(len(cases)) if k not in wrong]
     for side, said in ((right, "right"), (wrong, "wrong")):
         others = [k for k in range(len(cases)) if k not in side]
@@ -292,7 +377,15 @@ def kind(got, want, exercise: Exercise) -> str:
         return f"{key}: {kind(got, want, exercise)}"
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
         return pattern(got, want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype else "dtype"
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and _turned(got, want):
+        return "transposed"  # the same mistake where L = S (same shape) and where not (sizes in another order)
     return type(got).__name__
+
+def _turned(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``got`` is ``want`` with two or more axes in another order (sizes of 1 moved alike)."""
+    return got.dtype == want.dtype and sorted(got.shape) == sorted(want.shape) and any(
+        same(want.permute(p), got, 1e-6) for p in itertools.permutations(range(want.ndim))
+        if p != tuple(range(want.ndim)) and want.permute(p).shape == got.shape)
 
 def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result", strong: bool = True) -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
@@ -344,7 +437,7 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
     if not isinstance(got, torch.Tensor):
         return f"is a {type(got).__name__}, expected a torch.Tensor."
     if got.shape != want.shape:
-        return shape_difference(got, want)
+        return shape_difference(got, want, case)
     prefix = ""
     if got.dtype != want.dtype:
         size = float(want.abs().nan_to_num(0.0, 0.0, 0.0).max()) if want.is_floating_point() and want.numel() else 0.0
@@ -363,28 +456,32 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
         prefix, got = f"is {_name(got.dtype)}, expected {_name(want.dtype)}, and ", got.to(want.dtype)
     return prefix + pattern(got, want, case, atol, strong)[1]
 
-def shape_difference(got: torch.Tensor, want: torch.Tensor) -> str:
+def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = None) -> str:
     shown = f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    axes = [a for a in range(want.ndim) if got.ndim == want.ndim and got.shape[a] != want.shape[a]]
+    said = "; ".join(f"axis {a} is {got.shape[a]}{_names(case, got.shape[a])} where {want.shape[a]}"
+                     f"{_names(case, want.shape[a])} belongs" for a in axes) if case is not None else ""
     if sorted(got.shape) == sorted(want.shape):  # axes turned, or sizes listed in another order?
-        turned = got.dtype != want.dtype or any(same(want.permute(p), got, 1e-6) for p in itertools.permutations(
-            range(want.ndim)) if want.permute(p).shape == got.shape)
-        return f"{shown}: " + ("the right one with its axes in another order (a transpose or permute missing or extra)."
-                               if turned else "the right sizes in another order, but not the right one with its axes "
-                               "swapped: the sizes listed in another order (a view or reshape to (B, L, d, h) for (B, L, "
-                               "h, d)), or a torch.cat along another dim.")
+        turned = [p for p in itertools.permutations(range(want.ndim)) if want.permute(p).shape == got.shape and
+                  (got.dtype != want.dtype or same(want.permute(p), got, 1e-6))]
+        return f"{shown}: " + (f"the right one with its axes in another order (a transpose or permute missing or "
+                               f"extra): the right one's .permute{turned[0]}." if turned else
+                               f"the right sizes in another order ({said}), but not the right one with its axes "
+                               f"swapped: the sizes listed in another order (a view or reshape to (B, L, d, h) for (B, "
+                               f"L, h, d)), or a torch.cat along another dim.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
         return f"{shown}: the right number of entries arranged in another shape (a view or reshape to other sizes)."
     if got.ndim == 0:
         return f"{shown}: one number, a reduction over every axis (a sum, mean, max or argmax without dim=)."
-    axes = [a for a in range(want.ndim) if got.ndim == want.ndim and got.shape[a] != want.shape[a]]
     if len(axes) == 1:
         g, w = got.shape[axes[0]], want.shape[axes[0]]
         if g == 1:
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
+        g, w = f"{g}{_names(case, g)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
                 f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
     extra = _extra(want.shape, got.shape)
@@ -440,6 +537,9 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         return "constant", f"is {bool(got.flatten()[0])} at every entry, expected {int(want.sum())} True of {total}."
     if want.ndim >= 2 and want.shape[-1] == want.shape[-2] and same(got, want.mT, atol):
         return "transposed", "is the transpose of the right one: rows and columns swapped (the last two axes)."
+    for a, b in itertools.combinations(range(want.ndim), 2):  # two axes of one size swapped
+        if want.shape[a] == want.shape[b] > 1 and same(got, want.transpose(a, b), atol):
+            return "transposed", f"is the right one with axes {a} and {b} swapped (a transpose({a}, {b}) missing or extra)."
     if want.is_floating_point():
         delta, ratio = g64 - w64, g64 / w64
         finite = torch.isfinite(w64) & torch.isfinite(g64)
@@ -531,14 +631,16 @@ def _where(differ: torch.Tensor, case: Case) -> str:
             return f", all of them {name}"
     if differ.ndim < 2 or min(differ.shape[-2:]) < 2:  # a vector (a column of m, say) has no diagonal, no rows
         return ""
-    i, j = torch.arange(differ.shape[-2])[:, None], torch.arange(differ.shape[-1])[None, :]
-    if not (differ & (i != j)).any():
-        return ", all of them on the diagonal"
     if differ.ndim == 2:
         for axis, name in ((-1, "rows"), (-2, "columns")):
             whole = differ.all(axis, keepdim=True)
             if not (differ & ~whole).any():
                 return f", whole {name} {whole.flatten().nonzero().flatten().tolist()}"
+    if differ.shape[-1] != differ.shape[-2]:  # (L, d) has no diagonal to speak of: a square (L, L) has
+        return ""
+    i, j = torch.arange(differ.shape[-2])[:, None], torch.arange(differ.shape[-1])[None, :]
+    if not (differ & (i != j)).any():
+        return ", all of them on the diagonal"
     for name, region in (("above the diagonal", j > i), ("below the diagonal", j < i),
                          ("on or above the diagonal", j >= i), ("on or below the diagonal", j <= i)):
         if not (differ & ~region).any():

@@ -65,7 +65,7 @@ def padding_catalogue():
             Mutant("new axis first (1, B, S)", with_options(layout="(1, B, S)"), r"new axis FIRST"),
             Mutant("sentences and positions swapped", with_options(layout="(S, 1, B)"),
                    r"has shape \(5, 1, 1\), expected \(1, 1, 5\): the right one with its axes in another order"),
-            Mutant("max(lengths) columns", with_options(columns=4), r"has shape \(1, 1, 4\), expected \(1, 1, 5\): axis 2 alone differs, 4 for 5, one too few"),
+            Mutant("max(lengths) columns", with_options(columns=4), r"has shape \(1, 1, 4\), expected \(1, 1, 5\): axis 2 alone differs, 4 for 5 \(max_len = 5\), one too few"),
             Mutant("max(lengths) columns, any batch",
                    lambda lengths, max_len: padding(lengths, max_len, columns=max(lengths)),
                    r"max\(lengths\) columns"),
