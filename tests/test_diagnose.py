@@ -235,3 +235,43 @@ def test_axes_in_another_order_are_told_from_sizes_listed_in_another_order():
     assert "the right one with its axes in another order (a transpose" in message(lambda x, n: scaled(x, n).mT, ex)
     assert "the sizes listed in another order (a view or reshape" in message(
         lambda x, n: scaled(x, n).reshape(x.shape[::-1]), ex)
+
+
+def heads(x, h):
+    """The toy exercise with a view: (B, L, D) -> (B, L, h, D / h), then through a (D, D) product."""
+    return (x @ torch.eye(x.shape[-1], dtype=x.dtype)).view(*x.shape[:2], h, x.shape[-1] // h)
+
+
+HEADS = Exercise(what="your split", reference=heads, mistakes=[], passed="ok", cases=[
+    Case(f"x of shape {s}, h = {h}", (torch.randn(*s, generator=torch.Generator().manual_seed(4), dtype=torch.float64),
+                                      h), sizes=dict(B=s[0], L=s[1], D=s[2])) for s, h in (((2, 3, 8), 2), ((1, 5, 9), 3))])
+
+
+def test_an_exception_is_set_against_the_reference_on_the_same_case_its_sizes_named():
+    view = message(lambda x, h: x.view(*x.shape[:2], 2, x.shape[-1] // 2), HEADS)  # h = 2 written in
+    assert view.startswith("x of shape (1, 5, 9), h = 3: your split raised RuntimeError: shape '[1, 5, 2, 4]'")
+    assert "the right answer views a tensor of 45 entries as (1, 5, 3, 3): axis 2 should be 3 (h = 3), not 2; " \
+           "axis 3 should be 3 (h = 3), not 4." in view and "Print x.shape" not in view  # not the stock hint
+    product = message(lambda x, h: heads(x[..., :-1] @ torch.eye(x.shape[-1], dtype=x.dtype), h), HEADS)
+    assert "the right answer multiplies (5, 9) by (9, 9) there: the left matrix's columns should be 9 (D = 9), not 8." \
+        in product, product
+
+
+def test_a_broadcast_keeps_its_usual_causes_and_names_its_sizes():
+    text = message(lambda x, h: heads(x, h) + x[:, :, None, :], HEADS)  # (B, L, h, d) + (B, L, 1, D)
+    assert "must match the size of tensor b" in text and "matched from the RIGHT" in text, text
+
+
+def test_a_shape_with_its_axes_in_another_order_is_one_kind_with_a_transpose():
+    """Weights returned (B, S, L): turned where L = S (same shape) and where not (sizes in another order): one kind,
+    so the transpose is claimed, and said with the permutation where the shape shows it."""
+    gen = torch.Generator().manual_seed(5)
+    ex = Exercise(what="your weights", reference=lambda w: w.clone(), mistakes=[], passed="ok", cases=[
+        Case(f"L={s[1]}, S={s[2]}", (torch.randn(*s, generator=gen, dtype=torch.float64),)) for s in ((2, 3, 3), (2, 3, 4))])
+    text = message(lambda w: w.mT.clone(), ex)
+    assert "is the transpose of the right one" in text or "the right one's .permute(0, 2, 1)" in text, text
+    square = Exercise(what="your acc", reference=lambda w: w.clone(), mistakes=[], passed="ok",
+                      cases=[Case("L=3, d=2", (torch.ones(3, 2, dtype=torch.float64),))])
+    below = message(lambda w: w.clone().index_put_((torch.tensor([2]), torch.tensor([0])), torch.tensor(5.0,
+                                                                                                 dtype=w.dtype)), square)
+    assert "diagonal" not in below, below  # (L, d) has no diagonal: a region of (L, L) only

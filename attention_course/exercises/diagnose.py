@@ -306,7 +306,7 @@ def _names(case: Case, n: int) -> str:
     if n == 1 and len(found) > 1:  # (B = 1, h = 1: any size may be 1)
         return ""
     short = {p.split(" = ")[0]: v for p, v in sizes.items() if " = " in p}
-    found += [f"{x}·{y} = {n}" for x, y in (("B", "h"), ("B", "L")) if short.get(x, 0) * short.get(y, 0) == n > 1]
+    found += [f"{x}·{y} = {n}" for x, y in (("B", "h"), ("B", "L")) if min(short.get(x, 0), short.get(y, 0)) > 1 and short[x] * short[y] == n]
     return f" ({' or '.join(found)})" if 0 < len(found) <= 3 else ""
 
 def locate(exercise: Exercise, err: Exception, case: Case) -> str:
