@@ -288,7 +288,7 @@ class _Shapes(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out, name = func(*args, **(kwargs or {})), getattr(func, "__name__", "")
         a, b = (list(args) + [None, None])[:2]
-        if name in ("view", "reshape") and isinstance(out, torch.Tensor) and not isinstance(b, torch.dtype):
+        if name in ("view", "reshape", "unflatten") and isinstance(out, torch.Tensor) and not isinstance(b, torch.dtype):
             self.views.append((a.numel(), tuple(out.shape)))
         elif name in ("linear", "matmul", "mm") and all(isinstance(t, torch.Tensor) and t.ndim >= 2 for t in (a, b)) \
                 and (name == "linear" or b.ndim == 2):  # torch's "mat1 and mat2": a flattened to rows, b (or W.T)
