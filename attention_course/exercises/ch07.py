@@ -138,8 +138,8 @@ SAYS = {name: says for name, _, says in ch06.LAYER_TABLE}  # the words of each m
 
 ONE_MASK = {"kpm": "the key_padding_mask", "attn": "the attn_mask"}
 ALONE = [  # the chapter's fixes made for one mask: its own fill, float rule or order, the other mask right
-    *[(f"{w} fill {v:g}", dict(fill=v, only=w), f"fills the scores {ONE_MASK[w]} hides with {v:g}, the other mask's "
-       "right: a masked key gets fill float('-inf'), for every mask.") for w in ONE_MASK for v in (-1e9, 0.0)],
+    *[(f"{w} fill {v}", dict(fill=float(v), only=w), f"fills the scores {ONE_MASK[w]} hides with {v}, the other "
+       "mask's right: a masked key gets float('-inf'), for every mask.") for w in ONE_MASK for v in ("-1e9", "0")],
     *[(f"{w} after softmax", dict(mask_after=True, only=w), f"applies {ONE_MASK[w]} after the softmax (zeroing "
        "weights), the other before: every mask fills the SCORES with -inf before the softmax.") for w in ONE_MASK],
     *[(f"float {f}, {w}", dict(floats=f, only=w), f"{says}, for {ONE_MASK[w]} alone (the other mask is right).")
