@@ -275,3 +275,14 @@ def test_a_shape_with_its_axes_in_another_order_is_one_kind_with_a_transpose():
     below = message(lambda w: w.clone().index_put_((torch.tensor([2]), torch.tensor([0])), torch.tensor(5.0,
                                                                                                  dtype=w.dtype)), square)
     assert "diagonal" not in below, below  # (L, d) has no diagonal: a region of (L, L) only
+
+
+def test_two_sizes_equal_exactly_on_the_right_cases_are_said():
+    gen = torch.Generator().manual_seed(6)
+    ex = Exercise(what="your scores", reference=lambda q, k: q @ k.mT, mistakes=[], passed="ok", cases=[
+        Case(f"L={L}, S={S}", (torch.randn(L, 2, generator=gen, dtype=torch.float64),
+                               torch.randn(S, 2, generator=gen, dtype=torch.float64)), sizes=dict(L=L, S=S))
+        for L, S in ((2, 2), (3, 3), (2, 4), (4, 3))])
+    text = message(lambda q, k: q @ k.mT + (len(q) != len(k)), ex)  # right where the two lengths agree
+    assert text.endswith("It is right on every case with L = S and wrong on every case with L ≠ S: is L used where S "
+                         "belongs, or S where L does?"), text

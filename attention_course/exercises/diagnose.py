@@ -367,6 +367,12 @@ def only_where(cases: list, wrong: list[int]) -> str:
                 # (right only at 1 is no sign of a number written in: a slip along that axis cannot show there)
                 hint = f": is {n} written into it as a number, where it should come from the inputs?" if said == "right" else "."
                 return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
+    both = set.intersection(*(set(c.sizes) for c in cases))  # two sizes equal exactly on the right cases
+    for x, y in itertools.combinations(sorted(both), 2):
+        if len(right) > 1 and len(wrong) > 1 and all((cases[k].sizes[x] != cases[k].sizes[y]) == (k in wrong)
+                                                     for k in range(len(cases))):
+            return (f" It is right on every case with {x} = {y} and wrong on every case with {x} ≠ {y}: is {x} used "
+                    f"where {y} belongs, or {y} where {x} does?")
     return ""
 
 def kind(got, want, exercise: Exercise) -> str:
