@@ -267,7 +267,7 @@ def _reordered(got, want, atol: float, distinct: bool = False, turned: bool | No
     _, got, want = _differing(got, want, atol)
     return isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape and \
         sorted(got.shape) == sorted(want.shape) and (not distinct or len(set(want.shape) - {1}) == want.ndim) and \
-        (turned is None or _turned(got, want) == turned)
+        (turned is None or (_turned(got, want) is not None) == turned)
 
 def on(case: Case) -> str:  # "on <the case>", or its name where it starts with its own preposition ("in float16")
     return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
@@ -383,15 +383,14 @@ def kind(got, want, exercise: Exercise) -> str:
         return f"{key}: {kind(got, want, exercise)}"
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == want.shape:
         return pattern(got, want, Case("", ()), exercise.atol)[0] if got.dtype == want.dtype else "dtype"
-    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and _turned(got, want):
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and _turned(got, want) is not None:
         return "transposed"  # the same mistake where L = S (same shape) and where not (sizes in another order)
     return type(got).__name__
 
-def _turned(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """``got`` is ``want`` with two or more axes in another order (sizes of 1 moved alike)."""
-    return got.dtype == want.dtype and sorted(got.shape) == sorted(want.shape) and any(
-        same(want.permute(p), got, 1e-6) for p in itertools.permutations(range(want.ndim))
-        if p != tuple(range(want.ndim)) and want.permute(p).shape == got.shape)
+def _turned(got: torch.Tensor, want: torch.Tensor) -> tuple | None:
+    """The order p of the axes (not the identity) in which ``want.permute(p)`` is ``got`` (in want's dtype), if any."""
+    return next((p for p in itertools.permutations(range(want.ndim)) if p != tuple(range(want.ndim)) and
+                 want.permute(p).shape == got.shape and same(want.permute(p), got.to(want.dtype), 1e-6)), None)
 
 def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "result", strong: bool = True) -> str:
     """What ``got`` did differently from ``want``: a phrase after "your answer's"."""
@@ -468,10 +467,9 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
     said = "; ".join(f"axis {a} is {got.shape[a]}{_names(case, got.shape[a])} where {want.shape[a]}"
                      f"{_names(case, want.shape[a])} belongs" for a in axes) if case is not None else ""
     if sorted(got.shape) == sorted(want.shape):  # axes turned, or sizes listed in another order?
-        turned = [p for p in itertools.permutations(range(want.ndim)) if want.permute(p).shape == got.shape and
-                  (got.dtype != want.dtype or same(want.permute(p), got, 1e-6))]
+        turned = _turned(got, want)
         return f"{shown}: " + (f"the right one with its axes in another order (a transpose or permute missing or "
-                               f"extra): the right one's .permute{turned[0]}." if turned else
+                               f"extra): the right one's .permute{turned}." if turned else
                                f"the right sizes in another order ({said}), but not the right one with its axes "
                                f"swapped: the sizes listed in another order (a view or reshape to (B, L, d, h) for (B, "
                                f"L, h, d)), or a torch.cat along another dim.")
