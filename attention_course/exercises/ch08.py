@@ -66,9 +66,19 @@ MERGE = Exercise(
                 partial(_reference_merge, scale=(1, 0, 1, 0))),
         Mistake("swapped", "has the two factors SWAPPED: exp(m1 - m) belongs to block 1 (l1, acc1), exp(m2 - m) to "
                 "block 2.", partial(_reference_merge, swap=True)),
-        Mistake("wrong way round", "takes the exponent the WRONG WAY ROUND: exp(m - m1) >= 1 inflates the block of "
-                "the lower maximum; the factor is exp(m1 - m) <= 1, the old maximum minus the new one.",
-                partial(_reference_merge, factor=lambda mb, m: torch.exp(m - mb))),
+        *[Mistake(f"wrong way round{g}", "takes the exponent the WRONG WAY ROUND: exp(m - m1) >= 1 inflates the block "
+                  "of the lower maximum; the factor is exp(m1 - m) <= 1, the old maximum minus the new one.",
+                  partial(_reference_merge, factor=lambda mb, m, g=g: torch.exp(m - mb).masked_fill(
+                      (mb == NEG_INF) & bool(g), 0.0)))
+          for g in ("", " (0 where no key)")],
+        *[Mistake(f"no factor on {x}{i}", f"forgets block {i}'s factor on {x}: {x} = "
+                  f"{' + '.join(f'{x}{j}' if j == i else f'exp(m{j} - m) {x}{j}' for j in (1, 2))}. {RESCALE[0].upper()}"
+                  f"{RESCALE[1:]}.", partial(_reference_merge, scale=tuple(int(k != n) for k in range(4))))
+          for n, (x, i) in enumerate((("l", 1), ("l", 2), ("acc", 1), ("acc", 2)))],
+        *[Mistake(f"halved {x}", f"divides the merged {x} by 2, a mean of the blocks: the merge ADDS the rescaled "
+                  f"sums, {RESCALE}.", lambda *s, n=n: tuple(t / 2 if k >= n else t for k, t in
+                                                              enumerate(_reference_merge(*s))))
+          for x, n in (("l and acc", 1), ("acc", 2))],
         Mistake("no exp", "takes m1 - m as the factor, WITHOUT THE EXPONENTIAL: it is exp(m1 - m), since l and acc "
                 "hold exp(score - m).", partial(_reference_merge, factor=lambda mb, m: mb - m)),
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): "
@@ -84,13 +94,17 @@ MERGE = Exercise(
         Mistake("all queries", "returns one m for all queries, the largest score of all of them: take the maximum "
                 "per query, elementwise, torch.maximum(m1, m2), not a max over the queries' axis.",
                 partial(_reference_merge, take=lambda a, b: torch.cat([a, b]).amax().expand_as(a))),
+        Mistake("stand-in returned", "returns m = 0 for a query with no key: m is -inf there; 0, the "
+                "stand-in, belongs only inside the exponentials.", lambda *s: (lambda m, l, acc: (
+                    m.nan_to_num(0.0, 0.0, 0.0), l, acc))(*_reference_merge(*s))),
         Mistake("NaN", "gives NaN for a query with no key in either block: there m1 = m2 = m = -inf, and exp(m1 - m) "
                 "= exp(-inf - -inf) = exp(nan). Subtract a finite stand-in (0 where m is -inf) inside the "
                 "exponentials.", partial(_reference_merge, stand_in=False)),
         *[Mistake(f"fill {text}", f"returns m = {text} for a query with no key: m must stay -inf there. A finite "
                   f"fill in place of -inf belongs only inside the exponentials, as the stand-in subtracted there; "
                   f"m itself is the largest score, -inf when there is none.", partial(_reference_merge, fill=value))
-          for value, text in ((-1e4, "-1e4"), (-1e9, "-1e9"))],
+          for value, text in ((-1e4, "-1e4"), (-1e9, "-1e9"), (torch.finfo(torch.float64).min, "-1.8e308 (finfo.min, "
+                              "or nan_to_num of -inf)"))],
         *[Mistake(f"outputs {how}", f"{verb} the two blocks' outputs acc1 / l1 and acc2 / l2: a block counts by its "
                   f"share of the normaliser. Merge the sums, not the outputs: {RESCALE}, and add.",
                   lambda m1, l1, a1, m2, l2, a2, k=k: (torch.maximum(m1, m2), torch.ones_like(l1),

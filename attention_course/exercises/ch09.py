@@ -32,9 +32,11 @@ def _bert_attention(D: int) -> nn.Module:
         nn.init.uniform_(p, 0.5, 1.5) if "LayerNorm" in name else nn.init.constant_(p, math.nan)
     return block
 
-def _course_to_bert(mha, block, transpose=False, new=False):
-    """The copy; a switch off it is a mistake: the blocks transposed, or new nn.Parameters sharing mha's memory."""
-    W, b = mha.in_proj_weight.detach().chunk(3), mha.in_proj_bias.detach().chunk(3)  # (D, D) and (D,) each
+def _course_to_bert(mha, block, transpose=False, new=False, n=None):
+    """The copy; a switch off it is a mistake: blocks transposed, new nn.Parameters sharing mha's memory, in_proj read
+    as n groups of (q, k, v) rows (``n``: h head by head, D row by row)."""
+    W, b = ((t if n is None else t.view(n(mha), 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)).chunk(3)
+            for t in (mha.in_proj_weight.detach(), mha.in_proj_bias.detach()))  # (D, D) and (D,) each
     pairs = [(getattr(block.self, name), W[i].T if transpose else W[i], b[i]) for i, name in enumerate(QKV)]
     pairs.append((block.output.dense, mha.out_proj.weight.detach(), mha.out_proj.bias))
     with torch.no_grad():
@@ -70,12 +72,14 @@ def _bert_case(D: int, h: int) -> Case:
                 (mha, _bert_attention(D)))
 
 def _thirds(got: dict, mha, block) -> str:
-    """Whose third of in_proj_weight query, key or value holds where not its own; what was never copied (NaN)."""
-    W, moved, nan = mha.in_proj_weight.detach().chunk(3), [], []
-    for name, part in zip(QKV, got[next(iter(got))].chunk(3)):
-        src = [QKV[j] for j, w in enumerate(W) if torch.equal(part, w)]
-        moved += [f"{name}.weight holds the {src[0]}'s third."] if src and name not in src else []
-        nan += [f"{name}.weight"] if part.isnan().all() else []
+    """Whose third of in_proj query, key or value holds where not its own; what was never copied (NaN)."""
+    moved, nan = [], []
+    for p, stack in zip(("weight", "bias"), list(got.values())[:2]):
+        W = getattr(mha, f"in_proj_{p}").detach().chunk(3)
+        for name, part in zip(QKV, stack.chunk(3) if stack.shape[0] == 3 * W[0].shape[0] else ()):
+            src = [QKV[j] for j, w in enumerate(W) if torch.equal(part, w)]
+            moved += [f"{name}.{p} holds the {src[0]}'s third."] if src and name not in src else []
+            nan += [f"{name}.{p}"] if part.isnan().all() and p == "weight" else []
     nan += [k.split(" (")[0].removeprefix("stack of ") for k, v in list(got.items())[1:]
             if isinstance(v, torch.Tensor) and v.isnan().all()]
     return " ".join(moved + [f"Never copied (still NaN): {', '.join(nan)}."] * bool(nan))
@@ -90,13 +94,23 @@ COURSE_TO_BERT = Exercise(
         Mistake("shared", "gives the block new nn.Parameters that SHARE MEMORY with mha (nn.Parameter of a view, "
                 "without .clone()): the two models are one, and training either changes both. Copy the values: "
                 ".copy_(...) inside torch.no_grad(), or nn.Parameter(w.clone()).", partial(_course_to_bert, new=True)),
+        *[Mistake(f"{how}", f"reads in_proj {how}, the rows of q, k and v of {unit} 0, then of {unit} 1: "
+                  f"nn.MultiheadAttention stacks W_q, W_k and W_v whole, chunk(3).", partial(_course_to_bert, n=n))
+          for how, unit, n in (("head by head", "head", lambda m: m.num_heads),
+                               ("row by row", "feature", lambda m: m.embed_dim))],
+        Mistake("LayerNorm reset", "resets block.output.LayerNorm to its defaults (weight 1, bias 0): it holds the "
+                "model's trained values; copy only into the four Linears.", lambda mha, block: (
+                    _course_to_bert(mha, block), block.output.LayerNorm.reset_parameters())),
     ],
     passed="query, key and value hold the thirds of in_proj in order, dense holds out_proj, the LayerNorm is "
            "untouched and no parameter is shared, for 1 to 4 heads of sizes 1 to 4.",
     run=_after,
     notes=_thirds,
-    hints=((r"must match the size", "in_proj_weight is (3D, D) and in_proj_bias (3D,), three blocks: copy one third "
-            "into each Linear, chunk(3) or rows i*D:(i+1)*D, D = mha.embed_dim (not a number written in)."),
+    hints=((r"must match the size", "in_proj_weight is (3D, D), three blocks of D ROWS (in_proj_bias (3D,) alike): a "
+            "piece of another size is cut along dim 1 (the columns) or by a number written in. Take chunk(3) along "
+            "dim 0, or rows i*D:(i+1)*D with D = mha.embed_dim."),
+           (r"expected 3, got 2", "chunk(3) of an axis of size 2 gives 2 pieces: chunk in_proj along dim 0, its 3D "
+            "rows, not dim 1."),
            (r"cannot assign .* as parameter", "a slice of in_proj_weight is a plain tensor, not an nn.Parameter: copy "
             "it into the Linear's own weight, .copy_(...) inside torch.no_grad()."),
            (r"leaf Variable that requires grad", "autograd forbids changing a parameter in place while it records: "
@@ -126,8 +140,9 @@ def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], co
         return ((previous * mask).sum(2) / mask.sum(2)).mean(0)
     return (previous * mask).sum((0, 2)) / (mask.sum() if count is None else count(keep))
 
-def _weights_case(h, *lengths):
+def _weights_case(h, *lengths, left=False):
     (keep, name), B, L = _keep(*lengths), len(lengths), max(lengths)
+    keep, name = (keep.flip(1), name + " padded on the left") if left else (keep, name)
     scores = torch.randn(B, h, L, L, generator=torch.Generator().manual_seed(L * h + B), dtype=DTYPE)
     scores[:, 0].diagonal(offset=-1, dim1=-2, dim2=-1).add_(4.0)  # head 0 looks at the previous token
     weights = scores.masked_fill(keep[:, None, None, :] == 0, -math.inf).softmax(-1)  # (B, h, L, S)
@@ -137,7 +152,7 @@ PREVIOUS_TOKEN = Exercise(
     what="your previous_token_scores",
     reference=_previous,
     cases=[_weights_case(1, 2), _weights_case(3, 3, 1), _weights_case(4, 6, 4, 3), _weights_case(3, 5, 5),
-           _weights_case(2, 2, 4, 1, 3)],
+           _weights_case(2, 2, 4, 1, 3), _weights_case(2, 4, 2, 3, left=True)],
     mistakes=[
         *[Mistake(f"offset {k}{q}", f"measures {says}. The previous token of query i is key i - 1: diagonal(offset=-1)"
                   f" of the (L, S) weights.", partial(_previous, offset=k, **({"queries": lambda k, n: k[:, :n]} if q
@@ -155,6 +170,16 @@ PREVIOUS_TOKEN = Exercise(
                 "offset=-1) is real where keep[:, 1:] == 1.", partial(_previous, queries=lambda k, n: k[:, :n])),
         Mistake("query 0", "counts query 0 too, which has no previous token: average over the real queries i >= 1 "
                 "only.", partial(_previous, count=lambda keep: keep.sum())),
+        Mistake("sum", "sums the weights of the real queries i >= 1 without dividing by their number: the mean asks "
+                "for that division.", partial(_previous, count=lambda keep: 1)),
+        Mistake("key real", "counts only the queries whose previous key is real too: with the pads on the LEFT, the "
+                "first real token's key i - 1 is a pad. Every real query i >= 1 counts.",
+                partial(_previous, queries=lambda k, n: k[:, -n:] * k[:, :n])),
+        Mistake("first positions", "takes queries 1 .. n - 1, n = keep[b].sum(): with the pads on the LEFT those are "
+                "not the real tokens. Select the real queries by keep[:, 1:].", partial(_previous, queries=lambda k, n: (
+                    torch.arange(1, n + 1) < k.sum(1, keepdim=True)).to(k))),
+        Mistake("last query", "leaves out the last query, i = L - 1 (a range(1, L - 1) one short): every real query "
+                "1 <= i <= L - 1 counts.", partial(_previous, queries=lambda k, n: k[:, -n:] * (torch.arange(n) < n - 1))),
         Mistake("sentences", "averages each sentence first, then the sentences: a short sentence weighs as much as a "
                 "long one. Average once over every real query of the batch.", partial(_previous, sentences=True)),
     ],
@@ -163,7 +188,9 @@ PREVIOUS_TOKEN = Exercise(
     notes=lambda got, w, keep: _by_shape(got, (w.shape[1],), (((w.shape[-2] - 1,), "one score per query position, the "
         "heads reduced: keep them (dim 1), average over the sentences and the queries"), ((12,), "12 scores, "
         "MiniLM's heads written in: these weights have weights.shape[1]"), ((w.shape[0], w.shape[1]), "one row per "
-        "sentence: average over the sentences too"))),
+        "sentence: average over the sentences too"), ((w.shape[0],), "one score per sentence, the heads reduced: keep "
+        "the heads (dim 1)"), (tuple(w.diagonal(-1).shape), "the diagonal of dims 0 and 1, the sentences and the "
+        "heads, diagonal()'s defaults: take diagonal(offset=-1, dim1=-2, dim2=-1)"))),
     hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 "
             "and 1: select with keep.bool() (or keep == 1)."),),
 )
@@ -212,6 +239,8 @@ MAX_POOL = Exercise(
                   f"them with float('-inf').", partial(_pool, fill=v, add=verb == "add")) for v, t in ((-1e4, "-1e4"),
                   (-1e9, "-1e9")) for verb, says in (("fill", "fills the pads with a FINITE value"),
                                                      ("add", "ADDS a finite penalty to the pads"))],
+        Mistake("NaN", "fills the pads with NaN, and a maximum over a NaN is NaN: fill them with float('-inf').",
+                partial(_pool, fill=math.nan)),
         Mistake("inverted", "has its mask the wrong way round: it keeps the pads and drops the real tokens (keep is 1 "
                 "for real tokens). Fill with -inf where keep == 0.", partial(_pool, pads=lambda keep: keep == 1)),
         Mistake("mean", "takes the MEAN over the real tokens, the model card's pooling: this exercise asks for the "
