@@ -246,7 +246,7 @@ PREVIOUS_TOKEN = Catalogue(
                (r"shifted by one", r"keep\[:, 1:\]")),
         Mutant("query 0 counted", lambda w, k: diagonal_scores(w, k, count="with query 0"), (r"query 0",)),
         Mutant("sum, not mean", lambda w, k: diagonal_scores(w, k, reduce="sum"),
-               (r"without dividing by their number",)),
+               (r"not divided by their number",)),
         Mutant("loop over the first keep.sum() positions", right_padded_loop, (r"pads on the LEFT",)),
         Mutant("mean of sentence means", lambda w, k: diagonal_scores(w, k, reduce="sentences"),
                (r"each sentence first",)),
