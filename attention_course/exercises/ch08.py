@@ -69,13 +69,12 @@ MERGE = Exercise(
                   "exp(m1 - m) <= 1, the old maximum minus the new one.", _m(factor=lambda mb, m, g=g: torch.exp(
                       m - mb).masked_fill((mb == NEG_INF) & bool(g), 0.0))) for g in ("", " (0 where no key)")],
         *[Mistake(f"no factor on {x}{i}", f"forgets block {i}'s factor on {x}: {x} = " + " + ".join(
-            f"{x}{j}" if j == i else f"exp(m{j} - m) {x}{j}" for j in (1, 2)) + f". To {RESCALE}.",
+            f"{x}{j}" if j == i else f"exp(m{j} - m) {x}{j}" for j in (1, 2)) + f"; {RESCALE}.",
             _m(scale=[k != n for k in range(4)])) for n, (x, i) in enumerate((("l", 1), ("l", 2), ("acc", 1), ("acc", 2)))],
         Mistake("no exp", "takes m1 - m as the factor, WITHOUT THE EXPONENTIAL: it is exp(m1 - m), since l and acc "
                 "hold exp(score - m).", _m(factor=lambda mb, m: mb - m)),
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): acc / "
-                "l is right, but l and acc are not the sums under m (and exp overflows past 709).",
-                _m(factor=lambda mb, m: torch.exp(mb))),
+                "l is right, but l and acc are not the sums under m.", _m(factor=lambda mb, m: torch.exp(mb))),
         Mistake("m2 kept", "keeps m = m2 and rescales only the first block: m2 need not be the larger; m = "
                 "torch.maximum(m1, m2), both blocks rescaled to it.", _m(take=lambda a, b: b, scale=(1, 0, 1, 0))),
         Mistake("m1", "returns m = m1, the first block's maximum; the second block may hold a larger score: "

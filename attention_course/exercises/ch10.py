@@ -100,8 +100,7 @@ APPLY_ROPE = Exercise(
               "(arange(0, d, 2) // d). Divide in floating point, in x's dtype.", power=0, dtype=F32),
         _turn("pairs", "lays cos and sin out PER PAIR (0, 0, 1, 1, ..), not cat([angles, angles]).", layout="pairs"),
         _turn("swapped", "has cos and sin SWAPPED: x * cos + rotate_half(x) * sin.", swap=True),
-        *[_turn(f"base {b:g}", f"uses the base {b:g}: this exercise's is 10000, theta_i = 10000 ** (-2i / d).", base=b)
-          for b in (1000.0, 100000.0, 500000.0)],
+        *[_turn(f"base {b:g}", f"uses the base {b:g}: this exercise's is 10000.", base=b) for b in (1e3, 1e5, 5e5)],
         _turn("no sin", "returns x * cos: the sin term is missing, + rotate_half(x) * sin.", sin_term=0),
         _turn("no outer", "multiplies positions (L,) by frequencies (d/2,): take their OUTER product.", outer="flat"),
         _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta.", outer="turned"),

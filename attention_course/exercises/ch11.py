@@ -1,7 +1,9 @@
 """Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key), each
 run in worker processes (:mod:`..distributed.trial`) and judged by :mod:`.diagnose`:
-1. ``split_in_proj(...)`` (``ex-ch11-split-in-proj``): rank r's rows of heads r*n .. (r+1)*n - 1 in W_q, W_k, W_v.
-2. ``ring_step(...)`` (``ex-ch11-ring-step``): block (r - s) mod world_size merged into chapter 8's state (m, l, acc)."""
+1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size)`` (``ex-ch11-split-in-proj``): the rows
+   of rank r's heads r*n .. (r+1)*n - 1 in W_q, W_k, W_v, and their bias entries.
+2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)`` (``ex-ch11-ring-step``): block
+   (r - s) mod world_size merged into chapter 8's state (m, l, acc)."""
 from __future__ import annotations
 
 import torch
