@@ -30,8 +30,7 @@ def _reference_merge(m1, l1, acc1, m2, l2, acc2, take=torch.maximum, stand_in=Tr
     return m, f1 * l1 + f2 * l2, g1 * acc1 + g2 * acc2
 
 def _case(lead, n1, n2, dv, empty=(), seed=8):
-    """Blocks of n1 and n2 keys for queries of shape ``lead``; ``empty``, per query: 1 its first block masked, 2 its
-    second, 3 both. Every other query has its largest scores in the second block."""
+    """Blocks of n1, n2 keys, queries of shape ``lead`` (every other one's maximum in block 2), some blocks masked."""
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(*lead, n1 + n2, generator=gen, dtype=torch.float64) * 3  # (..., n)
     flat = scores.view(-1, n1 + n2)
@@ -50,6 +49,8 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
                 marks)
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
+_m = lambda **switches: partial(_reference_merge, **switches)  # noqa: E731 - the reference with switches
+_then = lambda f: lambda *s: f(*_reference_merge(*s))  # noqa: E731 - the reference's (m, l, acc) changed after
 MERGE = Exercise(
     what="your merge_partials",
     reference=_reference_merge,
@@ -57,59 +58,51 @@ MERGE = Exercise(
            _case((2, 3), 3, 5, 2, [0, 2, 0, 1, 3, 0], seed=1), _case((5,), 1, 7, 4, seed=2)],
     mistakes=[
         Mistake("no rescaling", f"adds l1 + l2 and acc1 + acc2, sums taken under two DIFFERENT MAXIMA. Rescale each "
-                f"one to the common maximum m first: {RESCALE}.", partial(_reference_merge, scale=(0, 0, 0, 0))),
-        *[Mistake(f"only {x}", f"rescales only {x} to the common maximum m, not {y}: {RESCALE}.",
-                  partial(_reference_merge, scale=on))
+                f"one to the common maximum m first: {RESCALE}.", _m(scale=(0, 0, 0, 0))),
+        *[Mistake(f"only {x}", f"rescales only {x} to the common maximum m, not {y}: {RESCALE}.", _m(scale=on))
           for x, y, on in (("acc", "l", (0, 0, 1, 1)), ("l", "acc", (1, 1, 0, 0)))],
-        Mistake("only the first block", "rescales only the first block to the common maximum m: the second block's "
-                "maximum m2 may lie below m too, so multiply l2 and acc2 by exp(m2 - m) as well.",
-                partial(_reference_merge, scale=(1, 0, 1, 0))),
+        Mistake("only the first block", "rescales only the first block to the common maximum m: m2 may lie below m "
+                "too, so multiply l2 and acc2 by exp(m2 - m) as well.", _m(scale=(1, 0, 1, 0))),
         Mistake("swapped", "has the two factors SWAPPED: exp(m1 - m) belongs to block 1 (l1, acc1), exp(m2 - m) to "
-                "block 2.", partial(_reference_merge, swap=True)),
-        Mistake("wrong way round", "takes the exponent the WRONG WAY ROUND: exp(m - m1) >= 1 inflates the block of "
-                "the lower maximum; the factor is exp(m1 - m) <= 1, the old maximum minus the new one.",
-                partial(_reference_merge, factor=lambda mb, m: torch.exp(m - mb))),
+                "block 2.", _m(swap=True)),
+        *[Mistake(f"wrong way round{g}", "takes the exponent the WRONG WAY ROUND: exp(m - m1) >= 1; the factor is "
+                  "exp(m1 - m) <= 1, the old maximum minus the new one.", _m(factor=lambda mb, m, g=g: torch.exp(
+                      m - mb).masked_fill((mb == NEG_INF) & bool(g), 0.0))) for g in ("", " (0 where no key)")],
+        *[Mistake(f"no factor on {x}{i}", f"forgets block {i}'s factor on {x}: {x} = " + " + ".join(
+            f"{x}{j}" if j == i else f"exp(m{j} - m) {x}{j}" for j in (1, 2)) + f"; {RESCALE}.",
+            _m(scale=[k != n for k in range(4)])) for n, (x, i) in enumerate((("l", 1), ("l", 2), ("acc", 1), ("acc", 2)))],
         Mistake("no exp", "takes m1 - m as the factor, WITHOUT THE EXPONENTIAL: it is exp(m1 - m), since l and acc "
-                "hold exp(score - m).", partial(_reference_merge, factor=lambda mb, m: mb - m)),
-        Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): "
-                "acc / l is right, but l and acc are not the sums under the common maximum m (and exp(m1) "
-                "overflows once a score passes 709).", partial(_reference_merge, factor=lambda mb, m: torch.exp(mb))),
+                "hold exp(score - m).", _m(factor=lambda mb, m: mb - m)),
+        Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): acc / "
+                "l is right, but l and acc are not the sums under m.", _m(factor=lambda mb, m: torch.exp(mb))),
         Mistake("m2 kept", "keeps m = m2 and rescales only the first block: m2 need not be the larger; m = "
-                "torch.maximum(m1, m2), and both blocks rescaled to it.", partial(_reference_merge, take=lambda a, b: b,
-                                                                                  scale=(1, 0, 1, 0))),
+                "torch.maximum(m1, m2), both blocks rescaled to it.", _m(take=lambda a, b: b, scale=(1, 0, 1, 0))),
         Mistake("m1", "returns m = m1, the first block's maximum; the second block may hold a larger score: "
-                "m = torch.maximum(m1, m2).", partial(_reference_merge, take=lambda a, b: a)),
+                "m = torch.maximum(m1, m2).", _m(take=lambda a, b: a)),
         Mistake("minimum", "returns the smaller of m1 and m2 as m; it must be the larger, torch.maximum(m1, m2).",
-                partial(_reference_merge, take=torch.minimum)),
-        Mistake("all queries", "returns one m for all queries, the largest score of all of them: take the maximum "
-                "per query, elementwise, torch.maximum(m1, m2), not a max over the queries' axis.",
-                partial(_reference_merge, take=lambda a, b: torch.cat([a, b]).amax().expand_as(a))),
-        Mistake("NaN", "gives NaN for a query with no key in either block: there m1 = m2 = m = -inf, and exp(m1 - m) "
-                "= exp(-inf - -inf) = exp(nan). Subtract a finite stand-in (0 where m is -inf) inside the "
-                "exponentials.", partial(_reference_merge, stand_in=False)),
-        *[Mistake(f"fill {text}", f"returns m = {text} for a query with no key: m must stay -inf there. A finite "
-                  f"fill in place of -inf belongs only inside the exponentials, as the stand-in subtracted there; "
-                  f"m itself is the largest score, -inf when there is none.", partial(_reference_merge, fill=value))
-          for value, text in ((-1e4, "-1e4"), (-1e9, "-1e9"))],
-        *[Mistake(f"outputs {how}", f"{verb} the two blocks' outputs acc1 / l1 and acc2 / l2: a block counts by its "
-                  f"share of the normaliser. Merge the sums, not the outputs: {RESCALE}, and add.",
-                  lambda m1, l1, a1, m2, l2, a2, k=k: (torch.maximum(m1, m2), torch.ones_like(l1),
-                                                       (a1 / l1 + a2 / l2) / k))
+                _m(take=torch.minimum)),
+        Mistake("all queries", "returns one m for all queries, the largest of all: take the maximum per query, "
+                "torch.maximum(m1, m2).", _m(take=lambda a, b: torch.cat([a, b]).amax().expand_as(a))),
+        Mistake("stand-in returned", "returns m = 0 for a query with no key: m is -inf there; 0, the stand-in, belongs "
+                "only inside the exponentials.", _then(lambda m, l, acc: (m.nan_to_num(0.0, 0.0, 0.0), l, acc))),
+        Mistake("NaN", "gives NaN for a query with no key in either block: m1 = m2 = m = -inf, and exp(-inf - -inf) is "
+                "NaN. Subtract a finite stand-in (0 where m is -inf) inside the exponentials.", _m(stand_in=False)),
+        *[Mistake(f"fill {text}", f"returns m = {text} for a query with no key: m must stay -inf there. A finite fill "
+                  f"belongs only inside the exponentials, as the stand-in subtracted there.", _m(fill=value))
+          for value, text in ((-1e4, "-1e4"), (-1e9, "-1e9"), (torch.finfo(torch.float64).min, "-1.8e308"))],
+        *[Mistake(f"outputs {how}", f"{verb} the two blocks' outputs acc1 / l1 and acc2 / l2: merge the sums, not the "
+                  f"outputs: {RESCALE}, and add.", lambda m1, l1, a1, m2, l2, a2, k=k: (
+                      torch.maximum(m1, m2), torch.ones_like(l1), (a1 / l1 + a2 / l2) / k))
           for how, verb, k in (("averaged", "takes the mean of", 2), ("added", "adds", 1))],
         Mistake("acc divided", "returns acc already divided by l: keep acc the unnormalised sum of exp(score - m) * "
-                "value, and divide only at the very end (the next merge needs the sums).",
-                lambda *s: (lambda m, l, acc: (m, l, acc / l))(*_reference_merge(*s))),
-        Mistake("order", "returns (m, acc, l): l and acc in the wrong order. Return (m, l, acc).",
-                lambda *s: (lambda m, l, acc: (m, acc, l))(*_reference_merge(*s))),
+                "value, divided only at the very end.", _then(lambda m, l, acc: (m, l, acc / l))),
+        Mistake("order", "returns (m, acc, l), the wrong order: (m, l, acc).", _then(lambda m, l, a: (m, a, l))),
     ],
-    passed="the state of all the keys at once, for any number of queries and any dv, also where one block or both "
-           "have every key masked.",
+    passed="the state of all the keys at once, for any number of queries and any dv, one block or both masked.",
     parts=("m", "l", "acc"),
-    hints=((r"must match the size of tensor b", "m, l and the factors exp(m1 - m), exp(m2 - m) are (..., 1) and acc "
-            "(..., dv): keep the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every "
-            "column of acc."),),
+    hints=((r"must match the size of tensor b", "m, l and the factors exp(m1 - m) are (..., 1), acc (..., dv): keep "
+            "the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every column of acc."),),
 )
-
 def check_merge_partials(fn) -> None:
     """Check ``fn(m1, l1, acc1, m2, l2, acc2) -> (m, l, acc)``: the state of the two blocks together."""
     check(MERGE, fn)

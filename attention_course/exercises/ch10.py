@@ -1,10 +1,8 @@
 """Checkers for chapter 10, attention that writes (the notebook states each exercise in full; masks are IGNORE masks):
-
 1. ``my_repeat_kv(x, n_rep)`` -- grade_id ``ex-ch10-repeat-kv``: query head j reads key/value head j // n_rep.
 2. ``my_apply_rope(x, positions)`` -- grade_id ``ex-ch10-rope``: split-halves RoPE, base 10000, at the positions given.
 3. ``decode_step(q, k, v, cache_k, cache_v)`` -- grade_id ``ex-ch10-decode-step``: causal attention with a KV cache.
-4. ``window_mask(q_positions, k_positions, window)`` -- grade_id ``ex-ch10-window-mask``: the sliding-window mask.
-"""
+4. ``window_mask(q_positions, k_positions, window)`` -- grade_id ``ex-ch10-window-mask``: the sliding-window mask."""
 from __future__ import annotations
 
 import math
@@ -19,7 +17,6 @@ F32 = torch.float32
 randn = lambda *shape, seed=10, dtype=torch.float64: torch.randn(  # noqa: E731
     *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
-# Exercise 1: repeating key/value heads for grouped-query attention
 _repeat_case = lambda B, h_kv, S, d, n_rep, dtype=torch.float64: Case(  # noqa: E731
     f"{h_kv} key/value head{'s' * (h_kv > 1)}, {f'n_rep = {n_rep}' if n_rep > 1 else 'no copies (n_rep 1)'}, x of "
     f"shape {(B, h_kv, S, d)}" + " in float32" * (dtype == F32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
@@ -44,7 +41,10 @@ REPEAT_KV = Exercise(
           for a, w in ((3, "ROW, the sequence axis"), (4, "FEATURE"))],
         *[Mistake(f"head {j}", f"gives query head j key/value head {j}: head j // n_rep, each serving n_rep heads in a "
                   f"row.", lambda x, n, f=f: x[:, f(torch.arange(x.shape[1] * n), x.shape[1], n)])
-          for j, f in (("j // h_kv", lambda j, h, n: j // h), ("j % n_rep", lambda j, h, n: j % n))],
+          for j, f in (("j // h_kv", lambda j, h, n: j // h), ("j // h_kv (clamped)", lambda j, h, n: (j // h).clamp(
+              max=h - 1)), ("j % n_rep", lambda j, h, n: j % n))],
+        Mistake("S, d swapped", "views the result as (B, h, d, S), S and d swapped: values scrambled, no transpose "
+                "fixes it.", lambda x, n: x.repeat_interleave(n, 1).reshape(*x.shape[:1], -1, *x.shape[:1:-1])),
         Mistake("5-D", "is 5-D: the new axis was never merged into the heads, .reshape(B, h_kv * n_rep, S, d).",
                 lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1)),
         Mistake("expand", "expands the heads axis: expand repeats only an axis of SIZE 1 (multi-query attention). "
@@ -54,17 +54,15 @@ REPEAT_KV = Exercise(
     forbidden=("attention_course.decoding.repeat_kv", "transformers.models.llama.modeling_llama.repeat_kv"),
     instead="Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis expanded and merged.",
 )
-
 def check_repeat_kv(fn) -> None:
     """Check ``fn(x, n_rep)``: (B, h_kv, S, d) -> (B, h_kv * n_rep, S, d), query head j reading head j // n_rep."""
     check(REPEAT_KV, fn)
 
-# Exercise 2: rotary positions, split halves
 def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", swap=False, sin_term=1, outer="rows",
-          dtype=None, axis=-1, over=-1):  # RoPE of x (..., L, d) at positions (L,): the reference, and slips
+          dtype=None, axis=-1, over=-1, base=10000.0):  # RoPE of x (..., L, d) at positions (L,), and slips
     d, n, dtype = x.shape[over], x.shape[axis], dtype or x.dtype
     p = (torch.arange(len(positions)) if start == 0 else positions + (start or 0)).to(dtype)
-    theta = 10000.0 ** (-power * torch.arange(n if layout == "feature" else n // 2, dtype=dtype) / d)  # (d/2,)
+    theta = base ** (-power * torch.arange(n if layout == "feature" else n // 2, dtype=dtype) / d)  # (d/2,)
     angle = p[:, None] * theta if outer == "rows" else p * theta if outer == "flat" else theta[:, None] * p[None, :]
     cos, sin = (angle.sin(), angle.cos()) if swap else (angle.cos(), angle.sin())  # (L, d/2)
     if pairs:  # interleaved: features (2i, 2i + 1) turned together
@@ -102,6 +100,7 @@ APPLY_ROPE = Exercise(
               "(arange(0, d, 2) // d). Divide in floating point, in x's dtype.", power=0, dtype=F32),
         _turn("pairs", "lays cos and sin out PER PAIR (0, 0, 1, 1, ..), not cat([angles, angles]).", layout="pairs"),
         _turn("swapped", "has cos and sin SWAPPED: x * cos + rotate_half(x) * sin.", swap=True),
+        *[_turn(f"base {b:g}", f"uses the base {b:g}: this exercise's is 10000.", base=b) for b in (1e3, 1e5, 5e5)],
         _turn("no sin", "returns x * cos: the sin term is missing, + rotate_half(x) * sin.", sin_term=0),
         _turn("no outer", "multiplies positions (L,) by frequencies (d/2,): take their OUTER product.", outer="flat"),
         _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta.", outer="turned"),
@@ -115,23 +114,22 @@ APPLY_ROPE = Exercise(
         f"transformers.models.llama.modeling_llama.{f}" for f in ("apply_rotary_pos_emb", "rotate_half")),
     instead="Build the angles positions[:, None] * theta yourself and write rotate_half as torch.cat([-x2, x1], -1).",
 )
-
 def check_apply_rope(fn) -> None:
     """Check ``fn(x, positions)``: x (B, h, L, d) rotated at positions (L,), split halves, base 10000."""
     check(APPLY_ROPE, fn)
 
-# Exercise 3: one decode step with a KV cache
 def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=True, store="end", turn="qk", again="",
-            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1, width=0, front=False):
+            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1, width=0, front=False, by=-1):
     """One decode step: the reference, and the classic slips as switches (turn: what is rotated, how many times)."""
     T, L = cache_k.shape[2], q.shape[2]
-    at = torch.arange(L) + {None: T, 0: 0, 1: T + 1, "heads": cache_k.shape[1], "d": cache_k.shape[3]}[start]
+    at = torch.arange(L) + {None: T, 0: 0, 1: T + 1, "heads": cache_k.shape[1], "d": cache_k.shape[3], "L": L}[start]
     rq, rk, rv = (reduce(lambda t, _: _rope(t, at), range(turn.count(c)), t) for t, c in ((q, "q"), (k, "k"), (v, "v")))
     keys, values = (torch.cat([new, old] if front else [old, new], cat) for old, new in ((cache_k, rk), (cache_v, rv)))
     if again:  # the whole cache (with the new keys unrotated, or rotated) rotated again at 0 .. S-1
         keys = _rope(keys if again == "all" else torch.cat([cache_k, k], 2), torch.arange(keys.shape[2]))
     kept = {"end": (keys, values), "front": (torch.cat([rk, cache_k], 2), torch.cat([rv, cache_v], 2)),
-            "unchanged": (cache_k, cache_v), "new": (rk, rv), "raw": (torch.cat([cache_k, k], 2), values)}[store]
+            "unchanged": (cache_k, cache_v), "new": (rk, rv), "raw": (torch.cat([cache_k, k], 2), values),
+            "again": (_rope(torch.cat([cache_k, k], 2), torch.arange(T + L)), values)}[store]
     keys, values = {True: (keys, values), False: (cache_k, cache_v), "values": (cache_k, values)}[own]
     key, query, S = torch.arange(keys.shape[2]), torch.arange(T, T + L), keys.shape[2]
     back = query[:, None] - key[None, :]  # (L, S): how far back each key lies
@@ -141,7 +139,7 @@ def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=Tru
         "hide cache": (back < 0) | (key < T), "zero": key > torch.arange(L)[:, None]}[mask]
     if sdpa:
         return (F.scaled_dot_product_attention(rq, keys, values, attn_mask=hidden), *kept)  # True = MAY attend
-    scores = rq @ keys.transpose(*axes) / (q.shape[-1] * q.shape[1] ** width) ** power  # (B, h, L, S)
+    scores = rq @ keys.transpose(*axes) / (keys.shape[by] * q.shape[1] ** width) ** power  # (B, h, L, S)
     weights = (scores if hidden is None or after else scores.masked_fill(hidden, fill)).softmax(softmax)
     return ((weights.masked_fill(hidden, 0.0) if after else weights) @ values, *kept)
 
@@ -169,6 +167,7 @@ DECODE_STEP = Exercise(
         _step("restart", "rotates the new tokens at 0 .. L-1, as if RESTARTED at 0: they sit at T .. T+L-1.", start=0),
         _step("masked 0", "rotates and masks the new tokens at 0 .. L-1, RESTARTED at 0, not T.", start=0, mask="zero"),
         _step("plus one", "rotates the new tokens one position too far, at T+1 .. T+L: the first is at T.", start=1),
+        _step("T = L", "rotates the new tokens at L .. 2L-1, T read from q: T = cache_k.shape[2].", start="L"),
         _step("heads", "reads T from cache_k.shape[1], the number of HEADS: T = cache_k.shape[2].", start="heads"),
         _step("T = d", "reads T from cache_k.shape[-1], the head size d: T = cache_k.shape[2].", start="d"),
         *[_step(f"dim {a}", f"grows the cache along dim {a}, the {AXES[a]} axis: the WRONG AXIS. Append along dim 2, "
@@ -201,6 +200,7 @@ DECODE_STEP = Exercise(
         _step("axes", "transposes the keys on the wrong axes, (1, 2): q @ keys.transpose(-2, -1).", axes=(1, 2)),
         _step("scale d", "divides the scores by d: the scale is 1/sqrt(d).", power=1),
         _step("scale D", "divides by sqrt(h * d), the model's width: the scale is 1/sqrt(d), a head's.", width=1),
+        _step("scale S", "divides the scores by sqrt(T + L), the number of keys: the scale is 1/sqrt(d).", by=2),
         _step("not scaled", "leaves the scores unscaled: divide them by sqrt(d).", power=0),
         _step("softmax queries", "runs the softmax over the QUERIES: over the keys, softmax(dim=-1).", softmax=-2),
         _step("softmax heads", "runs the softmax over the HEADS: over the keys, softmax(dim=-1).", softmax=1),
@@ -209,15 +209,14 @@ DECODE_STEP = Exercise(
         _step("front", "returns the right out, but the new entries at the FRONT of the caches.", store="front"),
         _step("prepended", "puts the new keys and values BEFORE the cache: append, cat([cache_k, k], 2).", front=True),
         _step("raw", "stores the new keys UNROTATED: the cache holds keys rotated at their positions.", store="raw"),
+        _step("stored again", "stores cat([cache_k, k]) rotated at 0 .. T+L-1: the old keys TURNED TWICE.", store="again"),
     ],
     passed="each step equals attention over all T + L tokens: prefills, one token, chunks, d = 2 to 8, a generation.",
 )
-
 def check_decode_step(fn) -> None:
     """Check ``fn(q, k, v, cache_k, cache_v) -> (out, cache_k, cache_v)``: one causal step with a KV cache."""
     check(DECODE_STEP, fn)
 
-# Exercise 4: the sliding-window mask
 def _window(q_positions, k_positions, window, near=0, far=0, band="causal", flat=False):  # and the slips
     back = q_positions - k_positions if flat else q_positions[:, None] - k_positions[None, :]  # (L, S)
     back = -back if band == "forward" else back
@@ -243,6 +242,7 @@ WINDOW_MASK = Exercise(
         _band("no causal", "hides only the keys too far back: NOT CAUSAL. Hide k > q too.", near=-math.inf),
         _band("no window", "is the plain causal mask: the WINDOW IS IGNORED. Hide q - k >= window too.", far=math.inf),
         _band("own key", "hides each query's OWN KEY (k >= q): hide only k > q.", near=1),
+        _band("shifted", "hides the query's OWN KEY, sees q - k = window: the window one step back. " + SEES, near=1, far=1),
         _band("forward", "LOOKS FORWARD: a query sees the window - 1 positions AFTER it (k - q).", band="forward"),
         _band("flat", "compares the positions ELEMENT BY ELEMENT: q[:, None] - k[None, :] is (L, S).", flat=True),
         Mistake("indices", "is built from INDICES 0 .. L-1 and 0 .. S-1, not from the positions given.",
@@ -258,7 +258,6 @@ WINDOW_MASK = Exercise(
     forbidden=("attention_course.decoding.decode_mask",),
     instead="Compare the positions yourself: back = q_positions[:, None] - k_positions[None, :].",
 )
-
 def check_window_mask(fn) -> None:
     """Check ``fn(q_positions, k_positions, window)``: the (L, S) ignore mask, True where k > q or q - k >= window."""
     check(WINDOW_MASK, fn)

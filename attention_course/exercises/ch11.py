@@ -1,12 +1,9 @@
-"""Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key):
-
+"""Checkers for chapter 11, attention across processes (float64 CPU tensors; padding masks: True = a padded key), each
+run in worker processes (:mod:`..distributed.trial`) and judged by :mod:`.diagnose`:
 1. ``split_in_proj(in_proj_weight, in_proj_bias, num_heads, rank, world_size)`` (``ex-ch11-split-in-proj``): the rows
-   of rank r's heads r*n .. (r+1)*n - 1 in each of the packed W_q, W_k, W_v, packed alike, and their bias entries.
+   of rank r's heads r*n .. (r+1)*n - 1 in W_q, W_k, W_v, and their bias entries.
 2. ``ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal)`` (``ex-ch11-ring-step``): block
-   (r - s) mod world_size scored and merged into chapter 8's running state (m, l, acc).
-
-Both run in worker processes (:mod:`..distributed.trial`); what they did is judged by :mod:`.diagnose`.
-"""
+   (r - s) mod world_size merged into chapter 8's state (m, l, acc)."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +13,6 @@ from ..distributed.trial import Last, Real, blocks, empty_state
 from . import DTYPE
 from .diagnose import Case, Exercise, Mistake
 
-# Exercise 1: the rows of a packed in_proj_weight that one rank's heads need
 def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse="raise", layout="packed",
            heads="contiguous", out="packed", bias_mode="split", order=(0, 1, 2)):
     """This rank's (weight, bias), and each classic mistake as an option ("per head": Megatron's fused layout)."""
@@ -26,7 +22,8 @@ def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse=
     weight, bias, E, n = in_proj_weight, in_proj_bias, in_proj_weight.shape[1], num_heads // world_size
     block = lambda r: list(range(r * n, (r + 1) * n))  # noqa: E731
     chosen = {"contiguous": block(rank), "strided": list(range(rank, num_heads, world_size)),
-              "mirror": block(world_size - 1 - rank), "next": block((rank + 1) % world_size), "one": [rank]}[heads]
+              "mirror": block(world_size - 1 - rank), "next": block((rank + 1) % world_size), "one": [rank],
+              "from rank": list(range(rank, rank + n))}[heads]
     if layout == "chunks":  # the packed rows cut into world_size pieces
         return weight.chunk(world_size)[rank], bias.chunk(world_size)[rank]
     shape = (3, num_heads, E // num_heads) if layout == "packed" else (num_heads, 3, E // num_heads)
@@ -74,6 +71,7 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1, h))[:, :, _n(r, h, P)].flatten(0, 2) for t in [w, b])),
         Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
+        Mistake("from rank", f"takes heads rank .. rank + n - 1. {_FIX}", _s(heads="from rank")),
         Mistake("one head", "keeps ONE HEAD, head r: a rank owns n = num_heads // world_size heads.", _s(heads="one")),
         Mistake("ordered per head", "has the right rows ORDERED PER HEAD (q, k, v of one head, then of the next): "
                 "pack the q rows of the rank's heads, then their k rows, then their v rows.", _s(out="per head")),
@@ -113,13 +111,12 @@ def check_split_in_proj(fn) -> None:
     """Check ``fn(in_proj_weight, in_proj_bias, num_heads, rank, world_size) -> (weight, bias)`` in workers."""
     _verdicts("split", [fn])[0]()
 
-# Exercise 2: one step of ring attention
 def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal, *, direction="back",
                rescale="both", causal="blocks", scale="sqrt", guard=True, padding="hide", acc_mode="sum", old=True,
                running=True, skipped="state"):
     """The new (m, l, acc) after merging the block held at ``step``, and each classic mistake as an option."""
     m, l, acc = state  # noqa: E741
-    src = (rank - step) % world_size if direction == "back" else (rank + step) % world_size
+    src = {"back": rank - step, "forward": rank + step, "swapped": step - rank}[direction] % world_size
     Lq, Lk = q.shape[2], k.shape[2]
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
     if (is_causal or causal == "always") and causal not in ("no skip", "ignored", "positions") and (
@@ -134,9 +131,9 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
             hide = (src * Lk + torch.arange(Lk))[None, :] > (rank * Lq + torch.arange(Lq))[:, None]
     m, l, acc = (m, l, acc) if old else empty_state(q)  # noqa: E741
     d = q.shape[-1]
-    scores = q @ k.transpose(-2, -1) * {"sqrt": d ** -0.5, "none": 1.0, "d": 1.0 / d}[scale]  # (B, h, Lq, Lk)
+    scores = q @ k.transpose(-2, -1) * {"sqrt": d ** -0.5, "none": 1.0, "d": 1.0 / d, "L_k": Lk ** -0.5}[scale]
     scores = scores.masked_fill(hide, float("-inf"))
-    if key_padding_mask is not None and padding != "ignored":
+    if key_padding_mask is not None and padding != "ignored" and not (padding == "elif" and is_causal):
         pads = key_padding_mask if padding != "inverted" else ~key_padding_mask
         pads = pads[:, None, :, None] if padding == "queries" else pads[:, None, None, :]
         scores = scores.masked_fill(pads, float("-inf"))
@@ -193,16 +190,19 @@ RING = Exercise(
         Mistake("normalised", "NORMALISES acc at each step (divided by l): keep the sum of exp(score - m) * value, and "
                 "divide by l once, after the last step.", _r(acc_mode="normalised")),
         Mistake("not scaled", "does NOT SCALE the scores: divide q @ k^T by sqrt(d).", _r(scale="none")),
+        Mistake("L_k", "scales the scores by 1/sqrt(L_k), the block's LENGTH: the scale is 1/sqrt(d).", _r(scale="L_k")),
         Mistake("divided by d", "divides the scores by d: the scale is 1/sqrt(d), the SQUARE ROOT.", _r(scale="d")),
         Mistake("no guard", "gives NaN when every key of a block is padding (or hidden) and the state is still empty: "
                 "exp(-inf + inf). Shift by m_new.masked_fill(m_new == -inf, 0).", _r(guard=False)),
         Mistake("padding ignored", "IGNORES THE PADDING: hide the padded keys, scores.masked_fill("
                 "key_padding_mask[:, None, None, :], -inf).", _r(padding="ignored")),
         Mistake("padding inverted", "uses the padding mask the WRONG WAY ROUND: True hides.", _r(padding="inverted")),
+        Mistake("padding elif", "hides padded keys only when NOT is_causal (an elif): hide them always.", _r(padding="elif")),
         Mistake("padding on queries", "lays the padding mask along the QUERIES, [:, None, :, None]: it marks KEYS, "
                 "key_padding_mask[:, None, None, :].", _r(padding="queries")),
         Mistake("forward", "counts the block index the WRONG WAY ROUND THE RING: the blocks travel to rank + 1, so at "
                 "step s a rank holds block (rank - s) mod world_size.", _r(direction="forward")),
+        Mistake("swapped", "takes block (step - rank) mod world_size: rank and step SWAPPED.", _r(direction="swapped")),
         Mistake("no skip", "attends a block AFTER THE RANK'S OWN (causal), whose keys all come after every query: "
                 "return the state unchanged when (rank - step) mod world_size > rank.", _r(causal="no skip")),
         Mistake("triangle everywhere", "puts the own block's TRIANGLE on every block: a block before the rank's own is "

@@ -1,21 +1,19 @@
 """Checkers for chapter 12, attention that serves many (masks are IGNORE masks: True = may NOT attend):
-
 1. ``block_mask(cu_seqlens)`` (``ex-ch12-block-mask``): True where rows i and j are of different sequences or j > i.
 2. ``gather(pool, table, length)`` (``ex-ch12-gather``): (h_kv, length, d), token t from pool[table[t // b], :, t % b].
-3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): [(rid, n)], decodes first (one token each), then prompts.
-"""
+3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): [(rid, n)], decodes first (one token each), then prompts."""
 from __future__ import annotations
 
 import torch
 
 from .diagnose import Case, Exercise, Mistake, check
 
-# Exercise 1: the block-diagonal causal mask from cu_seqlens
-def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True):
+def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True, reach=False):
     rows = torch.arange(int(cu[-1]))
     ids = torch.searchsorted(cu, rows, right=right) - 1  # (N,): row i's sequence
     ids = ids.clamp(min=0) if clamp else ids
     ignore = ids[:, None] != ids[None, :] if blocks else torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    ignore &= ~(reach & torch.isin(rows, cu)[:, None] & (ids[None, :] == ids[:, None] - 1))  # a start sees the one before
     return ignore | causal(rows[None, :], rows[:, None]) if causal else ignore
 
 def _block_case(*lengths):
@@ -48,17 +46,21 @@ BLOCK_MASK = Exercise(
                 lambda cu: _block(cu) | (last := torch.arange(int(cu[-1])) >= cu[-2])[:, None] | last[None, :]),
         Mistake("cu as lengths", "reads cu_seqlens[1:] as the LENGTHS: they are where the sequences END; the lengths "
                 "are cu.diff(), N = cu[-1].", lambda cu: _block(torch.cat([cu[:1], cu[1:].cumsum(0)]))),
+        Mistake("and", "hides a key only where it is of another sequence AND later (&): hide it where either holds, "
+                "|.", lambda cu: _block(cu, causal=None) & _block(cu, blocks=False)),
+        Mistake("one row on", "lets each sequence's FIRST ROW see the sequence before it (a block written to row b = "
+                "the next start, inclusive): sequence i is rows cu[i] .. cu[i+1] - 1.", _b(reach=True)),
         Mistake("boundary, unclamped", "puts the first row of each sequence in the sequence before it (row 0 in none): "
                 "searchsorted without right=True. " + _START, _b(right=False, clamp=False)),
     ],
     passed="block-diagonal and causal: one sequence (plain causal), sequences of length 1, several of mixed lengths.",
+    notes=lambda got, cu: f"It is {len(got)} by {len(got)}: N taken as len(cu_seqlens), n + 1; N = cu_seqlens[-1]." if
+    isinstance(got, torch.Tensor) and got.shape == (len(cu),) * 2 != (int(cu[-1]),) * 2 else "",
 )
-
 def check_block_mask(fn) -> None:
     """Check ``fn(cu_seqlens)``: the (N, N) ignore mask, different sequence or later key."""
     check(BLOCK_MASK, fn)
 
-# Exercise 2: one request's keys through its block table
 def _gather(pool, table, length, blocks=None, cut=True, heads_first=True):
     blocks = torch.tensor(table if blocks is None else blocks(table), dtype=torch.long)
     x = pool[blocks]  # (n, h, b, d)
@@ -96,6 +98,10 @@ GATHER = Exercise(
                 "the last block are empty, or hold another request's old tokens.", lambda p, t, n: _gather(p, t, n, cut=False)),
         Mistake("shifted", "reads each token one slot late, SHIFTED by one: token t sits at offset t % b of block "
                 "table[t // b], counting from t = 0.", lambda p, t, n: _gather(p, t, n + 1)[:, 1:]),
+        Mistake("slot by slot", "orders the tokens SLOT BY SLOT across the blocks (permute(1, 2, 0, 3)): move only the "
+                "heads first, transpose(0, 1).", lambda p, t, n: p[torch.tensor(t)].permute(1, 2, 0, 3).flatten(1, 2)[:, :n]),
+        Mistake("last slots", "keeps the LAST length slots, [:, -length:]: a request's tokens are the FIRST length "
+                "slots of its blocks, [:, :length].", lambda p, t, n: _gather(p, t, n, cut=False)[:, -n:]),
         Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b] (whole "
                 "blocks before it), offset t % b.", lambda p, t, n: _per_token(p, t, n, swap=True)),
         Mistake("table reversed", "reads the block table from its END: token 0 is in the table's first block.",
@@ -113,12 +119,10 @@ GATHER = Exercise(
     hints=((r"out of range|out of bounds", "an index into the wrong axis or past its end: the table indexes the pool's "
             "BLOCKS, axis 0; b is pool.shape[2]; t // b and t % b swapped; or a loop past `length`."),),
 )
-
 def check_gather(fn) -> None:
     """Check ``fn(pool, table, length)``: (h_kv, length, d), token t from block table[t // b], offset t % b."""
     check(GATHER, fn)
 
-# Exercise 3: one scheduler step
 _ORDERS = {"first": lambda rs: sorted(rs, key=lambda r: r[1] > 0),  # stable: each group in the order given
            "last": lambda rs: sorted(rs, key=lambda r: r[1] == 0), "mixed": list,
            "dropped": lambda rs: [r for r in rs if r[1] > 0]}
@@ -177,6 +181,8 @@ PLAN_STEP = Exercise(
         Mistake("decodes past budget", "gives decodes tokens PAST THE BUDGET: they count too.", _p(free=True)),
         Mistake("stops at 1", "stops with ONE TOKEN of the budget left (left > 1): spend it, left >= 1.", _p(stop=1)),
         Mistake("whole budget", "cuts a chunk to the WHOLE budget, not to the budget LEFT.", _p(whole=True)),
+        Mistake("one left", "serves a prompt with ONE token left in the decode pass: it is still prefilling, after every "
+                "decoding request.", lambda r, b: _plan([(i, n * (n != 1)) for i, n in r], b)),
         Mistake("dict", "returns a dict: return a LIST of (rid, n) pairs, in plan order.", lambda *a: dict(_plan(*a))),
         Mistake("sorted in place", "SORTS `running` IN PLACE (running.sort): the caller's list is the server's queue, "
                 "its order is theirs. Use sorted(running) or two passes.",
@@ -185,7 +191,6 @@ PLAN_STEP = Exercise(
     passed="decode tokens first, prompts cut to the budget, nothing beyond it, the caller's list left as it was.",
     notes=_plan_notes,
 )
-
 def check_plan_step(fn) -> None:
     """Check ``fn(running, budget)``: decodes first (1 token each), then prefill chunks, within the budget."""
     check(PLAN_STEP, fn)

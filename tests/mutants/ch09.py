@@ -155,7 +155,7 @@ COURSE_TO_BERT = Catalogue(
         Mutant("LayerNorm changed", lambda m, b: course_to_bert(m, b, norm="scaled"),
                (r"LayerNorm\.weight, which must stay as it was",), family="LayerNorm"),
         Mutant("LayerNorm reset", lambda m, b: course_to_bert(m, b, norm="reset"),
-               (r"LayerNorm\.weight, which must stay as it was",), family="LayerNorm"),
+               (r"resets block\.output\.LayerNorm",), family="LayerNorm"),
         Mutant("the layer put in place of the Linear", lambda m, b: setattr(b.self, "query", m),
                (r"block\.self\.query is a MultiheadAttention", r"keep BERT's nn\.Linear")),
         Mutant("new nn.Parameters of the chunks, not cloned", views_as_parameters, (r"SHARE MEMORY", r"clone"),
@@ -203,9 +203,19 @@ def loop_scores(weights, keep):
     """Plain loops over sentences and real queries."""
     total, count = torch.zeros(weights.shape[1], dtype=weights.dtype), 0
     for b in range(weights.shape[0]):
+        for i in range(1, weights.shape[2]):
+            if keep[b, i]:
+                total = total + weights[b, :, i, i - 1]
+                count += 1
+    return total / count
+
+
+def right_padded_loop(weights, keep):
+    """Loops over queries 1 .. n - 1: right padding assumed."""
+    total, count = torch.zeros(weights.shape[1], dtype=weights.dtype), 0
+    for b in range(weights.shape[0]):
         for i in range(1, int(keep[b].sum())):
-            total = total + weights[b, :, i, i - 1]
-            count += 1
+            total, count = total + weights[b, :, i, i - 1], count + 1
     return total / count
 
 
@@ -236,7 +246,8 @@ PREVIOUS_TOKEN = Catalogue(
                (r"shifted by one", r"keep\[:, 1:\]")),
         Mutant("query 0 counted", lambda w, k: diagonal_scores(w, k, count="with query 0"), (r"query 0",)),
         Mutant("sum, not mean", lambda w, k: diagonal_scores(w, k, reduce="sum"),
-               (r"result is 10 times the right one",)),
+               (r"not divided by their number",)),
+        Mutant("loop over the first keep.sum() positions", right_padded_loop, (r"pads on the LEFT",)),
         Mutant("mean of sentence means", lambda w, k: diagonal_scores(w, k, reduce="sentences"),
                (r"each sentence first",)),
         Mutant("divided by all queries", lambda w, k: diagonal_scores(w, k, count="all"),

@@ -277,7 +277,7 @@ APPLY_ROPE = Catalogue(
         Mutant("positions times frequencies, no outer product", no_outer_product, (r"OUTER",)),
         Mutant("the first half only", first_half_only, (r"first HALF of the features",)),
         Mutant("x rotated in place", rotated_in_place, (r"modified its input `x` in place",)),
-        Mutant("base 1000", base_1000, (r"differs at \d+ of \d+ entries",)),
+        Mutant("base 1000", base_1000, (r"uses the base 1000",)),
         Mutant("the package's apply_rope", lambda x, p: rope.apply_rope(x, p),
                (r"calls attention_course\.rope\.apply_rope", r"WITHOUT the ready-made"), family="package"),
         Mutant("the package's apply_rope, interleaved", lambda x, p: rope.apply_rope(x, p, interleaved=True),
