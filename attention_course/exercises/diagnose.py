@@ -8,10 +8,11 @@ copy of each case's inputs, then says
 1. "Correct: ..." when every case is right and no input changed (unless the answer calls a ``forbidden`` function);
 2. the mistake of the catalogue that **agrees with the answer on every case** (values, exception, inputs changed),
    when exactly one does;
-3. otherwise **what the answer did**, on the smallest case that shows it: its exception and likeliest cause, the
-   inputs it changed, its type, shape or dtype, the pattern of the entries that differ (inverted, transposed, an
-   offset or factor, float32's rounding, another order, a region the case marks), a size that tells the right cases
-   from the wrong ones, or a state kept between calls.
+3. otherwise **what the answer did**, on the smallest case that shows it: its exception and likeliest cause (a view
+   or product that failed set against the reference's on the same case, its sizes named by the case), the inputs it
+   changed, its type, shape or dtype, the pattern of the entries that differ (inverted, transposed, an offset or
+   factor, float32's rounding, another order, a region the case marks), the sizes that tell the right cases from
+   the wrong ones (d = 6; L = S), or a state kept between calls.
 
 ``tests/test_catalogues.py`` holds every catalogue to this: each mistake named on its own, each pair told apart."""
 from __future__ import annotations
