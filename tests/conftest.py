@@ -56,14 +56,16 @@ def gathered() -> dict:
 
 # The order in which pytest-xdist hands out files (--dist loadfile, --no-loadscope-reorder): the longest first, so
 # that none starts last and runs alone. The seconds each file took in the last full run are kept in DURATIONS; a
-# fresh clone has none and starts from FIRST, measured on a 2-core machine. After a timed run, a file not timed yet
-# (a new one) counts as the slowest.
+# fresh clone (CI's) has none and starts from FIRST, measured on a 2-core machine: every file of 10 s or more, since
+# the files it leaves out come after it in alphabetical order (a long one among them ran last, alone). After a timed
+# run, a file not timed yet (a new one) counts as the slowest.
 DURATIONS = Path(__file__).resolve().parents[1] / "_build" / "test-durations.json"
-FIRST = ["tests/test_accessibility.py", "tests/test_grading_class.py", "tests/test_accessibility_editions.py",
-         "tests/test_verdict.py", "tests/test_widgets.py", "tests/test_site.py",
-         "tests/test_zh.py", "tests/test_distributed.py", "tests/test_dropin.py",
-         "tests/test_exercises_ch11.py", "tests/test_parity.py", "tests/test_mutation.py", "tests/test_alt_text.py",
-         "tests/test_instructor.py", "tests/test_llama.py", "tests/test_built_pages.py"]
+FIRST = ["tests/test_accessibility.py", "tests/test_grading_class.py", "tests/test_verdict.py",
+         "tests/test_nothing_outside.py", "tests/test_accessibility_editions.py", "tests/test_distributed.py",
+         "tests/test_catalogues.py", "tests/test_mutation.py", "tests/test_zh.py", "tests/test_site.py",
+         "tests/test_widgets.py", "tests/test_dropin.py", "tests/test_exercises_ch07.py", "tests/test_alt_text.py",
+         "tests/test_instructor.py", "tests/test_trial.py", "tests/test_grading.py", "tests/test_boundary.py",
+         "tests/test_parity.py", "tests/test_tiled.py"]
 SECONDS: dict[str, float] = {}  # file -> seconds its tests took in this run (the controller's count)
 
 

@@ -223,7 +223,8 @@ def hand_in(tmp: Path) -> None:
     (submissions / "frank" / "notes.txt").write_text("my notes\n")
     (submissions / "gina").mkdir()
     (submissions / "hank").mkdir()  # chapter 1 (open exercises alone: no checks to run) under chapter 3's name
-    (submissions / "hank" / "03_masks.ipynb").write_text((STUDENT / "notebooks" / "01_scores.ipynb").read_text())
+    (submissions / "hank" / "03_masks.ipynb").write_text(json.dumps(exercises_only(load(STUDENT / "notebooks" /
+                                                                                      "01_scores.ipynb"))))
     (submissions / "README.txt").write_text("stray\n")
     (tmp / "roster.csv").write_text("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n"
                                     "Alice A,1,s1,alice,A\nBob B,2,s2,bob,A\nZoe Z,9,s9,zoe,B\n")
