@@ -34,7 +34,11 @@ PADDING_MASK = Exercise(
         Mistake("(1, B, S)", "puts the new axis FIRST: mask[:, None, :].", _p(turn=lambda m: m.movedim(1, 0))),
         Mistake("max(lengths)", "has max(lengths) columns: the batch is padded to max_len, use torch.arange(max_len).",
                 lambda lengths, max_len: _pad(lengths, max_len, cols=max(lengths))),
+        Mistake("length 0", "leaves position 0 of an empty sentence (length 0) unmasked: all its positions are pads.",
+                lambda lengths, max_len: _pad([max(n, 1) for n in lengths], max_len)),
     ],
+    hints=((r"too many indices for tensor of dimension 1", "a 1-D tensor indexed as 2-D: compare arange(max_len) with "
+            "the lengths as a column, torch.tensor(lengths)[:, None], to get (B, S)."),),
     passed="(B, 1, S), True exactly at the pads, for one sentence or several, padded to max(lengths) or further.",
 )
 
@@ -52,7 +56,7 @@ def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=N
     else:
         w = torch.softmax(scores + m * added if added else scores if fill is None else scores.masked_fill(m, fill), dim)
     rows = {True: lambda: m.all(-1, keepdim=True), "any": lambda: m.any(-1, keepdim=True), "global": m.all,
-            "nan": w.isnan, False: lambda: torch.tensor(False)}[empty]()
+            "nan": w.isnan, False: lambda: torch.tensor(False), "1": lambda: m.all(1)}[empty]()
     return w.masked_fill(rows, 0.0)
 
 _m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
@@ -93,6 +97,12 @@ MASKED_SOFTMAX = Exercise(
         *[m for t in ("-1e9", "-1e4", "0") for m in _both(f"fill {t}", f"fills the masked scores with {t}, a finite "
           f"fill, which takes weight unless the real scores are far above it. Use float('-inf').", "equal weights",
                                                          fill=float(t))],
+        Mistake("queries, nan", "sums to 1 down the columns: softmax ran over the queries, softmax(..., dim=-1).",
+                _m(dim=-2, empty="nan")),
+        Mistake("all(1)", "found the empty rows with mask.all(dim=1), the (B, S) mask, which lines up as (L, S): use "
+                "mask.all(-1, keepdim=True).", _m(empty="1")),
+        Mistake("1/S", "gives a row whose keys are all masked equal weights, 1/S: give it zeros, mask.all(-1, "
+                "keepdim=True).", lambda s, m: _msm(s, m) + m.all(-1, keepdim=True).to(s.dtype) / m.shape[-1]),
         Mistake("NaN", "gives NaN on a row whose keys are all masked (0 / 0; and NaN * 0 is NaN): give those rows "
                 "zeros, masked_fill(mask.all(-1, keepdim=True), 0.0).", _m(empty=False)),
         Mistake("global all", "zeroes the rows only when mask.all() holds over the WHOLE mask: a row whose keys are "
@@ -106,6 +116,8 @@ MASKED_SOFTMAX = Exercise(
                "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),
     ],
     passed="masked keys get exactly 0, the others sum to 1, huge scores are safe, an all-masked row gives zeros.",
+    hints=((r"mask \[\d+, 1\] at index 1", "mask.all(-1) is (B, 1): as an index it meets the QUERY axis. Keep "
+            "the axis for masked_fill, mask.all(-1, keepdim=True)."),),
 )
 
 def check_masked_softmax(fn) -> None:

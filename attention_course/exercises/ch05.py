@@ -17,7 +17,7 @@ _h = lambda h: f"num_heads={h}" if h > 1 else "one head"  # noqa: E731 - "=1" wo
 SPLIT = Exercise(
     what="your split",
     reference=_split,
-    cases=[Case(f"x of shape {(B, L, D)}, {_h(h)}, d={D // h}", (_x(B, L, D), h)) for B, L, D, h in SIZES],
+    cases=[Case(f"x of shape {(B, L, D)}, {_h(h)}, d={D // h}", (_x(B, L, D), h), sizes={"num_heads": h}) for B, L, D, h in SIZES],
     mistakes=[
         Mistake("no transpose", "reshaped to (B, h, L, d) without transposing: the pieces of one token fill several "
                 "rows of a head. Reshape to (B, L, h, d), then .transpose(1, 2).",
@@ -33,6 +33,16 @@ SPLIT = Exercise(
                 lambda x, h: torch.stack([x[..., i:i + x.shape[-1] // h] for i in range(h)], 1)),
         Mistake("(B*h, L, d)", "returns the flat (B*h, L, d) layout: the exercise asks for (B, h, L, d).",
                 lambda x, h: _split(x, h).flatten(0, 1)),
+        Mistake("transpose first", "transposed to (B, D, L) before the reshape: reshape to (B, L, h, d) first, then "
+                ".transpose(1, 2).", lambda x, h: x.transpose(1, 2).reshape(x.shape[0], h, x.shape[1], -1)),
+        Mistake("d heads", "made d heads of h features (h and d swapped in a reshape, or pieces of h): reshape to "
+                "(B, L, h, d), then .transpose(1, 2).", lambda x, h: x.unflatten(-1, (-1, h)).transpose(1, 2)),
+        Mistake("last two", "transposed the last two axes, (B, L, d, h): swap the tokens and heads, .transpose(1, 2).",
+                _s((0, 1, 3, 2))),
+        Mistake("d from L", "took d from L, x.shape[1]: d = D // h, D = x.shape[-1].",
+                lambda x, h: x.reshape(*x.shape[:2], h, x.shape[1] // h).transpose(1, 2)),
+        Mistake("chunk tokens", "chunked the TOKENS (dim=1): chunk the features, x.chunk(h, dim=-1).",
+                lambda x, h: torch.stack(x.chunk(h, 1), 1)),
     ],
     passed="every feature of every token is in its own head and row, for h = 1 to D.",
     hints=(FLOAT,),
@@ -48,7 +58,7 @@ THEN = "bring the tokens before the heads, x.transpose(1, 2), then reshape to (B
 MERGE = Exercise(
     what="your merge",
     reference=_merge,
-    cases=[Case(f"x of shape {(B, h, L, D // h)}, {_h(h)}, D={D}", (_split(_x(B, L, D), h).contiguous(),))
+    cases=[Case(f"x of shape {(B, h, L, D // h)}, {_h(h)}, D={D}", (_split(_x(B, L, D), h).contiguous(),), sizes={"num_heads": h})
            for B, L, D, h in SIZES],
     mistakes=[
         Mistake("no transpose", f"reshaped (B, h, L, d) straight to (B, L, D) without transposing: {THEN}",
@@ -57,6 +67,10 @@ MERGE = Exercise(
                 lambda x: _merge(x, (0, 2, 3, 1))),
         Mistake("axes 0, 1", f"transposes axes 0 and 1, the batch and the heads: {THEN}",
                 lambda x: _merge(x, (1, 0, 2, 3))),
+        Mistake("axes 2, 3", f"transposes axes 2 and 3, the tokens and the features: {THEN}",
+                lambda x: _merge(x, (0, 1, 3, 2))),
+        Mistake("B, L, h, d", "reads x.shape as (B, L, h, d), L and h swapped in the reshape: B, h, L, d = x.shape.",
+                lambda x: x.transpose(1, 2).reshape(*x.shape[:2], -1)),
         Mistake("flatten(1)", "flattens every axis after the batch, (B, h*L*d): keep the tokens, (B, L, D).",
                 lambda x: x.flatten(1)),
         Mistake("not merged", "returns (B, L, h, d): the transpose is done; now join the last two axes, .flatten(2).",
