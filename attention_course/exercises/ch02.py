@@ -83,17 +83,20 @@ def _qkv(B, L, S, d, dv):
     name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}"
     return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
 
-def _scale(got, q, k, v):
-    """The notes: weights that are softmax(q k^T / c) for a constant c other than sqrt(d) say c."""
-    w, raw = got[1] if isinstance(got, tuple) and len(got) == 2 else None, q @ k.mT
-    if not isinstance(w, torch.Tensor) or w.shape != raw.shape or raw.shape[-1] < 2 or not (w > 0).all():
+def scale_note(got, raw, d, name="d"):
+    """The notes: weights that are softmax(raw / c) for a constant c other than sqrt(d) say c (masked keys aside)."""
+    w = got[1] if isinstance(got, tuple) and len(got) == 2 else None
+    if not isinstance(w, torch.Tensor) or w.shape != raw.shape:
         return ""
-    dl, dr = w.to(raw.dtype).log().diff(dim=-1).flatten(), raw.diff(dim=-1).flatten()
-    c = float((dr @ dr) / (dr @ dl))
-    if not torch.allclose(dl * c, dr, atol=1e-6) or abs(c - q.shape[-1] ** 0.5) < 1e-6:
+    lw = w.to(raw.dtype).log()
+    top = lw.argmax(-1, keepdim=True)
+    dl, dr = lw - lw.gather(-1, top), raw - raw.gather(-1, top)
+    dl, dr = dl[(w > 0) & (dr != 0)], dr[(w > 0) & (dr != 0)]
+    c = float(dr @ dr / (dr @ dl)) if len(dr) > 1 else 0.0
+    if not c or not torch.allclose(dl * c, dr, rtol=1e-6, atol=1e-6) or abs(c / d ** 0.5 - 1) < 1e-6:
         return ""
     root = f" = sqrt({round(c * c)})" * (abs(c * c - round(c * c)) < 1e-6)
-    return f"Its weights are softmax(q k^T / {c:.4g}{root}): divide by sqrt(d), sqrt({q.shape[-1]}) here."
+    return f"Its weights are softmax(scores / {c:.4g}{root}): divide by sqrt({name}), sqrt({d}) here."
 
 _a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
 SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
@@ -128,7 +131,7 @@ ATTENTION = Exercise(
     ],
     passed="weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, for L != S and d != dv too.",
     parts=("output", "tensor of weights"),
-    notes=_scale,
+    notes=lambda got, q, k, v: scale_note(got, q @ k.mT, q.shape[-1]),
 )
 
 def check_attention(fn) -> None:

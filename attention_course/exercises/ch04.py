@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import ExerciseError
+from .ch02 import scale_note
 from .diagnose import Case, Exercise, Mistake, check, same
 
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
@@ -52,7 +53,7 @@ SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
+    cases=[_x(1, 1, 5, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D).", _a(by=lambda x: 1)),
         *[Mistake(name, f"divided the scores by {name}; {SQRT}", _a(by=by)) for name, by in (
@@ -72,6 +73,9 @@ SELF_ATTENTION = Exercise(
         Mistake("after", "applied the mask AFTER the softmax: mask the SCORES, before it.", _a(after=True)),
         Mistake("K.T", "used K.T, which reverses ALL the axes: Q @ K.transpose(-2, -1).",
                 _a(kT=lambda K: K.permute(2, 1, 0))),
+        *_both("keys and queries", "masked the pad QUERIES too (key_padding_mask[:, :, None]): a row all -inf is NaN. "
+               "Mask the keys only, key_padding_mask[:, None, :].", turn=lambda m: m[:, None, :] | m[:, :, None]),
+        Mistake("K = Q", "computed the scores Q Q^T: K = x @ W_k.", lambda x, W_q, W_k, *a: _attention(x, W_q, W_q, *a)),
         Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is, its batch "
                 "against the queries: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
         Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
@@ -87,6 +91,7 @@ SELF_ATTENTION = Exercise(
     passed="weights and output are softmax(mask(Q K^T / sqrt(D))) V, for one token and many, padded or not.",
     run=_run,
     parts=("out", "tensor of weights"),
+    notes=lambda got, x, W_q, W_k, W_v, kpm: scale_note(got, (x @ W_q) @ (x @ W_k).mT, x.shape[-1], "D"),
 )
 
 def check_self_attention(fn) -> None:
@@ -114,16 +119,21 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 def _held(got, mha, *given):
-    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
-    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o".split()
+    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held),
+    and out_proj's weight and bias where they hold another of them."""
+    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o b_o".split()
     known = [(f"{n}{t}{by}", (W.t() if t else W) / (r if by else 1)) for n, W in zip(names, given)
              for t in ("", ".T") for by in ("", " / sqrt(D)")]
     if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != mha.in_proj_weight.shape:
         return ""
-    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for p, was in
-            zip(got, (mha.in_proj_weight, mha.in_proj_bias)) for b, w in zip(p.chunk(3), was.detach().chunk(3))]
-    said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
-    return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
+    was = [*mha.in_proj_weight.detach().chunk(3), *mha.in_proj_bias.detach().chunk(3), None, None]
+    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for b, w in
+            zip([*got[0].chunk(3), *got[1].chunk(3), *got[2:]], was)]
+    said = held[:6] != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held[:6]) != {"something else"}
+    out = [f"Its {n} holds {h}." for n, h, right in zip(("out_proj.weight", "out_proj.bias"), held[6:], ("W_o.T", "b_o"))
+           if h not in (right, "something else")]
+    return " ".join([f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias "
+                     f"{', '.join(held[3:6])}."] * said + out)
 
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
 _parameters = lambda answer, mha, *weights: [answer(mha, *weights), tuple(  # noqa: E731 - called, then read
