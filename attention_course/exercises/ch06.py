@@ -19,8 +19,8 @@ from .diagnose import Case, Exercise, Mistake, agree, check, naming
 
 # Exercise 1: combine the masks
 
-def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, expand=True, drop="", kpm_as="keys",
-             flat_3d=False, turn_2d=False, none_safe=True, swap_3d=False, out=lambda m: m):
+def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", expand=True, drop="", kpm_as="keys", two="11LS",
+             three="Bh", none_safe=True, out=lambda m: m):
     parts, drop = [], drop if kpm is not None and attn is not None else ""  # drop: the branch an if/elif skips
     if kpm is not None and "kpm" not in drop:
         kpm = ~kpm if polarity == "kpm" else kpm
@@ -28,9 +28,11 @@ def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, ex
                                                              "heads": (1, B, 1, S)}[kpm_as]))
     if (attn is not None or not none_safe) and "attn" not in drop:
         attn = ~attn if polarity == "attn" else attn
-        parts.append((attn.T.reshape(S, L) if turn_2d else attn.view(1, 1, L, S)) if attn.ndim == 2 else attn if flat_3d
-                     else attn.view(h, B, L, S).transpose(0, 1) if head_major else
-                     attn.view(B, h, S, L).transpose(-2, -1) if swap_3d else attn.view(B, h, L, S))
+        parts.append({"11LS": lambda a: a.view(1, 1, L, S), "T": lambda a: a.T.reshape(S, L), "L1S": lambda a: a[:, None],
+                      "Bh": lambda a: a.view(B, h, L, S), "hB": lambda a: a.view(h, B, L, S).transpose(0, 1),
+                      "SL": lambda a: a.view(B, h, S, L).transpose(-2, -1), "flat": lambda a: a,
+                      "B2": lambda a: a.view(B, 2, L, S), "unsqueeze": lambda a: a.unsqueeze(1)}[
+            two if attn.ndim == 2 else three](attn))
     mask = torch.zeros((B, h, L, S) if expand else (1, 1, 1, 1), dtype=torch.bool)
     for part in parts if op == "or" or len(parts) < 2 else [getattr(parts[0], f"__{op}__")(parts[1])]:
         mask = mask | part
@@ -51,6 +53,7 @@ def _mistakes(make, table) -> list[Mistake]:
 
 MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "attn_mask", "B", "h", "L", "S"]})(
     what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
+    hints=((r"'NoneType' object", "a mask given as None used as a tensor: either may be None, test `is not None`."),),
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
         (2, 3, 4, 5, True, 3), (2, 3, 4, 5, False, 3), (2, 3, 4, 5, False, None), (3, 2, 3, 3, True, 3),
@@ -63,9 +66,9 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
         ("attn inverted", dict(polarity="attn"), "reads one mask wrong: the attn_mask alone is read the other way "
          "round; its True marks a pair to block. Not ~attn_mask."),
         ("and", dict(op="and"), "combined the masks with & (and): a pair is blocked where EITHER mask blocks it, |."),
-        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) is "
+        ("head-major", dict(three="hB"), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) is "
          "batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
-        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, S), "
+        ("3-D as (S, L)", dict(three="SL"), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, S), "
          "view(B, h, L, S), no transpose."),
         ("not expanded", dict(expand=False), "only broadcasts: expand it per head, .expand(B, h, L, S)."),
         ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis, (B, 1, S, 1): one "
@@ -74,9 +77,14 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
          "right, as (L, S). Give it its axes: view(B, 1, 1, S)."),
         ("kpm on heads", dict(kpm_as="heads"), "puts the sentences of the key_padding_mask on the head axis, (1, B, 1, "
          "S): (B, S) becomes (B, 1, 1, S)."),
-        ("3-D flat", dict(flat_3d=True), "uses a flat attn_mask: the 3-D attn_mask is flat; view it as (B, h, L, S)."),
-        ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
+        ("3-D flat", dict(three="flat"), "uses a flat attn_mask: the 3-D attn_mask is flat; view it as (B, h, L, S)."),
+        ("2-D turned", dict(two="T"), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
          "is."),
+        ("h = 2", dict(three="B2"), "views the 3-D attn_mask with h = 2 written in: view(B, h, L, S), the h given."),
+        ("3-D unsqueezed", dict(three="unsqueeze"), "gives the (B*h, L, S) attn_mask a head axis with unsqueeze(1): "
+         "its rows are sentences AND heads, view(B, h, L, S)."),
+        ("2-D [:, None]", dict(two="L1S"), "makes the (L, S) attn_mask (L, 1, S): L lands on the heads' axis. It is "
+         "(1, 1, L, S), attn_mask[None, None]."),
         ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
         ("xor", dict(op="xor"), "combined the masks with ^ (xor): a pair BOTH masks block is let through; |."),
         *[(f"elif {m}", dict(drop=m), f"drops the {n} when the other mask is given (if/elif?): apply both.") for m, n in
@@ -105,7 +113,7 @@ FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
-          W_T=False, head_major=False, scale_last=False, only=None)
+          W_T=False, head_major=False, scale_last=False, only=None, unmasked=False)
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -135,7 +143,7 @@ class Reference(nn.Module):
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
         scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
         scores = scores if o["scale_last"] else scores / scale
-        after = []
+        after, raw = [], scores
         for which, m in (("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
                          ("attn", kpm.view(B, 1, 1, S))):  # "copy": the attn_mask branch masks with the padding
             if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
@@ -150,12 +158,13 @@ class Reference(nn.Module):
                 m = ~m if o["invert"] in (True, which) else m
                 after, scores = (after + [m], scores) if mo["mask_after"] else (after, scores.masked_fill(m, mo["fill"]))
             else:
-                how = ("bool" if which == "kpm" else "add") if mo["floats"] == "kpm bool" else mo["floats"]
+                how = ("bool" if mo["floats"][0] == which[0] else "add") if " bool" in mo["floats"] else mo["floats"]
                 scores = FLOATS[how](scores, m, mo["fill"])
         weights = SOFTMAX[o["softmax"]](scores / scale if o["scale_last"] else scores, o["softmax_dim"])  # (B, h, L, S)
         for m in after:
             weights = weights.masked_fill(m, 0.0)
         heads = weights @ v  # (B, h, L, d), merged to (B, L, D), its own L if it "grows" (a mask broadcast)
+        weights = SOFTMAX[o["softmax"]](raw, o["softmax_dim"]) if o["unmasked"] else weights
         n = heads.shape[2] if o["grow"] else L
         heads = {"hd": lambda t: t.transpose(1, 2), "none": lambda t: t, "dh": lambda t: t.permute(0, 2, 3, 1),
                  "23": lambda t: t.transpose(2, 3), "DL": lambda t: t.transpose(1, 2).reshape(B, D, n).mT,
@@ -264,6 +273,8 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
      "to the scores as it is, its finite values favour or penalise a key."),
     ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool (.bool(), != 0): it is "
      "added to the scores as it is, as a float attn_mask is."),
+    ("unmasked weights", dict(unmasked=True), "returns the weights of the scores before the masks: return the masked "
+     "softmax, the weights the output used."),
     ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask: add it all, scores + "
      "mask."),
     ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED; -inf subtracted "
@@ -306,13 +317,16 @@ HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the la
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "
           "bool, float and per-head masks, one query, big scores, no key (NaN as torch's, or zeros: finite gradients)")
+OWN = [("float attn as bool", dict(floats="attn bool"), "reads a float attn_mask as bool (.bool(), != 0): it is added "
+        "to the scores as it is, its finite values favour or penalise a key.")]  # chapter 6's cases tell it apart
 LAYER = LayerExercise(
-    what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
+    what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE + OWN), hints=HINTS,
     run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
     cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2),
-                                    make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode.")
+                                    make=((6, 3), {"dropout": 0.5})), layer_case("a float key_padding_mask, finite "
+                         "values", 2, 4, 4, 6, 3, additive(pads(4, 2)) - 0.8 * _two, additive(causal(4)))], passed=PASSED + ", no dropout in eval mode.")
 SAFE = functools.partial(Reference, softmax="safe")  # the course's convention: a query with no key gets zeros
-LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={})
+LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE + OWN), _memo={})
 
 def convention(exercises, answer):
     """The exercise in the answer's convention for a query with no key: torch's NaN, or (zero rows) the course's."""
