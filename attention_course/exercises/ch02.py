@@ -47,8 +47,7 @@ SOFTMAX = Exercise(
         *[Mistake(stat, f"shifts each row by its {stat}: exp overflows on a wide row. Subtract the row's MAXIMUM, not "
                   f"its minimum or mean.", _sm(shift=stat)) for stat in ("min", "mean")],
         Mistake("/max", "DIVIDES the scores by the row's largest |score|: subtract the maximum.", _sm(shift="/")),
-        Mistake("max last", "takes the max along the last axis, not along `dim`: scores.amax(dim, keepdim=True).",
-                _sm(shift="last")),
+        Mistake("max last", "takes the max along the last axis, not `dim`: amax(dim, True).", _sm(shift="last")),
         Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),
         Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
@@ -84,14 +83,12 @@ def _qkv(B, L, S, d, dv):
     return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
 
 def scale_note(got, raw, d, name="d"):
-    """The notes: weights that are softmax(raw / c) for a constant c other than sqrt(d) say c (masked keys aside)."""
-    w = got[1] if isinstance(got, tuple) and len(got) == 2 else None
-    if not isinstance(w, torch.Tensor) or w.shape != raw.shape:
+    """The notes: weights softmax(raw / c), c a constant other than sqrt(d), say c (masked keys aside)."""
+    w = got[1] if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], torch.Tensor) else raw[:0]
+    if w.shape != raw.shape:
         return ""
-    lw = w.to(raw.dtype).log()
-    top = lw.argmax(-1, keepdim=True)
-    dl, dr = lw - lw.gather(-1, top), raw - raw.gather(-1, top)
-    dl, dr = dl[(w > 0) & (dr != 0)], dr[(w > 0) & (dr != 0)]
+    lw, top = w.to(raw.dtype).log(), w.argmax(-1, keepdim=True)
+    dl, dr = (lw - lw.gather(-1, top))[w > 0], (raw - raw.gather(-1, top))[w > 0]
     c = float(dr @ dr / (dr @ dl)) if len(dr) > 1 else 0.0
     if not c or not torch.allclose(dl * c, dr, rtol=1e-6, atol=1e-6) or abs(c / d ** 0.5 - 1) < 1e-6:
         return ""
@@ -105,7 +102,7 @@ ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
     cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
-                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2), (1, 2, 3, 64, 2), (2, 1, 2, 64, 3))],  # the chapter's d = 6, 64
+                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2), (1, 2, 3, 64, 2), (2, 1, 2, 64, 3))],  # the book's d
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d).", _a(by=lambda *a: 1)),
         *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (

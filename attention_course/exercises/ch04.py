@@ -75,12 +75,10 @@ SELF_ATTENTION = Exercise(
                 _a(kT=lambda K: K.permute(2, 1, 0))),
         *_both("keys and queries", "masked the pad QUERIES too (key_padding_mask[:, :, None]): a row all -inf is NaN. "
                "Mask the keys only, key_padding_mask[:, None, :].", turn=lambda m: m[:, None, :] | m[:, :, None]),
-        Mistake("K = Q", "computed the scores Q Q^T: K = x @ W_k.", lambda x, W_q, W_k, *a: _attention(x, W_q, W_q, *a)),
-        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is, its batch "
-                "against the queries: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
+        Mistake("K = Q", "computed the scores Q Q^T: K = x @ W_k.", lambda x, W_q, _, *a: _attention(x, W_q, W_q, *a)),
+        Mistake("(B, S) mask", "used the (B, S) mask as it is: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
         Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
-        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round or W_q and W_k "
-                "swapped. Use Q @ K.transpose(-2, -1).", _a(swap=True)),
+        Mistake("K Q^T", "computed the scores K Q^T (or W_q and W_k swapped): Q @ K.transpose(-2, -1).", _a(swap=True)),
         Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, *W: x)),
         Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
         Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
@@ -119,8 +117,7 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 def _held(got, mha, *given):
-    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held),
-    and out_proj's weight and bias where they hold another of them."""
+    """The notes: which given tensor (or what it held) each block of in_proj_weight, in_proj_bias, out_proj holds."""
     r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o b_o".split()
     known = [(f"{n}{t}{by}", (W.t() if t else W) / (r if by else 1)) for n, W in zip(names, given)
              for t in ("", ".T") for by in ("", " / sqrt(D)")]
@@ -130,8 +127,8 @@ def _held(got, mha, *given):
     held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for b, w in
             zip([*got[0].chunk(3), *got[1].chunk(3), *got[2:]], was)]
     said = held[:6] != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held[:6]) != {"something else"}
-    out = [f"Its {n} holds {h}." for n, h, right in zip(("out_proj.weight", "out_proj.bias"), held[6:], ("W_o.T", "b_o"))
-           if h not in (right, "something else")]
+    out = [f"Its {n} holds {h}." for n, h, ok in zip(("out_proj.weight", "out_proj.bias"), held[6:], ("W_o.T", "b_o"))
+           if h not in (ok, "something else")]
     return " ".join([f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias "
                      f"{', '.join(held[3:6])}."] * said + out)
 
@@ -154,8 +151,7 @@ IN_PROJ_COPY = Exercise(
         *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
                   f"each block, {CAT}.", _c(blocks=list, join=j)) for n, j in (
             ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
-        Mistake("stack", f"stacks the blocks, (3, D, D): in_proj_weight is (3D, D), {CAT}, not torch.stack.",
-                _c(join=torch.stack)),
+        Mistake("stack", f"stacks them, (3, D, D): in_proj_weight is {CAT}, not torch.stack.", _c(join=torch.stack)),
         *[Mistake(n, f"leaves {what} as it was: it must hold {must}.", _c(**slip)) for n, what, must, slip in (
             ("in bias", "in_proj_bias", "torch.cat([b_q, b_k, b_v]) (a parity check against a new layer, whose biases "
              "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),
