@@ -10,7 +10,7 @@ SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), 
 FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
 _split = lambda x, h, order=(0, 2, 1, 3), strided=False: (  # noqa: E731 - (B, L, h, d) -> (B, h, L, d); or (B, L, d, h)
-    x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.unflatten(-1, (h, -1)).permute(*order))
+    x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.reshape(*x.shape[:2], h, -1).permute(*order))
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
 _s = lambda order: lambda x, h: _split(x, h, order)  # noqa: E731
 _h = lambda h: f"num_heads={h}" if h > 1 else "one head"  # noqa: E731 - "=1" would read as a size written in
