@@ -38,7 +38,7 @@ SOFTMAX = Exercise(
            _scores("ordinary scores", _r(3, 5), 0), _scores("scores around 1000", _r(3, 5) + 1000),
            _scores("two rows 1000 apart", _r(5) - torch.tensor([[0.], [1e3]])), _scores("a batch", _r(2, 3, 4), 1),
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
-           _scores("float32 scores", _r(3, 5).float())],
+           _scores("float32 scores", _r(3, 5).float()), _scores("a batch", _r(2, 3, 4), 0)],
     mistakes=[
         Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf, inf / inf = NaN. A "
                 "constant changes no weight: subtract each row's maximum first.", _sm(shift=None)),
