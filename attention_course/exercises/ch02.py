@@ -10,7 +10,8 @@ def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(Tru
     """The reference; the slips as options (``over``: the axis really used, ``below``: "raw" or "all" sums)."""
     dim = dim if over is None else over
     top = {"max": lambda: s.amax(dim, keepdim=keep[0]), "global": s.max, "min": lambda: s.amin(dim, keepdim=True),
-           "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True)}[shift]()
+           "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True),
+           "last": lambda: s.amax(-1, keepdim=True), "/": lambda: s - s / s.abs().amax(dim, True)}[shift]()
     e = (s - top).exp() if exp else s - top
     total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
     return e / total() if divide else e
@@ -37,7 +38,7 @@ SOFTMAX = Exercise(
            _scores("ordinary scores", _r(3, 5), 0), _scores("scores around 1000", _r(3, 5) + 1000),
            _scores("two rows 1000 apart", _r(5) - torch.tensor([[0.], [1e3]])), _scores("a batch", _r(2, 3, 4), 1),
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
-           _scores("float32 scores", _r(3, 5).float())],
+           _scores("float32 scores", _r(3, 5).float()), _scores("a batch", _r(2, 3, 4), 0)],
     mistakes=[
         Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf, inf / inf = NaN. A "
                 "constant changes no weight: subtract each row's maximum first.", _sm(shift=None)),
@@ -45,6 +46,8 @@ SOFTMAX = Exercise(
                 "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.", _sm(shift="global")),
         *[Mistake(stat, f"shifts each row by its {stat}: exp overflows on a wide row. Subtract the row's MAXIMUM, not "
                   f"its minimum or mean.", _sm(shift=stat)) for stat in ("min", "mean")],
+        Mistake("/max", "DIVIDES the scores by the row's largest |score|: subtract the maximum.", _sm(shift="/")),
+        Mistake("max last", "takes the max along the last axis, not `dim`: amax(dim, True).", _sm(shift="last")),
         Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),
         Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
@@ -79,6 +82,19 @@ def _qkv(B, L, S, d, dv):
     name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}"
     return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
 
+def scale_note(got, raw, d, name="d"):
+    """The notes: weights softmax(raw / c), c a constant other than sqrt(d), say c (masked keys aside)."""
+    w = got[1] if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], torch.Tensor) else raw[:0]
+    if w.shape != raw.shape:
+        return ""
+    lw, top = w.to(raw.dtype).log(), w.argmax(-1, keepdim=True)
+    dl, dr = (lw - lw.gather(-1, top))[w > 0], (raw - raw.gather(-1, top))[w > 0]
+    c = float(dr @ dr / (dr @ dl)) if len(dr) > 1 else 0.0
+    if not c or not torch.allclose(dl * c, dr, rtol=1e-6, atol=1e-6) or abs(c / d ** 0.5 - 1) < 1e-6:
+        return ""
+    root = f" = sqrt({round(c * c)})" * (abs(c * c - round(c * c)) < 1e-6)
+    return f"Its weights are softmax(scores / {c:.4g}{root}): divide by sqrt({name}), sqrt({d}) here."
+
 _a = lambda **slip: lambda q, k, v: _attention(q, k, v, **slip)  # noqa: E731
 SUM = "each query's weights over the keys must sum to 1, softmax(..., dim=-1)."
 DIVIDE = "the scale is sqrt(d), the size of the vectors in each dot product: q k^T / sqrt(d)."
@@ -86,7 +102,7 @@ ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
     cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
-                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2))],  # d = 6 as in the chapter, and other d
+                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2), (1, 2, 3, 64, 2), (2, 1, 2, 64, 3))],  # the book's d
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d).", _a(by=lambda *a: 1)),
         *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (
@@ -101,6 +117,8 @@ ATTENTION = Exercise(
         Mistake("k q^T", "computes k q^T: row i must be query i, q @ k.transpose(-2, -1).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "
                 "last two: k.transpose(-2, -1).", _a(kT=lambda k: k.permute(2, 1, 0))),
+        Mistake("k reshaped", "reshaped k to (B, d, S): a reshape keeps the entries' order, only a transpose turns "
+                "them: k.transpose(-2, -1).", _a(kT=lambda k: k.reshape(k.shape[0], k.shape[2], -1))),
         Mistake("keys averaged", "averaged the keys: the output is weights @ v.", _a(out=lambda w, k, v: w @ k)),
         Mistake("weights^T", "multiplies the TRANSPOSED weights by v: weights @ v.", _a(out=lambda w, k, v: w.mT @ v)),
         Mistake("pair swapped", "returns (weights, output): return (output, weights), in that order.",
@@ -110,6 +128,7 @@ ATTENTION = Exercise(
     ],
     passed="weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, for L != S and d != dv too.",
     parts=("output", "tensor of weights"),
+    notes=lambda got, q, k, v: scale_note(got, q @ k.mT, q.shape[-1]),
 )
 
 def check_attention(fn) -> None:

@@ -16,25 +16,21 @@ PADDING_MASK = Exercise(
                                                                     ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4),
                                                                     ([0, 3], 3))],
     mistakes=[
-        Mistake(">", "misses the first pad of each sentence: position lengths[b] is the first pad (positions start at "
-                "0), so the test is position >= length, not >.", _p(first=1)),
-        Mistake(">= length - 1", "also hides the last real token of each sentence, at lengths[b] - 1: position >= "
-                "length.", _p(first=-1)),
-        Mistake("left", "puts the pads on the LEFT: these sentences are padded on the right, pads from lengths[b] on.",
-                _p(turn=lambda m: m.flip(-1))),
-        Mistake("[-n_pads:]", "marks the pads with mask[-n_pads:]: a sentence with no pad has n_pads = 0, and [-0:] is "
-                "the WHOLE row. Slice from the length, mask[length:].",
-                lambda lengths, max_len: _pad(lengths, max_len) | (torch.tensor(lengths) == max_len)[:, None, None]),
-        Mistake("(B, S)", "returns (B, S), the key padding mask itself: add the query axis, mask[:, None, :].",
-                _p(turn=lambda m: m[:, 0])),
-        Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES. Padding hides KEYS: (B, 1, S).",
-                _p(turn=lambda m: m.mT)),
+        Mistake(">", "misses the first pad of each sentence, at lengths[b]: position >= length, not >.", _p(first=1)),
+        Mistake(">= length - 1", "also hides the last real token, lengths[b] - 1: position >= length.", _p(first=-1)),
+        Mistake("left", "puts the pads on the LEFT: pads go from lengths[b] on.", _p(turn=lambda m: m.flip(-1))),
+        Mistake("[-n_pads:]", "marks the pads with mask[-n_pads:]: with no pad, [-0:] is the WHOLE row: mask[length:].",
+                lambda n, s: _pad(n, s) | (torch.tensor(n) == s)[:, None, None]),
+        Mistake("(B, S)", "returns (B, S), the key padding mask itself: mask[:, None, :].", _p(turn=lambda m: m[:, 0])),
+        Mistake("(B, S, 1)", "returns (B, S, 1): that axis is the QUERIES. Use (B, 1, S).", _p(turn=lambda m: m.mT)),
         Mistake("(B, S, S)", "is already expanded over the queries, (B, S, S): return (B, 1, S), broadcasting does "
                 "the rest.", _p(turn=lambda m: m.expand(-1, m.shape[-1], -1))),
         Mistake("(1, B, S)", "puts the new axis FIRST: mask[:, None, :].", _p(turn=lambda m: m.movedim(1, 0))),
-        Mistake("max(lengths)", "has max(lengths) columns: the batch is padded to max_len, use torch.arange(max_len).",
-                lambda lengths, max_len: _pad(lengths, max_len, cols=max(lengths))),
+        Mistake("max(lengths)", "has max(lengths) columns: use arange(max_len).", lambda n, s: _pad(n, s, cols=max(n))),
+        Mistake("length 0", "leaves position 0 of an empty sentence (length 0) unmasked: all its positions are pads.",
+                lambda lengths, max_len: _pad([max(n, 1) for n in lengths], max_len)),
     ],
+    hints=((r"too many indices for tensor of dimension 1", "compare arange(max_len) with tensor(lengths)[:, None]."),),
     passed="(B, 1, S), True exactly at the pads, for one sentence or several, padded to max(lengths) or further.",
 )
 
@@ -43,8 +39,7 @@ def check_padding_mask(fn) -> None:
     check(PADDING_MASK, fn)
 
 def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=None, dim=-1, added=0):
-    """The reference; the slips: another ``fill`` (None: none), the mask ``turn``ed, the all-masked rows left (``empty``
-    False) or found otherwise, the pads zeroed ``after`` the softmax, softmax over ``dim``, mask * ``added``."""
+    """The reference; the slips as options (``fill`` None: no mask, ``empty``: how the all-masked rows are found)."""
     m = turn(mask)
     if after:
         w = torch.softmax(scores, dim).masked_fill(m, 0.0)
@@ -52,7 +47,7 @@ def _msm(scores, mask, fill=float("-inf"), turn=lambda m: m, empty=True, after=N
     else:
         w = torch.softmax(scores + m * added if added else scores if fill is None else scores.masked_fill(m, fill), dim)
     rows = {True: lambda: m.all(-1, keepdim=True), "any": lambda: m.any(-1, keepdim=True), "global": m.all,
-            "nan": w.isnan, False: lambda: torch.tensor(False)}[empty]()
+            "nan": w.isnan, False: lambda: torch.tensor(False), "1": lambda: m.all(1)}[empty]()
     return w.masked_fill(rows, 0.0)
 
 _m = lambda **slip: lambda scores, mask: _msm(scores, mask, **slip)  # noqa: E731
@@ -80,8 +75,7 @@ MASKED_SOFTMAX = Exercise(
            _scores("float32 scores", _r(2, 2, 3).float(), [[0, 1, 0], [0, 0, 0]])],
     mistakes=[
         Mistake("not applied", f"puts weight on the masked keys: the mask was not applied. {INF}", _m(fill=None)),
-        Mistake("after", f"zeroed the pads AFTER the softmax: the share the pads took is lost and the rows no longer "
-                f"sum to 1. {INF}", _m(after="zero")),
+        Mistake("after", f"zeroed the pads AFTER the softmax: the rows no longer sum to 1. {INF}", _m(after="zero")),
         Mistake("renormalised", f"zeroed the pads after the softmax and renormalised: if the pads held all the weight, "
                 f"0 / 0 = NaN. {INF}", _m(after="renormalise", empty=False)),
         *_both("inverted", "masks the keys where the mask is False: inverted polarity. Here True = IGNORE "
@@ -91,14 +85,14 @@ MASKED_SOFTMAX = Exercise(
         *_both("queries", "sums to 1 down the columns: softmax ran over the queries. Each query's weights over the "
                "keys must sum to 1: softmax(..., dim=-1).", dim=-2),
         *[m for t in ("-1e9", "-1e4", "0") for m in _both(f"fill {t}", f"fills the masked scores with {t}, a finite "
-          f"fill, which takes weight unless the real scores are far above it. Use float('-inf').", "equal weights",
-                                                         fill=float(t))],
-        Mistake("NaN", "gives NaN on a row whose keys are all masked (0 / 0; and NaN * 0 is NaN): give those rows "
-                "zeros, masked_fill(mask.all(-1, keepdim=True), 0.0).", _m(empty=False)),
-        Mistake("global all", "zeroes the rows only when mask.all() holds over the WHOLE mask: a row whose keys are "
-                "all masked still gets NaN. Test each row, mask.all(-1, keepdim=True).", _m(empty="global")),
-        Mistake("any", "gives zeros to every row with ANY masked key: only a row whose keys are ALL masked gets "
-                "zeros, mask.all(-1, keepdim=True).", _m(empty="any")),
+          f"fill: it takes weight unless the real scores are far above. Use -inf.", "equal weights", fill=float(t))],
+        Mistake("queries, nan", "sums to 1 down the columns: softmax ran over the queries.", _m(dim=-2, empty="nan")),
+        Mistake("all(1)", "found the empty rows with mask.all(1), lined up as (L, S): all(-1, True).", _m(empty="1")),
+        Mistake("1/S", "gives a row whose keys are all masked equal weights, 1/S: give it zeros, mask.all(-1, "
+                "keepdim=True).", lambda s, m: _msm(s, m) + m.all(-1, keepdim=True).to(s.dtype) / m.shape[-1]),
+        Mistake("NaN", "gives NaN on a row whose keys are all masked: zero it, mask.all(-1, True).", _m(empty=False)),
+        Mistake("global all", "zeroes rows only if the WHOLE mask.all(): test each row, .all(-1).", _m(empty="global")),
+        Mistake("any", "gives zeros to every row with ANY masked key, not only those ALL masked.", _m(empty="any")),
         Mistake("squeezed", "squeezed the mask to (B, S) before masked_fill: against the (B, L, S) scores it lines up "
                 "as (L, S), query l gets sentence l's mask. Keep (B, 1, S).", _m(turn=lambda m: m[:, 0], empty="nan")),
         Mistake("added", "ADDED the bool mask to the scores: True counts as 1. Use masked_fill.", _m(added=1)),
@@ -106,6 +100,7 @@ MASKED_SOFTMAX = Exercise(
                "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),
     ],
     passed="masked keys get exactly 0, the others sum to 1, huge scores are safe, an all-masked row gives zeros.",
+    hints=((r"mask \[\d+, 1\] at index 1", "mask.all(-1) is (B, 1), meeting the QUERY axis: mask.all(-1, True)."),),
 )
 
 def check_masked_softmax(fn) -> None:

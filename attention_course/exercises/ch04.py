@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import ExerciseError
+from .ch02 import scale_note
 from .diagnose import Case, Exercise, Mistake, check, same
 
 def _attention(x, W_q, W_k, W_v, kpm, by=lambda x: x.shape[-1] ** 0.5, dim=-1, fill=float("-inf"),
@@ -52,7 +53,7 @@ SUM = "each query's weights over the keys must sum to 1: softmax(..., dim=-1)."
 SELF_ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
-    cases=[_x(1, 1, 4, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
+    cases=[_x(1, 1, 5, [1]), _x(1, 3, 2, [3]), _x(2, 5, 6, [5, 3]), _x(3, 4, 3, [4, 1, 2]), _x(1, 6, 4, [4], True)],
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide Q K^T by sqrt(D).", _a(by=lambda x: 1)),
         *[Mistake(name, f"divided the scores by {name}; {SQRT}", _a(by=by)) for name, by in (
@@ -72,11 +73,12 @@ SELF_ATTENTION = Exercise(
         Mistake("after", "applied the mask AFTER the softmax: mask the SCORES, before it.", _a(after=True)),
         Mistake("K.T", "used K.T, which reverses ALL the axes: Q @ K.transpose(-2, -1).",
                 _a(kT=lambda K: K.permute(2, 1, 0))),
-        Mistake("(B, S) mask", "applied the (B, S) key_padding_mask to the (B, L, S) scores as it is, its batch "
-                "against the queries: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
+        *_both("keys and queries", "masked the pad QUERIES too (key_padding_mask[:, :, None]): a row all -inf is NaN. "
+               "Mask the keys only, key_padding_mask[:, None, :].", turn=lambda m: m[:, None, :] | m[:, :, None]),
+        Mistake("K = Q", "computed the scores Q Q^T: K = x @ W_k.", lambda x, W_q, _, *a: _attention(x, W_q, W_q, *a)),
+        Mistake("(B, S) mask", "used the (B, S) mask as it is: key_padding_mask[:, None, :].", _a(turn=lambda m: m)),
         Mistake("x @ W.T", "used x @ W.T: these weights are in the math convention, Q = x @ W_q.", _a(Wt=True)),
-        Mistake("K Q^T", "computed the scores K Q^T, not Q K^T: the product the wrong way round or W_q and W_k "
-                "swapped. Use Q @ K.transpose(-2, -1).", _a(swap=True)),
+        Mistake("K Q^T", "computed the scores K Q^T (or W_q and W_k swapped): Q @ K.transpose(-2, -1).", _a(swap=True)),
         Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, *W: x)),
         Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
         Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
@@ -87,6 +89,7 @@ SELF_ATTENTION = Exercise(
     passed="weights and output are softmax(mask(Q K^T / sqrt(D))) V, for one token and many, padded or not.",
     run=_run,
     parts=("out", "tensor of weights"),
+    notes=lambda got, x, W_q, W_k, W_v, kpm: scale_note(got, (x @ W_q) @ (x @ W_k).mT, x.shape[-1], "D"),
 )
 
 def check_self_attention(fn) -> None:
@@ -114,16 +117,20 @@ def _layer(D):
     return Case(f"D={D}", (mha, *weights), marks)
 
 def _held(got, mha, *given):
-    """The notes: what each block of in_proj_weight and in_proj_bias holds, of the tensors given (or what it held)."""
-    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o".split()
+    """The notes: which given tensor (or what it held) each block of in_proj_weight, in_proj_bias, out_proj holds."""
+    r, names = len(given[3]) ** 0.5, "W_q W_k W_v b_q b_k b_v W_o b_o".split()
     known = [(f"{n}{t}{by}", (W.t() if t else W) / (r if by else 1)) for n, W in zip(names, given)
              for t in ("", ".T") for by in ("", " / sqrt(D)")]
     if not isinstance(got, tuple) or len(got) != 4 or got[0].shape != mha.in_proj_weight.shape:
         return ""
-    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for p, was in
-            zip(got, (mha.in_proj_weight, mha.in_proj_bias)) for b, w in zip(p.chunk(3), was.detach().chunk(3))]
-    said = held != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held) != {"something else"}
-    return f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias {', '.join(held[3:])}." * said
+    was = [*mha.in_proj_weight.detach().chunk(3), *mha.in_proj_bias.detach().chunk(3), None, None]
+    held = [next((n for n, W in [*known, ("what it held", w)] if same(b, W, 1e-12)), "something else") for b, w in
+            zip([*got[0].chunk(3), *got[1].chunk(3), *got[2:]], was)]
+    said = held[:6] != "W_q.T W_k.T W_v.T b_q b_k b_v".split() and set(held[:6]) != {"something else"}
+    out = [f"Its {n} holds {h}." for n, h, ok in zip(("out_proj.weight", "out_proj.bias"), held[6:], ("W_o.T", "b_o"))
+           if h not in (ok, "something else")]
+    return " ".join([f"Its in_proj_weight holds {', '.join(held[:3])} in its 3 blocks; in_proj_bias "
+                     f"{', '.join(held[3:6])}."] * said + out)
 
 _c = lambda **slip: lambda *args: _copy(*args, **slip)  # noqa: E731
 _parameters = lambda answer, mha, *weights: [answer(mha, *weights), tuple(  # noqa: E731 - called, then read
@@ -144,8 +151,7 @@ IN_PROJ_COPY = Exercise(
         *[Mistake(f"stack^T{n}", f"transposes the whole (3D, D) stack, torch.cat([W_q, W_k, W_v]).T{n}: transpose "
                   f"each block, {CAT}.", _c(blocks=list, join=j)) for n, j in (
             ("", lambda Ws: torch.cat(Ws).T), (".reshape(3D, D)", lambda Ws: torch.cat(Ws).T.reshape(-1, len(Ws[0]))))],
-        Mistake("stack", f"stacks the blocks, (3, D, D): in_proj_weight is (3D, D), {CAT}, not torch.stack.",
-                _c(join=torch.stack)),
+        Mistake("stack", f"stacks them, (3, D, D): in_proj_weight is {CAT}, not torch.stack.", _c(join=torch.stack)),
         *[Mistake(n, f"leaves {what} as it was: it must hold {must}.", _c(**slip)) for n, what, must, slip in (
             ("in bias", "in_proj_bias", "torch.cat([b_q, b_k, b_v]) (a parity check against a new layer, whose biases "
              "are 0, misses it)", dict(bias=False)), ("out weight", "out_proj.weight", "W_o.T", dict(out_w=None)),

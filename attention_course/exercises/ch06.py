@@ -1,8 +1,6 @@
-"""Checkers for chapter 6, multi-head attention reproduced.
-
-1. ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` -- ``ex-ch6-masks``: bool (B, S) and (L, S) or (B*h, L, S)
-   (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S).
-2. ``MyMultiheadAttention(embed_dim, num_heads)`` -- ``ex-ch6-layer``: switches of :class:`Reference`, run by ch07."""
+"""Chapter 6's checkers: ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` (ex-ch6-masks), bool (B, S), (L, S)
+or (B*h, L, S) (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S);
+``MyMultiheadAttention(embed_dim, num_heads)`` (ex-ch6-layer): switches of :class:`Reference`, run by ch07."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,20 +15,20 @@ from torch import nn
 from . import DTYPE
 from .diagnose import Case, Exercise, Mistake, agree, check, naming
 
-# Exercise 1: combine the masks
-
-def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", head_major=False, expand=True, drop="", kpm_as="keys",
-             flat_3d=False, turn_2d=False, none_safe=True, swap_3d=False, out=lambda m: m):
+def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", expand=True, drop="", kpm_as="keys", two="11LS",
+             three="Bh", none_safe=True, out=lambda m: m):
     parts, drop = [], drop if kpm is not None and attn is not None else ""  # drop: the branch an if/elif skips
-    if kpm is not None and "kpm" not in drop:
+    if kpm is not None and "key_padding" not in drop:
         kpm = ~kpm if polarity == "kpm" else kpm
         parts.append(kpm if kpm_as == "bare" else kpm.view({"keys": (B, 1, 1, S), "queries": (B, 1, S, 1),
                                                              "heads": (1, B, 1, S)}[kpm_as]))
-    if (attn is not None or not none_safe) and "attn" not in drop:
+    if (attn is not None or not none_safe) and drop != "attn":
         attn = ~attn if polarity == "attn" else attn
-        parts.append((attn.T.reshape(S, L) if turn_2d else attn.view(1, 1, L, S)) if attn.ndim == 2 else attn if flat_3d
-                     else attn.view(h, B, L, S).transpose(0, 1) if head_major else
-                     attn.view(B, h, S, L).transpose(-2, -1) if swap_3d else attn.view(B, h, L, S))
+        parts.append({"11LS": lambda a: a.view(1, 1, L, S), "T": lambda a: a.T.reshape(S, L), "flat": lambda a: a,
+                      "L1S": lambda a: a[:, None], "Bh": lambda a: a.view(B, h, L, S),
+                      "hB": lambda a: a.view(h, B, L, S).transpose(0, 1), "unsqueeze": lambda a: a.unsqueeze(1),
+                      "B2": lambda a: a.view(B, 2, L, S),
+                      "SL": lambda a: a.view(B, h, S, L).transpose(-2, -1)}[two if attn.ndim == 2 else three](attn))
     mask = torch.zeros((B, h, L, S) if expand else (1, 1, 1, 1), dtype=torch.bool)
     for part in parts if op == "or" or len(parts) < 2 else [getattr(parts[0], f"__{op}__")(parts[1])]:
         mask = mask | part
@@ -46,52 +44,46 @@ def _masks_case(seed, B, h, L, S, kpm, attn):
     return Case(name, (k, a, B, h, L, S), {"where the key_padding_mask alone blocks": alone_k & ~alone_a,
                                            "where the attn_mask alone blocks": alone_a & ~alone_k})
 
-def _mistakes(make, table) -> list[Mistake]:
-    return [Mistake(name, says, functools.partial(make, **switches)) for name, switches, says in table]
-
+_mistakes = lambda make, table: [Mistake(n, says, functools.partial(make, **kw)) for n, kw, says in table]  # noqa: E731
 MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "attn_mask", "B", "h", "L", "S"]})(
     what="your function", reference=_combine, passed="padding, 2-D and 3-D masks, alone, both and neither, as torch's.",
+    hints=((r"'NoneType' object", "a mask given as None used as a tensor: either may be None, test `is not None`."),),
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
         (2, 3, 4, 5, True, 3), (2, 3, 4, 5, False, 3), (2, 3, 4, 5, False, None), (3, 2, 3, 3, True, 3),
         (1, 4, 2, 6, True, 2), (4, 1, 4, 2, True, 3), (2, 2, 2, 2, True, 2)])],
     mistakes=_mistakes(_combine, [
-        ("inverted", dict(polarity="all"), "is inverted, True where attending is allowed: nn.MultiheadAttention's "
-         "masks are True = blocked; only F.scaled_dot_product_attention reads True as allowed."),
+        ("inverted", dict(polarity="all"), "is inverted: nn.MultiheadAttention's masks are True = blocked."),
         ("kpm inverted", dict(polarity="kpm"), "reads one mask wrong: the key_padding_mask alone is read the other way "
          "round; its True marks a pad, to block. Not ~key_padding_mask."),
         ("attn inverted", dict(polarity="attn"), "reads one mask wrong: the attn_mask alone is read the other way "
          "round; its True marks a pair to block. Not ~attn_mask."),
         ("and", dict(op="and"), "combined the masks with & (and): a pair is blocked where EITHER mask blocks it, |."),
-        ("head-major", dict(head_major=True), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) is "
+        ("head-major", dict(three="hB"), "unflattened the 3-D attn_mask head-major, (h, B, L, S): (B*h, L, S) is "
          "batch-major, row b*h + i is sentence b, head i: attn_mask.view(B, h, L, S)."),
-        ("3-D as (S, L)", dict(swap_3d=True), "reads the 3-D attn_mask as (B, h, S, L), keys first: it is (B*h, L, S), "
-         "view(B, h, L, S), no transpose."),
+        ("3-D as (S, L)", dict(three="SL"), "reads the 3-D attn_mask as (B, h, S, L): view(B, h, L, S), no transpose."),
         ("not expanded", dict(expand=False), "only broadcasts: expand it per head, .expand(B, h, L, S)."),
-        ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis, (B, 1, S, 1): one "
-         "entry per key, key_padding_mask.view(B, 1, 1, S)."),
-        ("kpm bare", dict(kpm_as="bare"), "uses the (B, S) key_padding_mask as it is: broadcasting aligns it from the "
-         "right, as (L, S). Give it its axes: view(B, 1, 1, S)."),
-        ("kpm on heads", dict(kpm_as="heads"), "puts the sentences of the key_padding_mask on the head axis, (1, B, 1, "
-         "S): (B, S) becomes (B, 1, 1, S)."),
-        ("3-D flat", dict(flat_3d=True), "uses a flat attn_mask: the 3-D attn_mask is flat; view it as (B, h, L, S)."),
-        ("2-D turned", dict(turn_2d=True), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it "
-         "is."),
+        ("kpm on queries", dict(kpm_as="queries"), "puts the key_padding_mask on the query axis: view(B, 1, 1, S)."),
+        ("kpm bare", dict(kpm_as="bare"), "has (B, S) bare: broadcasting aligns it from the right. view(B, 1, 1, S)."),
+        ("kpm on heads", dict(kpm_as="heads"), "puts the sentences on the head axis: (B, S) becomes (B, 1, 1, S)."),
+        ("3-D flat", dict(three="flat"), "uses a flat attn_mask: the 3-D attn_mask is flat; view it as (B, h, L, S)."),
+        ("2-D turned", dict(two="T"), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it is."),
+        ("h = 2", dict(three="B2"), "views the 3-D attn_mask with h = 2 written in: view(B, h, L, S), the h given."),
+        ("3-D unsqueezed", dict(three="unsqueeze"), "gave the 3-D attn_mask a head axis by unsqueeze(1): view it."),
+        ("2-D [:, None]", dict(two="L1S"), "makes the (L, S) attn_mask (L, 1, S), L on the heads' axis: [None, None]."),
         ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
         ("xor", dict(op="xor"), "combined the masks with ^ (xor): a pair BOTH masks block is let through; |."),
-        *[(f"elif {m}", dict(drop=m), f"drops the {n} when the other mask is given (if/elif?): apply both.") for m, n in
-          (("kpm", "key_padding_mask"), ("attn", "attn_mask"))],
+        *[(f"elif {m}", dict(drop=m), f"drops the {m} mask when the other is given (if/elif?): apply both.") for m in
+          ("key_padding", "attn")],
         ("flat", dict(out=lambda m: m.flatten(0, 1)), "returns the (B*h, L, S) layout: return (B, h, L, S)."),
     ]) + [Mistake("None for None", "returns None when neither mask is given: return an all-False (B, h, L, S) mask.",
                   lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
-           Mistake("one not expanded", "returns a single mask as a broadcastable view, not expanded per head: .expand("
-                   "B, h, L, S).", lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
+           Mistake("one not expanded", "returns a single mask as a broadcastable view: .expand(B, h, L, S).",
+                   lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
 
 def check_combine_masks(fn) -> None:
     """Check ``fn(key_padding_mask, attn_mask, batch_size, num_heads, query_len, key_len)`` -> (B, h, L, S) bool."""
     check(MASKS, fn)
-
-# Exercise 2: the whole layer. The reference and each mistake: Reference(D, h, bias, dropout, **switches).
 
 SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum(dim, keepdim=True),  # "safe": zeros
            "safe": lambda s, d: torch.softmax(s.masked_fill(e := s.isneginf().all(d, True), 0), d).masked_fill(e, 0),
@@ -105,7 +97,7 @@ FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
-          W_T=False, head_major=False, scale_last=False, only=None)
+          W_T=False, head_major=False, scale_last=False, only=None, unmasked=False)
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -135,7 +127,7 @@ class Reference(nn.Module):
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
         scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
         scores = scores if o["scale_last"] else scores / scale
-        after = []
+        after, raw = [], scores
         for which, m in (("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
                          ("attn", kpm.view(B, 1, 1, S))):  # "copy": the attn_mask branch masks with the padding
             if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
@@ -150,12 +142,13 @@ class Reference(nn.Module):
                 m = ~m if o["invert"] in (True, which) else m
                 after, scores = (after + [m], scores) if mo["mask_after"] else (after, scores.masked_fill(m, mo["fill"]))
             else:
-                how = ("bool" if which == "kpm" else "add") if mo["floats"] == "kpm bool" else mo["floats"]
+                how = ("bool" if mo["floats"][0] == which[0] else "add") if " bool" in mo["floats"] else mo["floats"]
                 scores = FLOATS[how](scores, m, mo["fill"])
         weights = SOFTMAX[o["softmax"]](scores / scale if o["scale_last"] else scores, o["softmax_dim"])  # (B, h, L, S)
         for m in after:
             weights = weights.masked_fill(m, 0.0)
         heads = weights @ v  # (B, h, L, d), merged to (B, L, D), its own L if it "grows" (a mask broadcast)
+        weights = SOFTMAX[o["softmax"]](raw, o["softmax_dim"]) if o["unmasked"] else weights
         n = heads.shape[2] if o["grow"] else L
         heads = {"hd": lambda t: t.transpose(1, 2), "none": lambda t: t, "dh": lambda t: t.permute(0, 2, 3, 1),
                  "23": lambda t: t.transpose(2, 3), "DL": lambda t: t.transpose(1, 2).reshape(B, D, n).mT,
@@ -234,85 +227,67 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("split", dict(split="none"), "splits the heads without the transpose: view(B, L, h, d).transpose(1, 2)."),
     ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose, transpose(1, 2)."),
     ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps positions and features."),
-    ("order (d, h)", dict(split="dh", merge="dh"), "cuts the features into heads in the wrong order, (B, L, d, h): "
-     "head i holds features i*d ... (i+1)*d - 1, as in_proj and out_proj assume: view(B, L, h, d)."),
-    ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaving their features as (B, L, d, "
-     "h): transpose(1, 2) to (B, L, h, d), so that head i fills features i*d ... (i+1)*d - 1."),
-    ("in_proj_bias", dict(in_bias=False), "adds no in_proj_bias (in_proj_bias is not used): add b_q, b_k, b_v, "
-     "in_proj_bias.chunk(3); torch's start at zero, so a check with a fresh layer misses this."),
+    ("order (d, h)", dict(split="dh", merge="dh"), "splits in the wrong order, (B, L, d, h): view(B, L, h, d)."),
+    ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaved: transpose(1, 2) first."),
+    ("in_proj_bias", dict(in_bias=False), "adds no in_proj_bias (in_proj_bias is not used; torch's start at 0)."),
     ("out_proj.bias", dict(out_bias=False), "adds no bias after the merge: out_proj.bias is not used."),
     ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing after the merge."),
     ("always averaged", dict(average="always"), "averages when asked for one matrix per head, (B, h, L, S)."),
     ("never averaged", dict(average="never"), "returns per-head weights by default: average over the heads, .mean(1)."),
-    ("flat", dict(average="flat"), "returns the weights in the flat (B*h, L, S) layout: view them as (B, h, L, S), "
-     "then .mean(dim=1) when average_attn_weights=True."),
-    ("inverted", dict(invert=True), "masks the wrong keys: the mask polarity is inverted. A bool True means ignore "
-     "this key: fill with -inf where the mask is True."),
-    ("inverted, finite fill", dict(invert=True, fill=-1e9), "masks the wrong keys: the mask polarity is inverted (and "
-     "the fill is a finite -1e9). A bool True means ignore this key: fill with float('-inf') where it is True."),
-    ("attn inverted", dict(invert="attn"), "reads the key_padding_mask right, but the attn_mask alone is read the "
-     "other way round: its True blocks the pair too. Not ~attn_mask."),
-    ("kpm inverted", dict(invert="kpm"), "reads the attn_mask right, but the key_padding_mask alone is read the "
-     "other way round: its True marks a pad, to block. Not ~key_padding_mask."),
+    ("flat", dict(average="flat"), "gives the flat (B*h, L, S) layout: view it (B, h, L, S), then .mean(dim=1)."),
+    ("inverted", dict(invert=True), "masks the wrong keys: the mask polarity is inverted. Fill -inf where it is True."),
+    ("inverted, finite fill", dict(invert=True, fill=-1e9), "fills with -1e9 and the mask polarity is inverted: fill "
+     "-inf where True."),
+    ("attn inverted", dict(invert="attn"), "reads one mask wrong: the attn_mask alone is read the other way round."),
+    ("kpm inverted", dict(invert="kpm"), "reads one mask wrong: the key_padding_mask alone is read the other way "
+     "round."),
     ("after softmax", dict(mask_after=True), "applies the mask after the softmax: fill the SCORES with -inf first."),
-    ("finite fill", dict(fill=-1e9), "fills with a finite number such as -1e9 (a finite fill): a query with no key "
-     "then averages keys it must not see (torch gives NaN, the course's layer zeros). Fill with float('-inf')."),
+    ("finite fill", dict(fill=-1e9), "uses -1e9, a finite fill: a query with no key then averages. Use -inf."),
     ("zero fill", dict(fill=0.0), "leaves masked scores set to 0, not -inf: a score of 0 still gets weight."),
-    ("float multiplied", dict(floats="mul"), "multiplies the scores by a float mask's exp: a float mask is ADDED, "
-     "scores + mask; -inf added hides a key, a product makes its score 0, which still counts."),
-    ("float as bool", dict(floats="bool"), "reads a float mask as a bool mask (.bool(), != 0): a float mask is added "
-     "to the scores as it is, its finite values favour or penalise a key."),
-    ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool (.bool(), != 0): it is "
-     "added to the scores as it is, as a float attn_mask is."),
-    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask: add it all, scores + "
-     "mask."),
-    ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED; -inf subtracted "
-     "makes a hidden key +inf, the only one attended."),
-    ("float clamped", dict(floats="clamp"), "clamps a float mask to a finite floor (-1e4?) before adding it: a query "
-     "whose keys are all -inf then averages them. Add the mask as it is."),
-    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys: (B, S) "
-     "becomes (B, 1, 1, S), one entry per key; (B, 1, S, 1) blanks whole query rows."),
-    ("kpm bare", dict(kpm_as="bare"), "puts the (B, S) key_padding_mask against (..., L, S) as it is: broadcasting "
-     "aligns it from the right, as (L, S) (silent when B == L): key_padding_mask[:, None, None, :]."),
+    ("float multiplied", dict(floats="mul"), "multiplies the scores by a float mask's exp: a float mask is ADDED."),
+    ("float as bool", dict(floats="bool"), "reads a float mask as a bool mask (!= 0): it is added to the scores."),
+    ("float kpm as bool", dict(floats="kpm bool"), "reads a float key_padding_mask as bool: it is added as it is."),
+    ("unmasked weights", dict(unmasked=True), "returns the weights before the masks: return those the output used."),
+    ("float -inf only", dict(floats="neginf"), "uses only the -inf entries of a float mask: add it, scores + mask."),
+    ("float subtracted", dict(floats="sub"), "subtracts a float mask, scores - mask: it is ADDED, scores + mask."),
+    ("float clamped", dict(floats="clamp"), "clamps a float mask to a finite floor (-1e4?): add it as it is."),
+    ("kpm on queries", dict(kpm_as="queries"), "has the key_padding_mask applied to the queries, not the keys."),
+    ("kpm bare", dict(kpm_as="bare"), "puts (B, S) bare: broadcasting aligns it from the right: [:, None, None, :]."),
     ("no mask", dict(ignore=("kpm", "attn")), "computes the output without any mask: the mask never reaches the scores "
      "(filled where a score is 0 rather than where the mask is True? a branch that skips it?)."),
-    ("attn ignored", dict(ignore=("attn",)), "gives the output with the key_padding_mask alone: the attn_mask never "
-     "reaches the scores (a branch that masks with the padding mask again?). Each branch must use its own mask."),
-    ("naive softmax", dict(softmax="naive"), "computes exp(s) / exp(s).sum() without subtracting the max: exp "
-     "overflows to inf (above 709.8 in float64, 88.7 in float32), inf / inf = NaN. Subtract each row's max first."),
-    ("nan_to_num", dict(softmax="nan_to_num"), "zeroes a row with no key once the softmax made it NaN: the gradients "
-     "stay NaN. Give those rows finite scores BEFORE the softmax, masked_fill(empty, 0.0), then zero them."),
-    ("float32", dict(softmax="float32"), "agrees with nn.MultiheadAttention only to float32 precision, in float64: a "
-     "step computes in float32 (a tensor made without dtype=, .float()): use dtype=scores.dtype."),
-    ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D), attending over the batch: the layer "
-     "checked is nn.MultiheadAttention(batch_first=True), inputs (B, L, D)."),
+    ("attn ignored", dict(ignore=("attn",)), (IGNORED := "gives the output with the key_padding_mask alone: the "
+     "attn_mask never reaches the scores (a branch masking with the padding mask again?): each uses its own mask.")),
+    ("naive softmax", dict(softmax="naive"), "takes exp(s) without subtracting the max: exp overflows to NaN."),
+    ("nan_to_num", dict(softmax="nan_to_num"), "zeroes NaN rows once the softmax made them: gradients stay NaN. Fill "
+     "BEFORE the softmax."),
+    ("float32", dict(softmax="float32"), "agrees only to float32 precision: a tensor made without dtype=, .float()?"),
+    ("sequence first", dict(seq_first=True), "reads its inputs as (L, B, D): this layer is batch_first=True."),
     ("values from key", dict(v_from_k=True), "projects the values from key: v comes from value, the third argument."),
     ("v with W_k", dict(qkv=(0, 1, 1)), "projects the values with the KEY's W_k and b_k: v is in_proj's last third."),
     ("W transposed", dict(W_T=True), "computes x @ W: weights are stored (out, in), so x @ W.T (F.linear(x, W, b))."),
     ("summed", dict(average="sum"), "SUMS the weights over the heads: average them, .mean(dim=1)."),
     ("float ignored", dict(floats="none"), "ignores a float mask: add it to the scores, scores + mask."),
     ("3-D head-major", dict(head_major=True), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
-    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask (scaling a finite one): scale "
-     "first."),
-    ("naive softmax, zeros", dict(softmax="naive, zeros"), "computes exp(s) / exp(s).sum() (0 where the sum is 0) "
-     "without subtracting the max: exp overflows, inf / inf = NaN. Subtract each row's max first."),
+    ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask: scale first."),
+    ("naive softmax, zeros", dict(softmax="naive, zeros"), "takes exp(s) without subtracting the max (0 / 0 = 0)."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
 LAYER_TABLE += [(name + ", grown", {**switches, "grow": True}, says) for name, switches, says in LAYER_TABLE
-                if name in ("kpm on queries", "kpm bare")] + [("attn branch copied", dict(ignore="copy"), LAYER_TABLE[
-                    [n for n, _, _ in LAYER_TABLE].index("attn ignored")][2])]  # grown: merged with their own L
+                if name in ("kpm on queries", "kpm bare")] + [("attn branch copied", dict(ignore="copy"), IGNORED)]
 HINTS = ((r"positional argument|unexpected keyword|multiple values for", "the layer is called as torch's is: forward("
           "query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True)."),)
 PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 heads, self- and cross-attention, "
           "bool, float and per-head masks, one query, big scores, no key (NaN as torch's, or zeros: finite gradients)")
+OWN = [("float attn as bool", dict(floats="attn bool"), "reads a float attn_mask as bool (!= 0): add it as it is.")]
 LAYER = LayerExercise(
-    what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE), hints=HINTS,
+    what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE + OWN), hints=HINTS,
     run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
-    cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2),
-                                    make=((6, 3), {"dropout": 0.5}))], passed=PASSED + ", no dropout in eval mode.")
+    cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2), make=((6, 3), {
+        "dropout": 0.5})), layer_case("a float key_padding_mask, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) -
+                                      0.8 * _two, additive(causal(4)))], passed=PASSED + ", no dropout in eval mode.")
 SAFE = functools.partial(Reference, softmax="safe")  # the course's convention: a query with no key gets zeros
-LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE), _memo={})
+LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE, LAYER_TABLE + OWN), _memo={})
 
 def convention(exercises, answer):
     """The exercise in the answer's convention for a query with no key: torch's NaN, or (zero rows) the course's."""

@@ -159,7 +159,7 @@ def masked_catalogue():
                    family="finite fill"),
             Mutant("NaN on empty rows", with_options(zero_empty=False), r"gives NaN on a row whose keys are all masked"),
             Mutant("uniform on empty rows", uniform_when_empty,
-                   r"plus the same 0\.2 at the 15 of 30 entries that differ, all of them at the masked keys"),
+                   r"gives a row whose keys are all masked equal weights, 1/S"),
             Mutant("softmax over the queries", with_options(dim=-2), r"softmax ran over the queries",
                    family="softmax over the queries"),
             Mutant("softmax over the queries, NaN rows", with_options(dim=-2, zero_empty=False),
