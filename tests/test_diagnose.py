@@ -109,10 +109,12 @@ def test_a_tuple_is_shown_where_its_first_differing_item_can_show_a_pattern():
 
 def test_float32_rounding_is_judged_entry_by_entry():
     """A gap of 1 on entries of size 1 is no rounding, even beside an entry of 1e30."""
-    x = torch.tensor([1e30, 1.5, -2.0, 0.5, 3.0], dtype=torch.float64)
+    x = torch.tensor([1e30, 1.1, -2.3, 0.7, 3.3], dtype=torch.float64)
     ex = Exercise(what="your copy", reference=lambda x: x.clone(), cases=[Case("x", (x,))], mistakes=[], passed="ok")
     assert "FLOAT32" not in message(lambda x: x + (x.abs() < 1e29), ex)
-    assert "FLOAT32 PRECISION" in message(lambda x: x + 1e-7 * x * (x.abs() < 1e29), ex)
+    assert "FLOAT32 PRECISION" in message(lambda x: torch.where(x.abs() < 1e29, x.float().double(), x), ex)
+    eps = message(lambda x: torch.where(x.abs() < 1e29, x / (1 + 1e-9), x), ex)  # one factor: a constant, no rounding
+    assert "FLOAT32" not in eps and "a small constant added where it divides (an epsilon in a sum, +1e-09?)" in eps
     assert "FLOAT32" not in message(lambda x: x.masked_fill(x > 1e29, 0.0), Exercise(
         what="your copy", reference=lambda x: x.masked_fill(x > 1e29, -torch.inf), cases=[Case("x", (x,))],
         mistakes=[], passed="ok"))  # 0 where -inf is expected: no rounding

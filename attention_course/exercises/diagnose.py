@@ -260,7 +260,9 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
         words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error, cases[failed[0]]))
-    return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong)
+    blind = [k for k, c in enumerate(cases) if exercise.mistakes and all(agree(exercise.expected(
+        m.name, m.answer, c), want[k], exercise.atol) for m in exercise.mistakes)]  # right whatever the mistake
+    return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong, blind)
 
 def _reordered(got, want, atol: float, distinct: bool = False, turned: bool | None = None) -> bool:
     """The first differing item has the right sizes in another order (``distinct``: sizes all different, none 1;
@@ -352,11 +354,11 @@ def _sizes(name: str) -> dict:
     found |= {w[:4]: f"{n} {w}" for n, w in re.findall(r"\b(\d+) ([a-z]+s|head|query|key|rank|token)\b", name)}
     return found | {w: f"{w} of {n}" for w, n in re.findall(r"\b([a-z]+) of (\d+)\b", name)}
 
-def only_where(cases: list, wrong: list[int]) -> str:
+def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
     """" It is right on every case with d = 6, and on no other", where a size the cases state tells the right ones
     from the wrong ones (a size written into the answer as a number, a slip that shows only with one head)."""
     sizes = [{**{k: f"{k} = {v}" for k, v in c.sizes.items()}, **_sizes(c.name)} for c in cases]
-    right = [k for k in range(len(cases)) if k not in wrong]
+    right = [k for k in range(len(cases)) if k not in wrong and k not in blind]  # (a case no mistake shows: no sign)
     for side, said in ((right, "right"), (wrong, "wrong")):
         others = [k for k in range(len(cases)) if k not in side]
         if len(side) < 2 or not others:
@@ -367,7 +369,8 @@ def only_where(cases: list, wrong: list[int]) -> str:
             if len(values) == 1 and not values & {sizes[k].get(key) for k in others} and (float(n) > 1 or said == "wrong"):
                 # (right only at 1 is no sign of a number written in: a slip along that axis cannot show there)
                 hint = f": is {n} written into it as a number, where it should come from the inputs?" if said == "right" else "."
-                return f" It is {said} on every case with {sizes[side[0]][key]} and on no other{hint}"
+                rest = "wrong on every other where a slip can show" if said == "right" and blind else "on no other"
+                return f" It is {said} on every case with {sizes[side[0]][key]} and {rest}{hint}"
     both = set.intersection(*(set(c.sizes) for c in cases))  # two sizes equal exactly on the right cases
     for x, y in itertools.combinations(sorted(both), 2):
         if len(right) > 1 and len(wrong) > 1 and all((cases[k].sizes[x] != cases[k].sizes[y]) == (k in wrong)
@@ -561,6 +564,10 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
                 return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
         near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size
+        r = ratio[differ & (w64 != 0)]  # one factor near 1 on every entry: a constant added, not float32's rounding
+        if n and bool(near.all()) and r.numel() > 1 and float(r.max() - r.min()) < 1e-3 * float((r - 1).abs().min()):
+            return "epsilon", (f"is {float(r[0]):.12g} times the right one wherever it differs: a small constant "
+                               f"added where it divides (an epsilon in a sum, {1 / float(r[0]) - 1:+.0e}?).")
         if want.dtype == torch.float64 and n and bool(near.all()):  # float32's rounding, carried through
             return "float32", (f"agrees with the right one only to {gap:.1g}, FLOAT32 PRECISION: part of it ran in "
                                f"float32 (a tensor made without dtype=, which is float32, or a .float()); keep the "
