@@ -211,5 +211,5 @@ def test_masked_softmax_describes_a_uniform_fully_masked_row_and_a_small_fill():
 
 
 def test_masked_softmax_rejects_wrong_shapes():
-    with pytest.raises(ExerciseError, match=r"result has shape \(1, 2\), expected \(1, 2, 3\)"):
+    with pytest.raises(ExerciseError, match=r"result has shape \(2, 2\), expected \(2, 2, 3\)"):
         ch03.check_masked_softmax(lambda s, m: masked(s, m).sum(-1))

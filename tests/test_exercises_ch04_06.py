@@ -78,7 +78,7 @@ def test_self_attention_names_each_mistake(options, message):
 def test_self_attention_rejects_wrong_shapes_types_and_randomness():
     with pytest.raises(ExerciseError, match=r"returns out alone: return the pair \(out, weights\)"):
         ch04.check_self_attention(lambda *a: attention(*a)[0])
-    with pytest.raises(ExerciseError, match=r"tensor of weights has shape \(1, 3\), expected \(1, 3, 3\)"):
+    with pytest.raises(ExerciseError, match=r"tensor of weights has shape \(3, 4\), expected \(3, 4, 4\)"):
         ch04.check_self_attention(lambda *a: (attention(*a)[0], attention(*a)[1].sum(-1)))
     with pytest.raises(ExerciseError, match="raised ZeroDivisionError"):
         ch04.check_self_attention(lambda *a: 1 / 0)
@@ -158,8 +158,8 @@ def test_split_heads_accepts_right_answers(capsys):
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2), r"every h-th feature \(strided\)"),
     (lambda x, h: split_right(x, h).flatten(0, 1), r"flat \(B\*h, L, d\) layout"),
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), r"returns \(B, L, h, d\): the heads are still after the tokens"),
-    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(1, 3, 6\), num_heads=2, d=3: your split's result has "
-                                                  r"shape \(1, 2, 3, 1\), expected \(1, 2, 3, 3\): axis 3 alone differs, of size 1 where 3"),  # d = 1 before
+    (lambda x, h: split_right(x, h)[:, :, :, :1], r"^x of shape \(2, 2, 8\), num_heads=4, d=2: your split's result has "
+                                                  r"shape \(2, 4, 2, 1\), expected \(2, 4, 2, 2\): axis 3 alone differs, of size 1 where 2"),  # no size 1 in the right shape
     (lambda x, h: split_right(x, h).flip(2), r"right slices along axis 2 in another order: .* \[1, 0\] \(reversed\)"),
     (lambda x, h: split_right(x, h) + 0.5, r"plus the same 0.5 at every entry"),
     (lambda x, h: x.reshape(2, 4, 2, 4).transpose(1, 2), r"raised RuntimeError.*Print x.shape"),  # hard-coded sizes

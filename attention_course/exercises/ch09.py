@@ -85,9 +85,9 @@ COURSE_TO_BERT = Exercise(
     mistakes=[
         Mistake("transposed", "copies each block TRANSPOSED: nn.Linear and in_proj_weight both store weights as "
                 "(out, in); copy the blocks as they are, without .T.", partial(_course_to_bert, transpose=True)),
-        Mistake("shared", "gives the block new nn.Parameters that SHARE MEMORY with mha (nn.Parameter of a view, "
-                "without .clone()): the two models are one, and training either changes both. Copy the values: "
-                ".copy_(...) inside torch.no_grad(), or nn.Parameter(w.clone()).", partial(_course_to_bert, new=True)),
+        Mistake("shared", "gives the block parameters that SHARE MEMORY with mha (an nn.Parameter or a .data made "
+                "of a view, without .clone()): the two models are one, and training either changes both. Copy the "
+                "values: .copy_(...) inside torch.no_grad().", partial(_course_to_bert, new=True)),
         *[Mistake(how, f"reads in_proj {how}, q, k, v of {u} 0, then of {u} 1: nn.MultiheadAttention stacks W_q, W_k "
                   f"and W_v whole, chunk(3).", partial(_course_to_bert, n=n)) for how, u, n in (
               ("head by head", "head", lambda m: m.num_heads), ("row by row", "feature", lambda m: m.embed_dim))],

@@ -237,6 +237,9 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         turned = [j for j in wrong if got[j].error is None and _reordered(got[j].value, want[j].value, exercise.atol)]
         i = next((j for j in turned if _reordered(got[j].value, want[j].value, exercise.atol, turned=False)),
                  next((j for j in turned if _reordered(got[j].value, want[j].value, exercise.atol, True)), i))
+    elif 1 in _shape(want[i].value, got[i].value, exercise.atol):  # a size 1 tells no axis from its absence
+        i = next((j for j in wrong if got[j].error is None and _shape(want[j].value, got[j].value, exercise.atol)
+                  and 1 not in _shape(want[j].value, got[j].value, exercise.atol)), i)
     what, case, words = exercise.what, cases[i], []
     if got[i].error is not None:
         words.append(exception(exercise, got[i].error, case))
@@ -244,11 +247,15 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
     moved = [j for j in wrong if got[j].error is None and got[j].changed != want[j].changed]
-    if moved:  # inputs changed in place, on this case or (after an exception) another
-        changed = ", ".join(f"`{n}`" for n in got[moved[0]].changed)
-        words.append(("" if moved[0] == i else f"{on(cases[moved[0]])}, ") + f"{what} modified its input "
-                     f"{changed} in place; the caller still needs it: work on a copy (x.clone(), list(x), sorted(x) "
-                     f"rather than x.sort()), or an out-of-place operation.")
+    if moved:  # inputs changed in place (those the reference leaves alone), on this case or another
+        names = [n for n in got[moved[0]].changed if n not in want[moved[0]].changed]
+        given = dict(zip(exercise.arguments, cases[moved[0]].args))
+        lists = any(isinstance(given.get(n), (list, dict)) for n in names)
+        fix = "(list(x), sorted(x) rather than x.sort())." if lists else "(x.clone()), or out of place: x = x - m, " \
+            "not x -= m or x.sub_(m)."
+        words.append(("" if moved[0] == i else f"{on(cases[moved[0]])}, ") + (
+            f"{what} modified its input {', '.join(f'`{n}`' for n in names)} in place; the caller still needs it: work "
+            f"on a copy {fix}" if names else f"{what} leaves unchanged an input it should change in place."))
     valued = [j for j in wrong if got[j].error is None and want[j].error is None and
               not same(got[j].value, want[j].value, exercise.atol)]
     if valued:  # the values it gets wrong, after an exception elsewhere too: the exception may hide the real slip
@@ -271,6 +278,12 @@ def _reordered(got, want, atol: float, distinct: bool = False, turned: bool | No
     return isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape and \
         sorted(got.shape) == sorted(want.shape) and (not distinct or len(set(want.shape) - {1}) == want.ndim) and \
         (turned is None or (_turned(got, want) is not None) == turned)
+
+def _shape(want, got, atol: float) -> tuple:
+    """The right shape of the first differing item where the answer's has another; else ()."""
+    _, got, want = _differing(got, want, atol)
+    shaped = isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape
+    return tuple(want.shape) if shaped else ()
 
 def on(case: Case) -> str:  # "on <the case>", or its name where it starts with its own preposition ("in float16")
     return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
@@ -312,6 +325,12 @@ def _names(case: Case, n: int) -> str:
     found += [f"{x}·{y} = {n}" for x, y in (("B", "h"), ("B", "L")) if min(short.get(x, 0), short.get(y, 0)) > 1 and short[x] * short[y] == n]
     return f" ({' or '.join(found)})" if 0 < len(found) <= 3 else ""
 
+def _named(case: Case, got: int, want: int) -> str:
+    """The answer's wrong size glossed by the one size of the case it equals, where the right one is named too (a size
+    read from another axis, "not 4 (L = 4)"), else "": a number written in may equal a size by chance."""
+    said = _names(case, got)
+    return said if _names(case, want) and " or " not in said else ""
+
 def locate(exercise: Exercise, err: Exception, case: Case) -> str:
     """A view, product or broadcast that failed, set against what the reference does on the same case: the axis and
     the sizes (named by the case) that differ; "" where it cannot be said."""
@@ -335,7 +354,7 @@ def locate(exercise: Exercise, err: Exception, case: Case) -> str:
         best = max((w for w in shapes.views if len(w[1]) == len(got)), key=fits, default=None)
         if best is None or fits(best) < len(got) - (len(got) > 3):
             return ""
-        said = [f"axis {i} should be {s}{_names(case, s)}, not {g}{_names(case, g)}" for i, (g, s) in
+        said = [f"axis {i} should be {s}{_names(case, s)}, not {g}{_named(case, g, s)}" for i, (g, s) in
                 enumerate(zip(got, best[1])) if g not in (s, -1)]
         return (f" On this case the right answer views a tensor of {best[0]} entries as {best[1]}: "
                 f"{'; '.join(said)}." if said else "")
@@ -344,7 +363,7 @@ def locate(exercise: Exercise, err: Exception, case: Case) -> str:
     best = max(shapes.products, key=fits, default=None)
     if best is None or fits(best) < 3:
         return ""
-    said = [f"the {side} matrix's {axis} should be {s}{_names(case, s)}, not {g}{_names(case, g)}" for side, axis, g, s
+    said = [f"the {side} matrix's {axis} should be {s}{_names(case, s)}, not {g}{_named(case, g, s)}" for side, axis, g, s
             in zip(("left", "left", "right", "right"), ("rows", "columns") * 2, got, best[0] + best[1]) if g != s]
     return f" On this case the right answer multiplies {best[0]} by {best[1]} there: {'; '.join(said)}."
 
@@ -468,7 +487,7 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
 def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = None) -> str:
     shown = f"has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     axes = [a for a in range(want.ndim) if got.ndim == want.ndim and got.shape[a] != want.shape[a]]
-    said = "; ".join(f"axis {a} is {got.shape[a]}{_names(case, got.shape[a])} where {want.shape[a]}"
+    said = "; ".join(f"axis {a} is {got.shape[a]}{_named(case, got.shape[a], want.shape[a])} where {want.shape[a]}"
                      f"{_names(case, want.shape[a])} belongs" for a in axes) if case is not None else ""
     if sorted(got.shape) == sorted(want.shape):  # axes turned, or sizes listed in another order?
         turned = _turned(got, want)
@@ -477,6 +496,12 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
                                f"the right sizes in another order ({said}), but not the right one with its axes "
                                f"swapped: the sizes listed in another order (a view or reshape to (B, L, d, h) for (B, "
                                f"L, h, d)), or a torch.cat along another dim.")
+    for a in range(want.ndim - 1):  # two neighbouring axes joined into one, or one cut in two
+        joined = want.shape[:a] + (want.shape[a] * want.shape[a + 1],) + want.shape[a + 2:]
+        if min(want.shape[a:a + 2]) > 1 and tuple(got.shape) == joined:
+            return (f"{shown}: axes {a} and {a + 1} of the right one ({want.shape[a]}{_names(case, want.shape[a])} "
+                    f"and {want.shape[a + 1]}{_names(case, want.shape[a + 1])}) joined into one of {joined[a]}: a "
+                    f"flatten({a}) or a reshape that merges them.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
@@ -489,7 +514,7 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
-        g, w = f"{g}{_names(case, g)}" if case else g, f"{w}{_names(case, w)}" if case else w
+        g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
                 f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
     extra = _extra(want.shape, got.shape)

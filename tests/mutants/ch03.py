@@ -168,7 +168,7 @@ def masked_catalogue():
             Mutant("bool mask made float for masked_fill", lambda s, m: masked(s, m.float()),
                    r"float mask is not a selection"),
             Mutant("float32 weights", lambda s, m: masked(s.float(), m), r"float32, expected float64"),
-            Mutant("wrong shape", lambda s, m: masked(s, m).sum(-1), r"has shape \(1, 2\), expected \(1, 2, 3\): an axis of size 3 missing"),
+            Mutant("wrong shape", lambda s, m: masked(s, m).sum(-1), r"has shape \(2, 2\), expected \(2, 2, 3\): an axis of size 3 missing"),
         ],
     )
 

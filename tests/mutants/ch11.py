@@ -431,7 +431,7 @@ RING = catalogue(
         Mutant("the block's output returned", lambda *a: ch11._ring_step(*a)[2],
                (r"returns one tensor", r"new STATE")),
         Mutant("None for a skipped block", none_when_skipped, (r"returns None", r"return the state unchanged")),
-        Mutant("weights not multiplied by v", weights_not_values, (r"acc has shape \(2, 1, 1, 1\), expected \(2, 1, 1, 2\)",)),
+        Mutant("weights not multiplied by v", weights_not_values, (r"acc has shape \(2, 2, 2, 2\), expected \(2, 2, 2, 4\)",)),
         Mutant("float32 state", lambda *a: tuple(t.float() for t in ch11._ring_step(*a)),
                (r"right values in float32, expected float64",)),
         Mutant("no return statement", no_return, (r"nothing returned \(a `return` missing\?\)",)),
