@@ -53,6 +53,8 @@ SOFTMAX = Exercise(
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
         Mistake("sum all", "divides by the sum of the WHOLE tensor: sum along `dim`, keepdim=True.", _sm(below="all")),
         Mistake("no exp", f"divides the scores by their sum without taking exp first. {SHARE}", _sm(shift=None, exp=0)),
+        Mistake("shifted, no exp", f"subtracts the max, then divides by the sum WITHOUT exp: the weights are "
+                f"e = exp(scores - max) over e's sum. {SHARE}", _sm(exp=0)),
         Mistake("no division", f"takes exp but does not divide by the sum along `dim`. {SHARE}", _sm(divide=False)),
         Mistake("log", f"returns log_softmax, the LOG of the weights. {SHARE}", lambda s, dim=-1: s.log_softmax(dim)),
         Mistake("argmax", f"is one-hot, an argmax. {SHARE}", lambda s, dim=-1: (s == s.amax(dim, True)).to(s.dtype)),
