@@ -39,6 +39,9 @@ BLOCK_MASK = Exercise(
         Mistake("no blocks", "is causal over the whole packed row but has NO BLOCKS: a query reads the earlier "
                 "sequences. Also hide keys of another sequence.", _b(blocks=False)),
         Mistake("diagonal", "hides the DIAGONAL: a query reads its own key, hide j > i.", _b(causal=torch.ge)),
+        Mistake("others open", "leaves the OTHER SEQUENCES visible (False off the blocks, as torch.block_diag fills "
+                "them), hiding only later keys of a query's own: a key of another sequence is hidden, True.",
+                lambda cu: _block(cu) & ~_block(cu, causal=None)),
         Mistake("past", "hides the PAST instead of the future: hide j > i, keep j <= i.", _b(causal=torch.lt)),
         Mistake("boundary", "puts the first row of each sequence in the sequence before it: the sequences are shifted "
                 "by one row at each BOUNDARY. " + _START, _b(right=False)),
@@ -132,8 +135,10 @@ def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True
     out, left = [], budget + spend
     for rid, remaining in _ORDERS[decodes](running):
         n = 1 if remaining == 0 else remaining
-        if limit and (remaining or not free):
+        if (limit is True or limit == "decodes" and not remaining) and (remaining or not free):
             n = 0 if left <= stop else min(n, budget if whole else left) if chunks else n * (n <= left)
+        elif limit == "decodes":  # a prompt started while a token is left, but not cut
+            n = n * (left > 0)
         if n > 0 or zeros:
             out.append((rid, max(n, 0)))
         left -= max(n, 0)
@@ -171,6 +176,8 @@ PLAN_STEP = Exercise(
                 _p(decodes="dropped")),
         Mistake("budget ignored", "IGNORES THE BUDGET: the step's tokens add up to more than budget. Cut each prompt "
                 "to the budget left.", _p(limit=False)),
+        Mistake("prompts not cut", "gives a prompt its WHOLE remaining once a token is left, past the budget: a chunk "
+                "is min(remaining, budget left), the rest later.", _p(limit="decodes")),
         Mistake("no chunks", "skips a prompt that does not fit whole: NO CHUNKS. A prompt longer than the budget left "
                 "gets min(remaining, budget left) tokens now, the rest later.", _p(chunks=False)),
         Mistake("zeros", "lists requests with ZERO tokens: leave out the requests that get nothing this step.",
