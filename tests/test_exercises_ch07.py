@@ -174,7 +174,7 @@ MISTAKES = [  # (name, class, key words of the verdict)
                               if m.dtype == torch.bool else s + m), ["polarity is inverted"]),
     ("a -1e9 fill", mistake(fill=lambda self, s, m: s.masked_fill(m, -1e9) if m.dtype == torch.bool else
                             (s + m).clamp(min=-1e9), soft=lambda self, s: torch.softmax(s, -1)),
-     ["no key", "expected nan"]),
+     ["in the rows of queries that see no key", "cannot be converted to type c10::Half"]),
     ("dropout at evaluation", mistake(drop=lambda self, w: F.dropout(w, 0.1)), ["dropout is active in eval mode"]),
     ("heads split without transpose", mistake(split=lambda self, t: t.reshape(t.shape[0], self.h, -1, self.d)),
      ["without the transpose"]),

@@ -29,6 +29,9 @@ HINTS = [
     (r"out of bounds for dimension|index \S+ out of range for tensor",
      " An index past the end of an axis: an index taken from another axis (L for S, heads for positions), or a "
      "range that runs one too far. Print the shapes of the tensors you index."),
+    (r"shape of the mask \[[\d, ]*\] at index \d+ does not match", " A bool mask used as an index must have the "
+     "shape of the tensor it indexes, axis for axis (no broadcast there): expand it first, mask.expand_as(x), or "
+     "multiply by a 0/1 mask instead."),
     (r"Dimension out of range",
      " A dim= that the tensor does not have: count its axes, (B, h, L, d) has dims 0 to 3 (or -4 to -1)."),
     (r"shape '\[[\d, -]*\]' is invalid for input of size",

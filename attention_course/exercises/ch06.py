@@ -93,11 +93,12 @@ SOFTMAX = {"torch": torch.softmax, "naive": lambda s, dim: s.exp() / s.exp().sum
 FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul": lambda s, m, fill: s * m.exp(),
           "bool": lambda s, m, fill: s.masked_fill(m != 0, fill), "clamp": lambda s, m, fill: s + m.clamp(min=-1e4),
           "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill), "none": lambda s, m, fill: s,
+          "twice": lambda s, m, fill: s + m + m, "clamp9": lambda s, m, fill: s + m.clamp(min=-1e9),
           "exp": lambda s, m, fill: s + m.exp(), "negative": lambda s, m, fill: s.masked_fill(m < 0, fill)}
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
-          W_T=False, head_major=False, scale_last=False, only=None, unmasked=False)
+          W_T=False, three="Bh", scale_last=False, only=None, unmasked=False, kpm_last=False, keys_cut=False)
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -115,6 +116,7 @@ class Reference(nn.Module):
                 average_attn_weights=True):
         o, h, kpm = self.o, self.h, key_padding_mask
         query, key, value = (t.transpose(0, 1) if o["seq_first"] else t for t in (query, key, value))
+        key, value = (key[:, :query.shape[1]], value[:, :query.shape[1]]) if o["keys_cut"] else (key, value)
         (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
         W, value = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight, key if o["v_from_k"] else value
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
@@ -122,22 +124,26 @@ class Reference(nn.Module):
         q, k, v = (F.linear(t, W[i], b[i]) for t, i in zip((query, key, value), o["qkv"]))
         split = {"hd": lambda t, n: t.reshape(B, n, h, d).transpose(1, 2), "none": lambda t, n: t.reshape(B, h, n, d),
                  "dh": lambda t, n: t.reshape(B, n, d, h).permute(0, 3, 1, 2),
-                 "d heads": lambda t, n: t.reshape(B, n, d, h).transpose(1, 2)}[o["split"]]
+                 "d heads": lambda t, n: t.reshape(B, n, d, h).transpose(1, 2), "23": lambda t, n: t.reshape(
+                     B, n, h, d).transpose(2, 3), "nB": lambda t, n: t.reshape(n, B, h, d).permute(1, 2, 0, 3)}[o["split"]]
         q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
         scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
         scores = scores if o["scale_last"] else scores / scale
         after, raw = [], scores
-        for which, m in (("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
-                         ("attn", kpm.view(B, 1, 1, S))):  # "copy": the attn_mask branch masks with the padding
+        masks = [("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
+                 ("attn", kpm.view(B, 1, 1, S))]  # "copy": the attn_mask branch masks with the padding
+        for which, m in masks[::-1] if o["kpm_last"] else masks:
             if m is None or which in o["ignore"] or o["ignore"] == "scores":  # "scores": where a score is 0
                 scores = scores if m is None or o["ignore"] != "scores" else scores.masked_fill(scores == 0, -1e20)
                 continue
             mo = o if o["only"] in (None, which) else {**o, **{k: OK[k] for k in ("fill", "floats", "mask_after")}}
-            if which == "kpm":
-                m = m if o["kpm_as"] == "bare" else m.view({"queries": (B, 1, S, 1), "keys": (B, 1, 1, S), "S11": (
-                    B, S, 1, 1), "B1S": (B, 1, S)}[o["kpm_as"]])
-            m = (m.view(h, B, L, S).transpose(0, 1) if o["head_major"] else m.view(B, h, L, S)) if m.dim() == 3 else m
+            if which == "kpm":  # ("float bare": a float mask alone left (B, S))
+                m = m if o["kpm_as"] == "bare" or o["kpm_as"] == "float bare" and m.is_floating_point() else \
+                    m.repeat(h, 1).view(B, h, 1, S) if o["kpm_as"] == "repeat" else m.view({"queries": (B, 1, S, 1),
+                    "keys": (B, 1, 1, S), "S11": (B, S, 1, 1), "B1S": (B, 1, S), "float bare": (B, 1, 1, S)}[o["kpm_as"]])
+            elif m.dim() == 3 and not (o["three"] == "float flat" and m.is_floating_point()):  # (B*h, L, S)
+                m = m.view(h, B, L, S).transpose(0, 1) if o["three"] == "hB" else m.view(B, h, L, S)
             if m.dtype == torch.bool:
                 m = ~m if o["invert"] in (True, which) else m
                 after, scores = (after + [m], scores) if mo["mask_after"] else (after, scores.masked_fill(m, mo["fill"]))
@@ -152,8 +158,9 @@ class Reference(nn.Module):
         n = heads.shape[2] if o["grow"] else L
         heads = {"hd": lambda t: t.transpose(1, 2), "none": lambda t: t, "dh": lambda t: t.permute(0, 2, 3, 1),
                  "23": lambda t: t.transpose(2, 3), "DL": lambda t: t.transpose(1, 2).reshape(B, D, n).mT,
-                 "mean": lambda t: t.mean(1), "tokens": lambda t: torch.cat(t.unbind(1), 1)}[o["merge"]](heads)
-        heads = heads if o["merge"] in ("mean", "tokens") else heads.reshape(B, n, D)
+                 "mean": lambda t: t.mean(1), "tokens": lambda t: torch.cat(t.unbind(1), 1), "hB": lambda t: t.transpose(0, 1),
+                 "Lh": lambda t: t.transpose(1, 2).reshape(B, h, -1)}[o["merge"]](heads)
+        heads = heads if o["merge"] in ("mean", "tokens", "Lh") else heads.reshape(B, n, D)
         out = F.linear(heads, self.out_proj.weight, self.out_proj.bias if o["out_bias"] else None) \
             if o["out_proj"] else heads
         out = out.transpose(0, 1) if o["seq_first"] else out
@@ -230,6 +237,18 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("merge (2, 3)", dict(merge="23"), "merges the heads after transpose(2, 3), which swaps positions and features."),
     ("order (d, h)", dict(split="dh", merge="dh"), "splits in the wrong order, (B, L, d, h): view(B, L, h, d)."),
     ("merge (d, h)", dict(merge="dh"), "merges the heads in the wrong order, interleaved: transpose(1, 2) first."),
+    ("merge (h, B)", dict(merge="hB"), "merges through transpose(0, 1), (h, B, L, d): sentences and heads swapped, "
+     "the rows of different sentences mixed. transpose(1, 2) to (B, L, h, d), then reshape(B, L, D)."),
+    ("merge (B, h, L*d)", dict(merge="Lh"), "merges to (B, h, L*d): L and h swapped in the reshape (B, L, h = t.shape "
+     "read after the transpose?). transpose(1, 2).reshape(B, L, h * d)."),
+    ("split (d, h)", dict(split="dh"), "splits the features interleaved, view(B, L, d, h): head i gets features i, i + "
+     "h, ... where a head is a block of d features: view(B, L, h, d).transpose(1, 2)."),
+    ("split (L, B)", dict(split="nB"), "splits with the batch and length sizes swapped, view(L, B, h, d): tokens of "
+     "different sentences mixed. view(B, L, h, d).transpose(1, 2)."),
+    ("split transpose(2, 3)", dict(split="23"), "splits with transpose(2, 3), (B, L, d, h): the last two axes "
+     "swapped, not the heads and positions. view(B, L, h, d).transpose(1, 2)."),
+    ("keys cut to L", dict(keys_cut=True), "cuts key and value to the queries' length, key[:, :L]: the keys past L "
+     "are lost and the masks for S keys no longer fit. Keep all S keys: L and S are separate lengths."),
     ("in_proj_bias", dict(in_bias=False), "adds no in_proj_bias (in_proj_bias is not used; torch's start at 0)."),
     ("out_proj.bias", dict(out_bias=False), "adds no bias after the merge: out_proj.bias is not used."),
     ("out_proj", dict(out_proj=False), "skips the output projection: out_proj is missing after the merge."),
@@ -268,7 +287,7 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("W transposed", dict(W_T=True), "computes x @ W: weights are stored (out, in), so x @ W.T (F.linear(x, W, b))."),
     ("summed", dict(average="sum"), "SUMS the weights over the heads: average them, .mean(dim=1)."),
     ("float ignored", dict(floats="none"), "ignores a float mask: add it to the scores, scores + mask."),
-    ("3-D head-major", dict(head_major=True), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
+    ("3-D head-major", dict(three="hB"), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
     ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask: scale first."),
     ("naive softmax, zeros", dict(softmax="naive, zeros"), "takes exp(s) without subtracting the max (0 / 0 = 0)."),
     ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
@@ -293,11 +312,13 @@ LAYER_SAFE = dataclasses.replace(LAYER, reference=SAFE, mistakes=_mistakes(SAFE,
 def convention(exercises, answer):
     """The exercise in the answer's convention for a query with no key: torch's NaN, or (zero rows) the course's."""
     got = [exercises[0].outcome(answer, case) for case in exercises[0].cases]  # right, or one mistake named, or zeros
-    right = [all(agree(g, ex.expected("reference", ex.reference, c), ex.atol) for g, c in zip(got, ex.cases))
-             or len(naming(ex, got)) == 1 for ex in exercises]
+    agrees = [sum(agree(g, ex.expected("reference", ex.reference, c), ex.atol) for g, c in zip(got, ex.cases))
+              for ex in exercises]  # else the one it agrees with on more cases, or (as many) the zeros it shows
+    right = [n == len(got) or len(naming(ex, got)) == 1 for n, ex in zip(agrees, exercises)]
     zeros = any(isinstance(w, torch.Tensor) and bool((w == 0).all(-1).any()) for g in got if isinstance(g.value, dict)
                 for w in [g.value.get("attention-weight tensor")])
-    return exercises[right.index(True) if True in right else zeros]
+    return exercises[right.index(True) if True in right else agrees.index(max(agrees)) if len(set(agrees)) > 1 else
+                     zeros]
 
 def check_multihead(cls) -> None:
     """Check ``cls(embed_dim, num_heads)`` (``dropout=0.5`` too if it takes it) against ``nn.MultiheadAttention``."""

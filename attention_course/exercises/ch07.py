@@ -146,11 +146,24 @@ ALONE = [  # the chapter's fixes made for one mask: its own fill, float rule or 
       for w in ONE_MASK for f, says in (("mul", "multiplies the scores by a float mask's exp: add it, scores + mask"),
                                           ("neginf", "uses only the -inf entries of a float mask: add it all"),
                                           ("exp", "adds exp(mask), not the mask: add it as it is, scores + mask"),
-                                          ("negative", "blocks every key whose float mask is below 0: add it as it is"))],
+                                          ("negative", "blocks every key whose float mask is below 0: add it as it is"),
+                                          ("twice", "adds a float mask twice: add it once"))],
     *[(f"float {f}", dict(floats=f), says) for f, says in (
         ("exp", "adds exp(mask) to the scores: a float mask is added as it is, scores + mask (its -inf hides)."),
         ("negative", "hides every key whose float mask is below 0 and ignores its other values: a float mask is "
          "added as it is, scores + mask; -2.0 lowers a key's score by 2, it does not hide it."))],
+    *[(f"kpm fill {v}, after attn", dict(fill=float(v), only="kpm", kpm_last=True), f"fills the scores the "
+       f"key_padding_mask hides with {v} AFTER the attn_mask's -inf, overwriting it where both block: a masked key "
+       "gets float('-inf'), for every mask.") for v in ("-1e9", "0")],
+    ("float clamped -1e9", dict(floats="clamp9"), "clamps a float mask at -1e9 before adding it: -inf becomes -1e9, "
+     "and a query with no key averages. Add the mask as it is, scores + mask."),
+    ("float padding bare", dict(kpm_as="float bare"), "adds a float key_padding_mask as it is, (B, S), without the "
+     "view its bool form gets: broadcasting lines it up with (L, S). key_padding_mask.view(B, 1, 1, S) for both."),
+    ("float 3-D flat", dict(three="float flat"), "adds a float (B*h, L, S) attn_mask without viewing it (B, h, L, "
+     "S) as the bool one is: it broadcasts only when B = 1. attn_mask.view(B, h, L, S) for both."),
+    ("padding repeat", dict(kpm_as="repeat"), "copies the key_padding_mask per head with repeat(h, 1), whose copies "
+     "are head-major: viewed (B, h, 1, S), heads read other sentences' pads. view(B, 1, 1, S) broadcasts to every "
+     "head (or repeat_interleave(h, 0))."),
     ("split and merge", dict(split="none", merge="none"), "splits and merges the heads with reshapes alone, no "
      "transposes: both are consistent, but each head then holds pieces of several tokens. view(B, L, h, d)."
      "transpose(1, 2), and back."),

@@ -71,6 +71,13 @@ MERGE = Exercise(
         *[Mistake(f"no factor on {x}{i}", f"forgets block {i}'s factor on {x}: {x} = " + " + ".join(
             f"{x}{j}" if j == i else f"exp(m{j} - m) {x}{j}" for j in (1, 2)) + f"; {RESCALE}.",
             _m(scale=[k != n for k in range(4)])) for n, (x, i) in enumerate((("l", 1), ("l", 2), ("acc", 1), ("acc", 2)))],
+        *[Mistake(f"{x} swapped", f"multiplies {x}2 by block 1's factor and {x}1 by block 2's: each block's sum "
+                  f"takes its own factor, {x} = exp(m1 - m) {x}1 + exp(m2 - m) {x}2.", lambda *s, i=i: _reference_merge(
+                      *[s[{i: i + 3, i + 3: i}.get(j, j)] for j in range(6)])) for x, i in (("l", 1), ("acc", 2))],
+        Mistake("guard for all", "guards a query with no key only when EVERY query has none (a Python `if` on "
+                ".all()): among others, it still gets exp(-inf - -inf) = NaN. Guard each query: 0 in place of m "
+                "where m is -inf, m.masked_fill(m == float('-inf'), 0).", lambda *s: _reference_merge(
+                    *s, stand_in=bool((s[0] == NEG_INF).all() and (s[3] == NEG_INF).all()))),
         Mistake("no exp", "takes m1 - m as the factor, WITHOUT THE EXPONENTIAL: it is exp(m1 - m), since l and acc "
                 "hold exp(score - m).", _m(factor=lambda mb, m: mb - m)),
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): acc / "

@@ -40,6 +40,13 @@ def _course_to_bert(mha, block, transpose=False, new=False, n=None):
             else:
                 linear.weight.copy_(w), linear.bias.copy_(bias)
 
+def _to_course(mha, block):
+    """The copy the other way round, the block's Linears into mha."""
+    with torch.no_grad():
+        for p in ("weight", "bias"):
+            getattr(mha, f"in_proj_{p}").copy_(torch.cat([getattr(getattr(block.self, n), p) for n in QKV]))
+            getattr(mha.out_proj, p).copy_(getattr(block.output.dense, p))
+
 def _after(fn, mha, block) -> dict:
     """Run ``fn(mha, block)``; what the block holds after it, its Linears stacked as in_proj."""
     fn(mha, block)
@@ -55,6 +62,7 @@ def _after(fn, mha, block) -> dict:
             **{f"block.output.dense.{p}": getattr(layers[3], p).detach() for p in ("weight", "bias")},
             **{f"block.output.LayerNorm.{p}, which must stay as it was,": getattr(block.output.LayerNorm, p).detach()
                for p in ("weight", "bias")},
+            "mha.in_proj_weight, which must stay as it was,": mha.in_proj_weight.detach(),
             "list of the block's parameters that share memory with mha (copies share none)":
                 [n for n, p in block.named_parameters() if p.untyped_storage().data_ptr() in mine]}
 
@@ -91,6 +99,8 @@ COURSE_TO_BERT = Exercise(
         *[Mistake(how, f"reads in_proj {how}, q, k, v of {u} 0, then of {u} 1: nn.MultiheadAttention stacks W_q, W_k "
                   f"and W_v whole, chunk(3).", partial(_course_to_bert, n=n)) for how, u, n in (
               ("head by head", "head", lambda m: m.num_heads), ("row by row", "feature", lambda m: m.embed_dim))],
+        Mistake("other way", "copies the other way, the block into mha: the block is left as it was (NaN) and mha "
+                "overwritten. Copy FROM mha's in_proj thirds and out_proj INTO the block's Linears.", _to_course),
         Mistake("LayerNorm reset", "resets block.output.LayerNorm to weight 1, bias 0: copy only into the four "
                 "Linears.", lambda m, b: (_course_to_bert(m, b), b.output.LayerNorm.reset_parameters())),
     ],
@@ -157,6 +167,8 @@ PREVIOUS_TOKEN = Exercise(
                 "where keep == 1 (you took keep == 0).", _q(lambda keep, n: 1 - keep[:, -n:])),
         Mistake("keys", "selects the queries with the keep mask shifted by one, keep[:, :-1]: query i of diagonal("
                 "offset=-1) is real where keep[:, 1:] == 1.", _q(lambda k, n: k[:, :n])),
+        Mistake("from query 0", "starts at query 0, whose key i - 1 = -1 is the LAST key (Python's negative index): "
+                "query 0 has no previous token; start at i = 1.", lambda w, k: _previous(w.roll(1, -1), k, offset=0)),
         Mistake("query 0", "counts query 0 too, which has no previous token: average over the real queries i >= 1 "
                 "only.", _c(lambda keep: keep.sum())),
         Mistake("sum", "sums the weights of the real queries i >= 1, not divided by their number.", _c(lambda _: 1)),
@@ -227,6 +239,8 @@ MAX_POOL = Exercise(
             (1, f"takes in each short sentence's FIRST PAD too, one position too many (hidden[b, :n + 1]){N}"),
             (0, "takes each sentence's first n = keep[b].sum() positions, hidden[b, :n]: with the pads on the LEFT "
                 "those are not the real tokens. Select by keep, not by position."))],
+        Mistake("fill min", "fills the pads with hidden.min(), pads included: a pad holding NaN makes it NaN. Fill "
+                "with float('-inf'), which no real value is below.", lambda x, k: _pool(x, k, fill=x.min().item())),
         Mistake("log", "adds log(keep): -inf at the pads, but a pad holding inf or NaN gives NaN. Fill instead, "
                 "masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: (x + k[..., None].log()).amax(1)),
         Mistake("running from token 0", "starts its running maximum at token 0 without checking that it is real (with "
