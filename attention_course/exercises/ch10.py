@@ -119,11 +119,13 @@ def check_apply_rope(fn) -> None:
     check(APPLY_ROPE, fn)
 
 def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=True, store="end", turn="qk", again="",
-            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1, width=0, front=False, by=-1):
+            fill=-math.inf, after=False, sdpa=False, axes=(-2, -1), power=0.5, softmax=-1, width=0, front=False, by=-1,
+            v_is_k=False):
     """One decode step: the reference, and the classic slips as switches (turn: what is rotated, how many times)."""
     T, L = cache_k.shape[2], q.shape[2]
     at = torch.arange(L) + {None: T, 0: 0, 1: T + 1, "heads": cache_k.shape[1], "d": cache_k.shape[3], "L": L}[start]
     rq, rk, rv = (reduce(lambda t, _: _rope(t, at), range(turn.count(c)), t) for t, c in ((q, "q"), (k, "k"), (v, "v")))
+    rv = k if v_is_k else rv  # (a copy-paste: the values cache fed the new keys)
     keys, values = (torch.cat([new, old] if front else [old, new], cat) for old, new in ((cache_k, rk), (cache_v, rv)))
     if again:  # the whole cache (with the new keys unrotated, or rotated) rotated again at 0 .. S-1
         keys = _rope(keys if again == "all" else torch.cat([cache_k, k], 2), torch.arange(keys.shape[2]))
@@ -179,6 +181,8 @@ DECODE_STEP = Exercise(
         _step("no mask", "has NO CAUSAL MASK: a new token reads the new tokens after it.", mask="none"),
         _step("old cache only", "attends to the OLD CACHE ONLY: append k and v first, a token sees itself.", own=False),
         _step("values only", "appends the new values, not the new KEYS, before the scores: append both.", own="values"),
+        _step("values cache gets k", "appends the new KEYS k to the values cache (a copy-paste?): cache_v grows "
+              "with v, torch.cat([cache_v, v], dim=2).", v_is_k=True),
         _step("values rotated", "rotates the VALUES too: RoPE turns queries and keys alone.", turn="qkv"),
         _step("queries unrotated", "does not rotate the QUERIES: RoPE turns the new queries and keys.", turn="k"),
         _step("keys unrotated", "does not rotate the new KEYS: rotate them, and store them rotated.", turn="q"),
@@ -249,6 +253,8 @@ WINDOW_MASK = Exercise(
                 lambda q, k, w: _window(torch.arange(len(q)), torch.arange(len(k)), w)),
         Mistake("key indices", "is built from INDICES S-L .. S-1 and 0 .. S-1, not from the positions given.",
                 lambda q, k, w: _window(torch.arange(len(k) - len(q), len(k)), torch.arange(len(k)), w)),
+        Mistake("queries as indices", "takes the queries' INDICES 0 .. L-1 for their positions: use q_positions.",
+                lambda q, k, w: _window(torch.arange(len(q)), k, w)),
         Mistake("keys as indices", "takes the keys' INDICES 0 .. S-1 for their positions: use k_positions.",
                 lambda q, k, w: _window(q, torch.arange(len(k)), w)),
         Mistake("keys sorted", "SORTS the keys: column j is key j, in the order given (a ring buffer's).",

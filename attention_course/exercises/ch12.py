@@ -47,6 +47,9 @@ BLOCK_MASK = Exercise(
                 "by one row at each BOUNDARY. " + _START, _b(right=False)),
         Mistake("last left out", "leaves the LAST sequence all True: a loop over range(len(cu) - 2) stops one short.",
                 lambda cu: _block(cu) | (last := torch.arange(int(cu[-1])) >= cu[-2])[:, None] | last[None, :]),
+        Mistake("last row", "leaves the LAST ROW of each sequence all True (a slice cu[i]:cu[i+1] - 1, one short): "
+                "sequence i is rows cu[i] .. cu[i+1] - 1, the slice cu[i]:cu[i+1].", lambda cu: _block(cu) | torch.isin(
+                    torch.arange(int(cu[-1])), cu[1:] - 1)[:, None]),
         Mistake("cu as lengths", "reads cu_seqlens[1:] as the LENGTHS: they are where the sequences END; the lengths "
                 "are cu.diff(), N = cu[-1].", lambda cu: _block(torch.cat([cu[:1], cu[1:].cumsum(0)]))),
         Mistake("and", "hides a key only where it is of another sequence AND later (&): hide it where either holds, "

@@ -402,21 +402,23 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
         others = [k for k in range(len(cases)) if k not in side]
         if len(side) < 2 or not others:
             continue
-        found = {}  # every size that tells them apart, B = 3 and h = 2 alike (of "h = 2" and "2 heads", the first)
-        for key in sizes[side[0]]:
-            values = {sizes[k].get(key) for k in side}
-            n = re.search(r"\d[\d.]*", next(iter(values)) or "0").group()
-            if len(values) == 1 and not values & {sizes[k].get(key) for k in others} and (float(n) > 1 or said == "wrong"):
-                # (right only at 1 is no sign of a number written in: a slip along that axis cannot show there)
-                found[sizes[side[0]][key]] = n
+        found, ones = {}, set()  # every size that tells them apart, B = 3 and h = 2 alike ("h = 2", not "2 heads")
+        number = lambda k, key: float(re.search(r"\d[\d.]*", sizes[k].get(key) or "0").group())  # noqa: E731
+        for key in set().union(*(sizes[k] for k in side)):  # right at 1 is no sign (a slip may not show there)
+            use = [k for k in side if said == "wrong" or number(k, key) != 1]
+            values = {sizes[k].get(key) for k in use}
+            if len(use) > 1 and len(values) == 1 and not values & {sizes[k].get(key) for k in others} and \
+                    (number(use[0], key) > 1 or said == "wrong"):
+                found[sizes[use[0]][key]], ones = number(use[0], key), ones | {sizes[k][key] for k in side if k not in use}
         found = [p for p, n in found.items() if "=" in p or not any("=" in q and m == n for q, m in found.items())]
         if found:
             numbers = " or ".join(dict.fromkeys(re.search(r"\d[\d.]*", p).group() for p in found))
             hint = f": is {numbers} written into it as a number, where it should come from the inputs?" \
                 if said == "right" else "."
-            rest = "wrong on every other where a slip can show" if said == "right" and blind else "on no other"
+            rest = "on no other" if said == "wrong" or not (ones or blind) else "wrong on every other" + (
+                f" ({' or '.join(sorted(ones))} aside)" if ones else "") + " where a slip can show" * bool(blind)
             same = " (the same cases)" if len(found) > 1 else ""
-            return f" It is {said} on every case with {' or '.join(found)}{same} and {rest}{hint}"
+            return f" It is {said} on every case with {' or '.join(sorted(found))}{same} and {rest}{hint}"
     both = set.intersection(*(set(c.sizes) for c in cases))  # two sizes equal exactly on the right cases
     for x, y in itertools.combinations(sorted(both), 2):
         if len(right) > 1 and len(wrong) > 1 and all((cases[k].sizes[x] != cases[k].sizes[y]) == (k in wrong)
