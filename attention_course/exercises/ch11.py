@@ -69,6 +69,9 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("next", f"takes ANOTHER RANK's heads, r + 1's (an off-by-one). {_FIX}", _s(heads="next")),
         Mistake("d by heads", "views each third as (d, num_heads): head j is rows j*d .. (j+1)*d - 1 of each third.",
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1, h))[:, :, _n(r, h, P)].flatten(0, 2) for t in [w, b])),
+        Mistake("d = D / P", "takes d = D // world_size, a rank's share of D, for the head size: d = D // num_heads. "
+                "view(3, num_heads, d, D)[:, r*n:(r+1)*n].", lambda w, b, h, r, P: tuple(
+                    t.unflatten(0, (3, P, -1))[:, _n(r, h, P)].flatten(0, 2) for t in (w, b))),
         Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
         Mistake("from rank", f"takes heads rank .. rank + n - 1. {_FIX}", _s(heads="from rank")),
@@ -119,11 +122,11 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     src = {"back": rank - step, "forward": rank + step, "swapped": step - rank}[direction] % world_size
     Lq, Lk = q.shape[2], k.shape[2]
     hide = torch.zeros(Lq, Lk, dtype=torch.bool)
-    if (is_causal or causal == "always") and causal not in ("no skip", "ignored", "positions") and (
-            src < rank if causal == "before" else src > rank):
-        return (m, l, acc) if skipped else None  # every key of a later block comes after every query
+    if (is_causal or causal == "always") and causal not in ("no skip", "ignored", "positions", "everywhere") and (
+            src < rank if causal == "before" else src > rank):  # every key of a later block comes after every query
+        return {"state": (m, l, acc), None: None, "empty": empty_state(q)}[skipped]
     if is_causal:
-        if causal in ("blocks", "no skip", "before", "always") and src == rank or causal == "triangle everywhere":
+        if causal in ("blocks", "no skip", "before", "always") and src == rank or "everywhere" in causal:
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(1)  # key j after query i, within one block
         if causal in ("diagonal hidden", "past hidden") and src == rank:  # triu(0), or tril(-1): the past
             hide = torch.ones(Lq, Lk, dtype=torch.bool).triu(0) if causal[0] == "d" else (~hide).tril(-1)
@@ -207,6 +210,9 @@ RING = Exercise(
                 "return the state unchanged when (rank - step) mod world_size > rank.", _r(causal="no skip")),
         Mistake("triangle everywhere", "puts the own block's TRIANGLE on every block: a block before the rank's own is "
                 "seen whole.", _r(causal="triangle everywhere")),
+        Mistake("triangle, no skip", "puts the own block's TRIANGLE on every block and skips none (causal): a block "
+                "before the rank's own is seen whole, one after it skipped; only the own block takes the triangle.",
+                _r(causal="everywhere")),
         Mistake("skips before", "skips the blocks BEFORE its own (causal), which it must see whole: skip those AFTER, "
                 "(rank - step) mod world_size > rank.", _r(causal="before")),
         Mistake("skips always", "skips later blocks when NOT CAUSAL too: skip only if is_causal.", _r(causal="always")),
@@ -228,6 +234,8 @@ RING = Exercise(
         Mistake("order", "returns the state in the order (m, acc, l): return it in the ORDER (m, l, acc).",
                 lambda *a: tuple(_ring_step(*a)[i] for i in (0, 2, 1))),
         Mistake("acc returned", "returns one tensor, acc: return the new STATE.", lambda *a: _ring_step(*a)[2]),
+        Mistake("empty skipped", "returns an EMPTY state (-inf, 0, 0) for a block it skips, which forgets the blocks "
+                "seen before: return the state unchanged.", _r(skipped="empty")),
         Mistake("None skipped", "returns None for a block it skips: return the state unchanged.", _r(skipped=None)),
     ],
     passed=f"every step of every rank for 1 to 4 ranks (uneven blocks, padding, causal) merges its block as the online "

@@ -407,8 +407,10 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
         for key in set().union(*(sizes[k] for k in side)):  # right at 1 is no sign (a slip may not show there)
             use = [k for k in side if said == "wrong" or number(k, key) != 1]
             values = {sizes[k].get(key) for k in use}
+            tied = any(o != key and all(o in sizes[k] and number(k, o) == number(k, key) for k in use) for o in
+                       sizes[use[0]]) if use else False  # another size equal to it on those cases: which is it?
             if len(use) > 1 and len(values) == 1 and not values & {sizes[k].get(key) for k in others} and \
-                    (number(use[0], key) > 1 or said == "wrong"):
+                    (number(use[0], key) > 1 or said == "wrong") and not (tied and said == "right"):
                 found[sizes[use[0]][key]], ones = number(use[0], key), ones | {sizes[k][key] for k in side if k not in use}
         found = [p for p, n in found.items() if "=" in p or not any("=" in q and m == n for q, m in found.items())]
         if found:
