@@ -29,7 +29,7 @@ plain-data result, the same way. Chapter 11's checkers, which run the learner's 
 it: the learner process ships the function to the workers, launches them and collects what they send back; only
 that, as plain data (their exceptions as :func:`exception_data`, rebuilt here with :func:`rebuilt`), reaches the
 checker, which judges it where no learner code ran. Chapters 6 and 7's checkers, which build the learner's layer,
-load weights into it and run backward through it, use it too: ``probe_layer`` (attention_course/exercises/ch06.py)
+load weights into it and run backward through it, use it too: ``probe_layer`` (attention_course/probe.py)
 does all of that in the learner process, on the class (or on the :class:`Layer` a factory returned), and sends back
 outputs, weights, gradients, parameter names and exceptions; the checker builds torch's layer and compares here.
 One mechanism for every checker.

@@ -12,7 +12,7 @@ computed where no student code ever ran. A call that runs over its time, goes ov
 costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids (:data:`RULES`)
 raise during the student's calls. Every checked exercise is checked so: chapter 11's checkers have the learner
 process launch their worker processes, chapters 6 and 7's have it build, load, call and differentiate the student's
-layer (attention_course.exercises.ch07.probe_layer), and judge what comes back. Verdicts come back on the server's
+layer (attention_course.probe.probe_layer), and judge what comes back. Verdicts come back on the server's
 standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
 
 What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names

@@ -11,6 +11,7 @@ from torch import nn
 
 from attention_course import MultiheadAttention
 from attention_course.exercises import ExerciseError, check_multihead_attention
+from attention_course import probe
 from attention_course.exercises import ch07
 from mutants.ch07 import LayersInForward  # creates its layers in forward: no parameters
 from mutants.ch07 import TorchWrapper  # a thin wrapper of torch's layer, with a from_torch
@@ -248,7 +249,7 @@ def test_a_gpu_error_gets_the_device_hint_whatever_torch_build_words_it(torch_sa
 
 
 def test_an_endless_layer_does_not_hang_the_checker(monkeypatch):
-    monkeypatch.setattr(ch07, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(probe, "TIMEOUT_S", 0.5)
     try:
         message = verdict(Endless)
     finally:

@@ -293,7 +293,7 @@ def clinic(server, tmp_path_factory):
 # nothing, so after the check everything is as it was.
 PATCHING = """
 import attention_course.exercises.diagnose as grader6
-import attention_course.exercises.ch07 as grader7
+import attention_course.probe as grader7
 class FixedMerge(BuggyMerge):
     SAVED = []
     def merge(self, t):

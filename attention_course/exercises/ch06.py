@@ -1,17 +1,17 @@
 """Chapter 6's checkers: ``combine_masks(key_padding_mask, attn_mask, B, h, L, S)`` (ex-ch6-masks), bool (B, S), (L, S)
 or (B*h, L, S) (row b*h + i: sentence b, head i), True = blocked, each may be None -> (B, h, L, S);
-``MyMultiheadAttention(embed_dim, num_heads)`` (ex-ch6-layer): switches of :class:`Reference`, run by ch07."""
+``MyMultiheadAttention(embed_dim, num_heads)`` (ex-ch6-layer): switches of :class:`Reference`, each case run by :mod:`..probe`."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..probe import run_layer
 from . import DTYPE
 from .diagnose import Case, Exercise, Mistake, agree, check, naming
 
@@ -302,7 +302,7 @@ PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 
 OWN = [("float attn as bool", dict(floats="attn bool"), "reads a float attn_mask as bool (!= 0): add it as it is.")]
 LAYER = LayerExercise(
     what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE + OWN), hints=HINTS,
-    run=lambda answer, *args: importlib.import_module(f"{__package__}.ch07").run_layer(answer, *args),
+    run=run_layer,
     cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2), make=((6, 3), {
         "dropout": 0.5})), layer_case("a float key_padding_mask, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) -
                                       0.8 * _two, additive(causal(4)))], passed=PASSED + ", no dropout in eval mode.")
