@@ -177,7 +177,9 @@ def same(a, b, atol: float) -> bool:
             return False
         if not a.is_floating_point():
             return torch.equal(a, b)
-        return _max_diff(a, b) <= tolerance(a, b, atol)
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)  # NaN = NaN, inf = inf; any other NaN: differs
+        diff = (a64 - b64).abs().nan_to_num(nan=math.inf).masked_fill((a.isnan() & b.isnan()) | (a64 == b64), 0.0)
+        return float(diff.max() if diff.numel() else 0.0) <= tolerance(a, b, atol)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same(x, y, atol) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -189,11 +191,6 @@ def same(a, b, atol: float) -> bool:
     except Exception:  # noqa: BLE001 - an object that cannot say: not the same
         return False
 
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.to(torch.float64), b.to(torch.float64)
-    diff = (a - b).abs().nan_to_num(nan=math.inf)
-    diff = diff.masked_fill((a.isnan() & b.isnan()) | (a == b), 0.0)
-    return float(diff.max()) if diff.numel() else 0.0
 
 def _detach(value):
     if isinstance(value, torch.Tensor):
@@ -204,18 +201,8 @@ def _detach(value):
 
 # What the answer did, when no mistake of the catalogue explains it.
 
-def likeliest_cause(exercise: Exercise, err: Exception) -> str:
-    """The usual cause of this error in this exercise (its ``hints``); any code's are in ``classic_hint``."""
-    for pattern, cause in exercise.hints:
-        if re.search(pattern, str(err)) or re.search(pattern, type(err).__name__):
-            return f" Likeliest cause here: {cause}"
-    return ""
-
-def shown_case(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> int:
-    """The smallest wrong case whose (first differing item of its) output has 4 entries or more, if any."""
-    return (_big(exercise, got, want, wrong) or wrong)[0]
-
 def _big(exercise: Exercise, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> list[int]:
+    """The wrong cases whose (first differing item of its) output has 4 entries or more: one is shown if any."""
     return [i for i in wrong if not isinstance(w := _differing(got[i].value, want[i].value, exercise.atol)[2],
                                                torch.Tensor) or w.numel() >= 4]
 
@@ -229,7 +216,7 @@ def _differing(got, want, atol: float, key=None):
     return key, got, want
 
 def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Outcome], wrong: list[int]) -> str:
-    i = shown_case(exercise, got, want, wrong)
+    i = (_big(exercise, got, want, wrong) or wrong)[0]
     if got[i].error is not None:  # of the cases that raise it, the one whose sizes say most about it
         alike = [j for j in wrong if type(got[j].error) is type(got[i].error)]
         i = max(alike, key=lambda j: (locate(exercise, got[j].error, cases[j]).startswith(" On"), j == i))
@@ -309,7 +296,8 @@ def on(case: Case) -> str:  # "on <the case>", or its name where it starts with 
     return case.name if re.match(r"(in|on|with|without|for|at|after|under) ", case.name) else f"on {case.name}"
 
 def exception(exercise: Exercise, err: Exception, case: Case | None = None) -> str:
-    own = likeliest_cause(exercise, err)  # the exercise's own cause before torch's generic one
+    own = next((f" Likeliest cause here: {cause}" for pattern, cause in exercise.hints if re.search(pattern, str(err))
+                or re.search(pattern, type(err).__name__)), "")  # the exercise's own cause before torch's generic one
     found = locate(exercise, err, case) if case is not None else ""  # the size that failed, where it can be said
     text = f"{exercise.what} raised {type(err).__name__}: {str(err).strip()}" if own or found.startswith(" On") else \
         str(raised(err, exercise.what))  # (a broadcast's sizes named, its usual causes still said)
@@ -717,8 +705,5 @@ def _where(differ: torch.Tensor, case: Case) -> str:
 
 def _first(differ, got, want) -> str:
     index = tuple(differ.nonzero()[0].tolist())
-    return f"{list(index)}: expected {_number(want[index])}, got {_number(got[index])}"
-
-def _number(x: torch.Tensor) -> str:
-    v = x.item()
-    return repr(v) if isinstance(v, bool) else f"{v:.4g}"
+    number = lambda v: repr(v) if isinstance(v, bool) else f"{v:.4g}"  # noqa: E731
+    return f"{list(index)}: expected {number(want[index].item())}, got {number(got[index].item())}"
