@@ -39,8 +39,7 @@ def _course_to_bert(mha, block, transpose=False, new=False, n=None):
             else:
                 linear.weight.copy_(w), linear.bias.copy_(bias)
 
-def _to_course(mha, block):
-    """The copy the other way round, the block's Linears into mha."""
+def _to_course(mha, block):  # the "other way" mistake
     with torch.no_grad():
         for p in ("weight", "bias"):
             getattr(mha, f"in_proj_{p}").copy_(torch.cat([getattr(getattr(block.self, n), p) for n in QKV]))
