@@ -12,9 +12,8 @@ _p = lambda turn=lambda m: m, **slip: lambda lengths, max_len: turn(_pad(lengths
 PADDING_MASK = Exercise(
     what="your padding mask",
     reference=_pad,
-    cases=[Case(f"lengths {n}, max_len = {s}", (n, s)) for n, s in (([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4),
-                                                                    ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4),
-                                                                    ([0, 3], 3))],
+    cases=[Case(f"lengths {n}, max_len = {s}", (n, s)) for n, s in (
+        ([1], 1), ([3], 5), ([2, 2], 2), ([1, 3], 4), ([4, 1, 3], 6), ([5, 2, 4, 1], 5), ([4, 3, 2], 4), ([0, 3], 3))],
     mistakes=[
         Mistake(">", "misses the first pad of each sentence, at lengths[b]: position >= length, not >.", _p(first=1)),
         Mistake(">= length - 1", "also hides the last real token, lengths[b] - 1: position >= length.", _p(first=-1)),

@@ -9,8 +9,7 @@ from .diagnose import Case, Exercise, Mistake, check
 SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), (1, 3, 6, 2), (2, 2, 8, 4)]  # B L D h
 FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
-_split = lambda x, h, order=(0, 2, 1, 3), strided=False: (  # noqa: E731 - (B, L, h, d) -> (B, h, L, d); or (B, L, d, h)
-    x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2) if strided else x.reshape(*x.shape[:2], h, -1).permute(*order))
+_split = lambda x, h, order=(0, 2, 1, 3): x.reshape(*x.shape[:2], h, -1).permute(*order)  # noqa: E731 - (B, h, L, d)
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
 _s = lambda order: lambda x, h: _split(x, h, order)  # noqa: E731
 _h = lambda h: f"num_heads={h}" if h > 1 else "one head"  # noqa: E731 - "=1" would read as a size written in
@@ -23,7 +22,7 @@ SPLIT = Exercise(
         Mistake("no transpose", "reshaped to (B, h, L, d) without transposing: the pieces of one token fill several "
                 "rows: (B, L, h, d), then .transpose(1, 2).", lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1)),
         Mistake("strided", "gives each head every h-th feature (strided), not a block of d: reshape to (B, L, h, d), "
-                "not (B, L, d, h).", lambda x, h: _split(x, h, strided=True)),
+                "not (B, L, d, h).", lambda x, h: x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)),
         Mistake("(B, L, h, d)", "returns (B, L, h, d): the heads are still after the tokens.", _s((0, 1, 2, 3))),
         Mistake("(h, B, L, d)", "returns (h, B, L, d), head-major: the heads go at dim 1.", _s((2, 0, 1, 3))),
         Mistake("(B, h, d, L)", "returns (B, h, d, L): transpose axes 1 and 2, not the last two.", _s((0, 2, 3, 1))),
@@ -50,7 +49,6 @@ def check_split_heads(fn) -> None:
 
 _merge = lambda x, order=(0, 2, 1, 3): x.permute(*order).reshape(x.shape[0], x.shape[2], -1)  # noqa: E731 - (B, L, D)
 _mo = lambda order: lambda x: _merge(x, order)  # noqa: E731
-REDUCED = "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d."
 THEN = "bring the tokens before the heads, x.transpose(1, 2), then reshape to (B, L, D)."
 MERGE = Exercise(
     what="your merge",
@@ -70,8 +68,8 @@ MERGE = Exercise(
         Mistake("along tokens", "joins the heads along the tokens axis, (B, h*L, d): join them along the features.",
                 lambda x: x.flatten(1, 2)),
         Mistake("flat", "returns the flat split layout, (B*h, L, d): return (B, L, D).", lambda x: x.flatten(0, 1)),
-        Mistake("mean", REDUCED, lambda x: x.mean(1)),
-        Mistake("sum", REDUCED, lambda x: x.sum(1)),
+        *[Mistake(name, "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d.",
+                  lambda x, f=f: f(x, 1)) for name, f in (("mean", torch.mean), ("sum", torch.sum))],
     ],
     passed="every token got its D features back, head after head, for h = 1 to D.",
     hints=(FLOAT,),

@@ -32,16 +32,14 @@ def _course_to_bert(mha, block, transpose=False, new=False, n=None):
     W, b = ((t if n is None else t.view(n(mha), 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)).chunk(3)
             for t in (mha.in_proj_weight.detach(), mha.in_proj_bias.detach()))  # (D, D) and (D,) each
     pairs = [(getattr(block.self, name), W[i].T if transpose else W[i], b[i]) for i, name in enumerate(QKV)]
-    pairs.append((block.output.dense, mha.out_proj.weight.detach(), mha.out_proj.bias))
     with torch.no_grad():
-        for linear, w, bias in pairs:
+        for linear, w, bias in pairs + [(block.output.dense, mha.out_proj.weight.detach(), mha.out_proj.bias)]:
             if new:  # nn.Parameter(view): the block's parameters ARE mha's
                 linear.weight, linear.bias = nn.Parameter(w), nn.Parameter(bias.detach())
             else:
                 linear.weight.copy_(w), linear.bias.copy_(bias)
 
-def _to_course(mha, block):
-    """The copy the other way round, the block's Linears into mha."""
+def _to_course(mha, block):  # the "other way" mistake
     with torch.no_grad():
         for p in ("weight", "bias"):
             getattr(mha, f"in_proj_{p}").copy_(torch.cat([getattr(getattr(block.self, n), p) for n in QKV]))
@@ -59,9 +57,8 @@ def _after(fn, mha, block) -> dict:
     mine = {p.untyped_storage().data_ptr() for p in mha.parameters()}
     return {**{f"stack of the query, key and value {ps} (torch.cat, as in_proj_{p})": torch.cat(
                 [getattr(q, p).detach() for q in layers[:3]]) for p, ps in (("weight", "weights"), ("bias", "biases"))},
-            **{f"block.output.dense.{p}": getattr(layers[3], p).detach() for p in ("weight", "bias")},
-            **{f"block.output.LayerNorm.{p}, which must stay as it was,": getattr(block.output.LayerNorm, p).detach()
-               for p in ("weight", "bias")},
+            **{f"block.output.{m}.{p}{s}": getattr(getattr(block.output, m), p).detach() for m, s in (
+                ("dense", ""), ("LayerNorm", ", which must stay as it was,")) for p in ("weight", "bias")},
             "mha.in_proj_weight, which must stay as it was,": mha.in_proj_weight.detach(),
             "list of the block's parameters that share memory with mha (copies share none)":
                 [n for n, p in block.named_parameters() if p.untyped_storage().data_ptr() in mine]}
@@ -225,9 +222,9 @@ MAX_POOL = Exercise(
                 "feature (right for a sum, not a maximum): fill with -inf.", lambda x, k: (x * k[..., None]).amax(1)),
         Mistake("zero", "fills the pads with 0, and 0 beats every negative feature: fill with -inf.", _f(fill=0.0)),
         *[Mistake(f"{verb} {t}", f"{says}, {t}: pads must never count, whatever they and the real values hold. Fill "
-                  f"them with float('-inf').", _f(fill=v, add=verb == "add")) for v, t in ((-1e4, "-1e4"), (-1e9,
-              "-1e9")) for verb, says in (("fill", "fills the pads with a FINITE value"), ("add", "ADDS a finite "
-                                                                                              "penalty to the pads"))],
+                  f"them with float('-inf').", _f(fill=float(t), add=verb == "add")) for t in ("-1e4", "-1e9")
+          for verb, says in (("fill", "fills the pads with a FINITE value"),
+                             ("add", "ADDS a finite penalty to the pads"))],
         Mistake("NaN", "fills the pads with NaN, and a maximum over a NaN is NaN: fill with -inf.", _f(fill=math.nan)),
         Mistake("inverted", "has its mask the wrong way round: it keeps the pads and drops the real tokens (keep is 1 "
                 "for real tokens). Fill with -inf where keep == 0.", _f(pads=lambda keep: keep == 1)),
