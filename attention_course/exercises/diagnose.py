@@ -266,10 +266,12 @@ def _written_in(exercise: Exercise, cases: list, got: list[Outcome], wrong: list
             seen.setdefault((axis, g), []).append((cases[j].sizes, int(s)))
     for (axis, g), found in seen.items():
         names = set.intersection(*({k for k, v in sizes.items() if v == s} for sizes, s in found))
-        if len({s for _, s in found}) > 1 and len(names) == 1:
-            return (f" On the {len(found)} cases where that view fails, axis {axis} is {g} where {names.pop()} belongs "
-                    f"({', '.join(map(str, dict.fromkeys(s for _, s in found)))}): is {g} written into it as a "
-                    f"number, where it should come from the inputs?")
+        tied = set.intersection(*({k for k, v in sizes.items() if v == int(g)} for sizes, _ in found))  # D used?
+        if len({s for _, s in found}) > 1 and len(names) == 1 and len(tied) < 2:  # (two sizes equal to it: say none)
+            n, right = names.pop(), ", ".join(map(str, dict.fromkeys(s for _, s in found)))
+            said = f" On the {len(found)} cases where that view fails, axis {axis} is {g} where {n} belongs ({right})"
+            return said + (f", and {tied.pop()} = {g} on each of them: is it read where {n} belongs, or {g} written in?"
+                           if tied else f": is {g} written into it as a number, where it should come from the inputs?")
     return ""
 
 def _blind(exercise: Exercise, case: Case, want: Outcome) -> bool:
