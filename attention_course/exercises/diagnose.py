@@ -267,7 +267,8 @@ def _written_in(exercise: Exercise, cases: list, got: list[Outcome], wrong: list
     for (axis, g), found in seen.items():
         names = set.intersection(*({k for k, v in sizes.items() if v == s} for sizes, s in found))
         tied = set.intersection(*({k for k, v in sizes.items() if v == int(g)} for sizes, _ in found))  # D used?
-        if len({s for _, s in found}) > 1 and len(names) == 1 and len(tied) < 2:  # (two sizes equal to it: say none)
+        fixed = set.intersection(*(set(sizes.items()) for sizes, _ in found))  # d = 2 on each: 4 may be 2 * d
+        if len({s for _, s in found}) > 1 and len(names) == 1 and len(tied) < 2 and (tied or not fixed):
             n, right = names.pop(), ", ".join(map(str, dict.fromkeys(s for _, s in found)))
             said = f" On the {len(found)} cases where that view fails, axis {axis} is {g} where {n} belongs ({right})"
             return said + (f", and {tied.pop()} = {g} on each of them: is it read where {n} belongs, or {g} written in?"
@@ -394,7 +395,7 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
             continue
         found, ones = {}, set()  # every size that tells them apart, B = 3 and h = 2 alike ("h = 2", not "2 heads")
         number = lambda k, key: float(re.search(r"\d[\d.]*", sizes[k].get(key) or "0").group())  # noqa: E731
-        for key in set().union(*(sizes[k] for k in side)):  # right at 1 is no sign (a slip may not show there)
+        for key in sorted(set().union(*(sizes[k] for k in side))):  # right at 1 is no sign (a slip may not show there)
             use = [k for k in side if said == "wrong" or number(k, key) != 1]
             values = {sizes[k].get(key) for k in use}
             tied = any(o != key and all(o in sizes[k] and number(k, o) == number(k, key) for k in use) for o in
@@ -410,7 +411,7 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
             rest = "on no other" if said == "wrong" or not (ones or blind) else "wrong on every other" + (
                 f" ({' or '.join(sorted(ones))} aside)" if ones else "") + " where a slip can show" * bool(blind)
             same = " (the same cases)" if len(found) > 1 else ""
-            return f" It is {said} on every case with {' or '.join(sorted(found))}{same} and {rest}{hint}"
+            return f" It is {said} on every case with {' or '.join(found)}{same} and {rest}{hint}"
     both = set.intersection(*(set(c.sizes) for c in cases))  # two sizes equal exactly on the right cases
     for x, y in itertools.combinations(sorted(both), 2):
         if len(right) > 1 and len(wrong) > 1 and all((cases[k].sizes[x] != cases[k].sizes[y]) == (k in wrong)
