@@ -69,9 +69,10 @@ FIRST = ["tests/test_accessibility.py", "tests/test_grading_class.py", "tests/te
 SECONDS: dict[str, float] = {}  # file -> seconds its tests took in this run (the controller's count)
 # Files whose tests share what a process computes once: each catalogue's outcomes of every mistake on every case (the
 # memo of attention_course/exercises/diagnose.py's Exercise.expected, kept on the chapter's module-level exercises).
-# The layer catalogues of chapters 6 and 7 (some 70 mistakes times 20-odd cases, each a layer built and called, in two
-# conventions) cost 40 to 65 s of a worker to fill, and every one of these files fills them at its first check of a
-# layer; handed out apart, two workers filled them twice. They are handed out together, one unit of work
+# The layer catalogues of chapters 6 and 7 (52 and 78 mistakes times 19 and 24 cases, each a layer built and called,
+# in two conventions) cost 26 CPU-s to fill (66 s of test_mutation's first two layer tests, with coverage, on a busy
+# machine), and every one of these files fills them at its first check of a layer; handed out apart, two workers
+# filled them twice. They are handed out together, one unit of work
 # (pytest_xdist_make_scheduler below), and run in one process one after the other: the second and later files find
 # the memo full. Each test still runs its own answers through its checker; only the catalogue's own outcomes, the
 # same in every process, are not computed again.
@@ -205,7 +206,8 @@ def pytest_collection_modifyitems(session, config, items):
     for path in {item.nodeid.split("::")[0] for item in items}:
         weight.setdefault(unit(path), []).append(last.get(path, slow))
     # stable: a unit's files, and a file's tests, keep their own order
-    items.sort(key=lambda item: (-together(weight[unit(item.nodeid.split("::")[0])]), unit(item.nodeid.split("::")[0])))
+    first = {item: unit(item.nodeid.split("::")[0]) for item in items}
+    items.sort(key=lambda item: (-together(weight[first[item]]), first[item]))
 
 
 def whole_run(config) -> bool:
