@@ -67,6 +67,35 @@ FIRST = ["tests/test_accessibility.py", "tests/test_grading_class.py", "tests/te
          "tests/test_instructor.py", "tests/test_trial.py", "tests/test_grading.py", "tests/test_boundary.py",
          "tests/test_parity.py", "tests/test_tiled.py"]
 SECONDS: dict[str, float] = {}  # file -> seconds its tests took in this run (the controller's count)
+# Files whose tests share what a process computes once: each catalogue's outcomes of every mistake on every case (the
+# memo of attention_course/exercises/diagnose.py's Exercise.expected, kept on the chapter's module-level exercises).
+# The layer catalogues of chapters 6 and 7 (52 and 78 mistakes times 19 and 24 cases, each a layer built and called,
+# in two conventions) cost 26 CPU-s to fill (66 s of test_mutation's first two layer tests, with coverage, on a busy
+# machine), and every one of these files fills them at its first check of a layer; handed out apart, two workers
+# filled them twice. They are handed out together, one unit of work
+# (pytest_xdist_make_scheduler below), and run in one process one after the other: the second and later files find
+# the memo full. Each test still runs its own answers through its checker; only the catalogue's own outcomes, the
+# same in every process, are not computed again.
+TOGETHER = ("tests/test_catalogues.py", "tests/test_exercises_ch04_06.py", "tests/test_exercises_ch07.py",
+            "tests/test_mutation.py")
+
+
+def unit(path: str) -> str:
+    """The unit of work a file is handed out in (--dist loadfile): the file, or TOGETHER's first."""
+    return TOGETHER[0] if path in TOGETHER else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile (make test), with TOGETHER's files one unit; any other --dist as pytest-xdist makes it."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Together(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(super()._split_scope(nodeid))
+    return Together(config, log)
 
 
 # The package's line coverage (`make test`) is measured by the tests that run the package in their own process. The
@@ -169,9 +198,16 @@ def pytest_collection_modifyitems(session, config, items):
     try:
         last = json.loads(DURATIONS.read_text())
         slow = max(last.values(), default=0.0)
+        together = sum  # a unit of several files (TOGETHER) takes their seconds together
     except (OSError, ValueError):
         last, slow = {path: float(len(FIRST) - i) for i, path in enumerate(FIRST)}, 0.0
-    items.sort(key=lambda item: -last.get(item.nodeid.split("::")[0], slow))  # stable: a file's own order is kept
+        together = max  # ... or its first file's place in FIRST
+    weight: dict[str, list[float]] = {}
+    for path in {item.nodeid.split("::")[0] for item in items}:
+        weight.setdefault(unit(path), []).append(last.get(path, slow))
+    # stable: a unit's files, and a file's tests, keep their own order
+    first = {item: unit(item.nodeid.split("::")[0]) for item in items}
+    items.sort(key=lambda item: (-together(weight[first[item]]), first[item]))
 
 
 def whole_run(config) -> bool:

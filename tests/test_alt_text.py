@@ -16,6 +16,7 @@ shows, so a cell shows one figure). Three levels:
 
 The rules are checked on hand-made cases too, each of which must fail.
 """
+import functools
 import json
 import math
 import re
@@ -150,9 +151,20 @@ def article_images(page_html: str) -> list[tuple]:
     return parser.images
 
 
+# A built page parsed once (Python's HTMLParser: a third of a second to over a second a page, some 60 pages): its
+# images serve both the check of each page's alt texts and the count of every edition's figures below.
+@functools.cache
+def built_images(path: Path) -> tuple:
+    return tuple(article_images(path.read_text()))
+
+
 def page_problems(page_html: str) -> list[str]:
+    return image_problems(article_images(page_html))
+
+
+def image_problems(images) -> list[str]:
     problems, seen = [], {}
-    for alt, src in article_images(page_html):
+    for alt, src in images:
         name = Path(src).name[:16]
         problems += [f"image {name}: {p}" for p in alt_problems(alt)]
         if alt and alt in seen:
@@ -197,7 +209,7 @@ def test_every_article_image_says_what_it_shows(edition, page):
         pytest.skip(f"no student edition in {site}: run `make student` first")
     path = site / f"{page}.html"
     assert path.exists(), f"{path} is missing"
-    problems = page_problems(path.read_text())
+    problems = image_problems(built_images(path))
     assert not problems, f"{edition} edition, {page}.html:\n" + "\n".join(problems)
 
 
@@ -211,7 +223,7 @@ def test_the_built_editions_show_their_figures():
         if not (site / "index.html").exists():
             continue
         shown = [alt for page in PAGES if (site / f"{page}.html").exists()
-                 for alt, _ in article_images((site / f"{page}.html").read_text())]
+                 for alt, _ in built_images(site / f"{page}.html")]
         written = {alt_of(c) for notebook in NOTEBOOKS for c in load(notebook)["cells"] if alt_of(c)}
         if edition.startswith("zh"):  # the translations of the notebooks' alt texts (or, untranslated, the English)
             written |= {translated for notebook in NOTEBOOKS

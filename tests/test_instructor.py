@@ -111,15 +111,38 @@ def test_a_solution_in_the_start_directives_body():
     assert any(p.startswith(PROSE) for p in prints) and any("masked_fill(mask" in p for p in prints)
 
 
-@needs_nbgrader
-def test_the_student_copy_of_a_solution_in_the_body(tmp_path):
-    """Released with nbgrader: neither the prose nor the answer reaches the student; the leak check agrees."""
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """{name: the folder of its student copy} for the two notebooks the tests below release: FIXTURE, and chapter 3
+    with its padding-mask answer copied into an ordinary cell (planted). Released by one nbgrader run, as `make
+    student` releases every chapter (instructor/student.py: each generated as it would be alone; one nbgrader start
+    and gradebook instead of two, some 4 s), then each copy in a folder of its own, where its test's leak check
+    reads it alone."""
     from instructor import student
 
-    released = student.release(tmp_path / "course", tmp_path / "edition", paths=[FIXTURE])
-    text = json.dumps(load(released[0]))
+    tmp = tmp_path_factory.mktemp("released")
+    nb = load(ROOT / "notebooks" / "03_masks.ipynb")
+    answer_cell = next(c for c in nb["cells"] if nbgrader(c).get("grade_id") == "ex-ch3-padding-mask")
+    planted = {"cell_type": "code", "execution_count": None, "id": "planted", "metadata": {}, "outputs": [],
+               "source": [line for line in answer_cell["source"] if "### " not in line]}
+    nb["cells"].insert(5, planted)
+    chapter = tmp / "chapter" / "03_masks.ipynb"
+    chapter.parent.mkdir()
+    chapter.write_text(json.dumps(nb))
+    folders = {}
+    for name, path in zip(("body", "planted"), student.release(tmp / "course", tmp / "all", paths=[FIXTURE, chapter])):
+        folders[name] = tmp / name
+        folders[name].mkdir()
+        shutil.move(path, folders[name] / path.name)
+    return folders
+
+
+@needs_nbgrader
+def test_the_student_copy_of_a_solution_in_the_body(released):
+    """Released with nbgrader: neither the prose nor the answer reaches the student; the leak check agrees."""
+    text = json.dumps(load(released["body"] / FIXTURE.name))
     assert "raise NotImplementedError()" in text and "Fill with" not in text and "torch.softmax" not in text
-    assert leaks.find(tmp_path / "edition", prints=leaks.fingerprints([FIXTURE]), words=set()) == []
+    assert leaks.find(released["body"], prints=leaks.fingerprints([FIXTURE]), words=set()) == []
 
 
 # --- no leaks -----------------------------------------------------------------------------------------------------
@@ -176,22 +199,12 @@ def test_a_planted_solution_is_found(tmp_path):
 
 
 @needs_nbgrader
-def test_an_answer_copied_into_an_unmarked_cell_reaches_the_student_and_is_caught(tmp_path):
+def test_an_answer_copied_into_an_unmarked_cell_reaches_the_student_and_is_caught(released):
     """nbgrader clears only what is marked: the same answer in an ordinary cell goes out to students. The leak
     check, which reads the answers from the marked cells, finds the copy."""
-    from instructor import student
-
-    nb = load(ROOT / "notebooks" / "03_masks.ipynb")
-    answer_cell = next(c for c in nb["cells"] if nbgrader(c).get("grade_id") == "ex-ch3-padding-mask")
-    planted = {"cell_type": "code", "execution_count": None, "id": "planted", "metadata": {}, "outputs": [],
-               "source": [line for line in answer_cell["source"] if "### " not in line]}
-    nb["cells"].insert(5, planted)
-    chapter = tmp_path / "chapter" / "03_masks.ipynb"
-    chapter.parent.mkdir()
-    chapter.write_text(json.dumps(nb))
-    released = student.release(tmp_path / "course", tmp_path / "edition", paths=[chapter])
-    assert released and "raise NotImplementedError()" in json.dumps(load(released[0]))
-    found = leaks.find(tmp_path / "edition", prints=leaks.fingerprints([ROOT / "notebooks" / "03_masks.ipynb"]),
+    copy = released["planted"] / "03_masks.ipynb"
+    assert copy.exists() and "raise NotImplementedError()" in json.dumps(load(copy))
+    found = leaks.find(released["planted"], prints=leaks.fingerprints([ROOT / "notebooks" / "03_masks.ipynb"]),
                        words=set())
     assert any("positions >= torch.tensor(lengths)" in f for f in found), found
 
