@@ -32,9 +32,9 @@ HINTS = [
     (r"shape of the mask \[[\d, ]*\] at index \d+ does not match", " A bool mask used as an index must have the "
      "shape of the tensor it indexes, axis for axis (no broadcast there): expand it first, mask.expand_as(x), or "
      "multiply by a 0/1 mask instead."),
-    (r"expanded size of the tensor \(\d+\) must match the existing size", " An expand only stretches an axis of SIZE 1 "
-     "(or adds new ones in front): to copy an axis of size n > 1, add an axis of 1 beside it (x[:, :, None]), expand "
-     "that, and merge the two (reshape); or use repeat_interleave."),
+    (r"expanded size of the tensor \(\d+\) must match the existing size", " An expand (or a copy into a slice, x[a:b] = y) "
+     "only stretches an axis of SIZE 1: to copy an axis of size n > 1, add an axis of 1 beside it (x[:, :, None]), "
+     "expand that and merge the two (reshape), or use repeat_interleave; a slice takes a y of its own shape."),
     (r"Dimension out of range",
      " A dim= that the tensor does not have: count its axes, (B, h, L, d) has dims 0 to 3 (or -4 to -1)."),
     (r"shape '\[[\d, -]*\]' is invalid for input of size",

@@ -13,7 +13,7 @@ def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(Tru
            "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True),
            "last": lambda: s.amax(-1, keepdim=True), "/": lambda: s - s / s.abs().amax(dim, True)}[shift]()
     e = (s - top).exp() if exp else s - top
-    total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
+    total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum, "0": lambda: e.sum(0, keepdim=True)}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
     return e / total() if divide else e
 
 def _ties(got, s, dim=-1):
@@ -51,6 +51,11 @@ SOFTMAX = Exercise(
         Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),
         Mistake("raw sum", "shifts the numerator by the row's maximum but sums exp of the UNSHIFTED scores below it: "
                 "shift both, e = (scores - max).exp(), then e / e.sum(dim, keepdim=True).", _sm(below="raw")),
+        Mistake("sum dim 0", "divides by a sum down dim 0 whatever `dim` is: sum along `dim`, keepdim=True.",
+                _sm(below="0")),
+        Mistake("clamp 80", "clamps the scores at 80 before exp instead of subtracting the maximum: far below it exp "
+                "underflows, 0 / 0 = NaN, and scores above 80 all get one weight. Subtract each row's maximum.",
+                lambda s, dim=-1: (e := s.clamp(max=80.0).exp()) / e.sum(dim, keepdim=True)),
         Mistake("sum all", "divides by the sum of the WHOLE tensor: sum along `dim`, keepdim=True.", _sm(below="all")),
         Mistake("no exp", f"divides the scores by their sum without taking exp first. {SHARE}", _sm(shift=None, exp=0)),
         Mistake("shifted, no exp", f"subtracts the max, then divides by the sum WITHOUT exp: the weights are "
@@ -75,14 +80,17 @@ def _attention(q, k, v, by=lambda q, k, v: q.shape[-1] ** 0.5, dim=-1, kT=lambda
                softmax=True, swap=False, out=lambda w, k, v: w @ v):
     """The reference, and the classic slips as options (``by``: the scores' divisor). Returns (output, weights)."""
     scores = (k @ q.mT if swap else q @ kT(k)) / (1 if after else by(q, k, v))  # (B, L, S)
-    weights = torch.softmax(scores, dim) if softmax else scores
+    weights = torch.softmax(scores, dim) if softmax is True else scores.exp() / scores.exp().sum(dim, True) if \
+        softmax == "naive" else scores
     weights = weights / by(q, k, v) if after else weights
     return out(weights, k, v), weights
 
-def _qkv(B, L, S, d, dv):
+def _qkv(B, L, S, d, dv, scale=1):
     g = torch.Generator().manual_seed(3)
-    name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}"
-    return Case(name, tuple(torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv))))
+    name = f"B={B}, L={L} quer{'ies' if L > 1 else 'y'}, S={S} key{'s' * (S > 1)}, d={d}, dv={dv}" + (
+        f", q and k times {scale} (scores in the thousands)" if scale > 1 else "")
+    q, k, v = (torch.randn(B, n, m, generator=g).double() for n, m in ((L, d), (S, d), (S, dv)))
+    return Case(name, (q * scale, k * scale, v))
 
 def scale_note(got, raw, d, name="d"):
     """The notes: weights softmax(raw / c), c a constant other than sqrt(d), say c (masked keys aside)."""
@@ -104,7 +112,7 @@ ATTENTION = Exercise(
     what="your attention",
     reference=_attention,
     cases=[_qkv(*s) for s in ((1, 1, 1, 6, 1), (1, 1, 3, 2, 3), (2, 3, 5, 4, 6), (3, 4, 4, 2, 2), (2, 5, 2, 9, 1),
-                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2), (1, 2, 3, 64, 2), (2, 1, 2, 64, 3))],  # the book's d
+                              (2, 4, 3, 6, 3), (3, 2, 5, 6, 2), (1, 2, 3, 64, 2), (2, 1, 2, 64, 3), (2, 3, 4, 16, 2, 30))],  # the book's d
     mistakes=[
         Mistake("no scale", "did not scale the scores: divide q k^T by sqrt(d).", _a(by=lambda *a: 1)),
         *[Mistake(name, f"divided the scores by {name}; {DIVIDE}", _a(by=by)) for name, by in (
@@ -115,6 +123,8 @@ ATTENTION = Exercise(
         Mistake("after", "divided the WEIGHTS by sqrt(d), after the softmax: scale the scores.", _a(after=True)),
         Mistake("queries", f"normalised over the queries (softmax dim=-2): {SUM}", _a(dim=-2)),
         Mistake("batch", f"normalised over the BATCH (softmax dim=0), mixing the sentences: {SUM}", _a(dim=0)),
+        Mistake("naive softmax", "takes exp of the scores without subtracting each row's maximum: large scores "
+                "overflow, inf / inf = NaN. torch.softmax(scores, dim=-1), or subtract the max first.", _a(softmax="naive")),
         Mistake("no softmax", "returns the scaled scores as weights: no softmax was applied.", _a(softmax=False)),
         Mistake("k q^T", "computes k q^T: row i must be query i, q @ k.transpose(-2, -1).", _a(swap=True)),
         Mistake("k.T", "uses k.T: on a 3-D tensor it reverses ALL the axes, (B, S, d) -> (d, S, B). Transpose the "

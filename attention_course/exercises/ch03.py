@@ -25,6 +25,9 @@ PADDING_MASK = Exercise(
         Mistake("(B, S, S)", "is already expanded over the queries, (B, S, S): return (B, 1, S), broadcasting does "
                 "the rest.", _p(turn=lambda m: m.expand(-1, m.shape[-1], -1))),
         Mistake("(1, B, S)", "puts the new axis FIRST: mask[:, None, :].", _p(turn=lambda m: m.movedim(1, 0))),
+        Mistake("lengths flat", "compares arange(max_len) with the lengths WITHOUT lengths[:, None]: they line up "
+                "with the positions (an error unless B = max_len). arange(max_len) >= tensor(lengths)[:, None].",
+                lambda n, s: (torch.arange(s) >= torch.as_tensor(n))[None, None, :].expand(len(n), 1, s)),
         Mistake("max(lengths)", "has max(lengths) columns: use arange(max_len).", lambda n, s: _pad(n, s, cols=max(n))),
         Mistake("length 0", "leaves position 0 of an empty sentence (length 0) unmasked: all its positions are pads.",
                 lambda lengths, max_len: _pad([max(n, 1) for n in lengths], max_len)),
@@ -94,6 +97,9 @@ MASKED_SOFTMAX = Exercise(
         Mistake("any", "gives zeros to every row with ANY masked key, not only those ALL masked.", _m(empty="any")),
         Mistake("squeezed", "squeezed the mask to (B, S) before masked_fill: against the (B, L, S) scores it lines up "
                 "as (L, S), query l gets sentence l's mask. Keep (B, 1, S).", _m(turn=lambda m: m[:, 0], empty="nan")),
+        Mistake("mask[:, None]", "indexes the (B, 1, S) mask as a (B, S) one, mask[:, None, :]: it becomes (B, "
+                "1, 1, S), the result (B, B, L, S). The mask already has its query axis: use it as it is.",
+                lambda sc, m: _msm(sc, m[:, None, :])),
         Mistake("added", "ADDED the bool mask to the scores: True counts as 1. Use masked_fill.", _m(added=1)),
         *_both("mask * -inf", "built an additive mask as mask * float('-inf'): at the kept keys 0 * -inf = NaN. Use "
                "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),

@@ -163,7 +163,10 @@ IN_PROJ_COPY = Exercise(
     run=_parameters,
     parts=("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"),
     notes=_held,
-    hints=((r"leaf Variable|requires grad", "parameters track gradients: copy inside `with torch.no_grad():`."),),
+    hints=((r"leaf Variable|requires grad", "parameters track gradients: copy inside `with torch.no_grad():`."),
+           (r"expanded size of the tensor|must match the size of tensor", "a block copied into a slice of another size: "
+            "a size written in (the chapter's D?) or read from another tensor. D = W_q.shape[0]: in_proj_weight[:D], "
+            "[D:2*D], [2*D:]."),),
 )
 
 def check_in_proj_copy(fn) -> None:

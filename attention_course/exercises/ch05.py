@@ -9,6 +9,7 @@ from .diagnose import Case, Exercise, Mistake, check
 SIZES = [(1, 1, 1, 1), (1, 2, 3, 3), (2, 4, 8, 2), (2, 3, 12, 4), (3, 2, 4, 1), (1, 3, 6, 2), (2, 2, 8, 4)]  # B L D h
 FLOAT = (r"ints.*float", "a size must be an int, and D / h is a float even when h divides D (8 / 2 = 4.0): use D // h.")
 
+SQUEEZED = "squeezes the result: every axis of size 1 (B = 1, say) is lost. Return it without .squeeze()."
 _split = lambda x, h, order=(0, 2, 1, 3): x.reshape(*x.shape[:2], h, -1).permute(*order)  # noqa: E731 - (B, h, L, d)
 _x = lambda B, L, D: torch.arange(1.0, B * L * D + 1, dtype=torch.float64).reshape(B, L, D)  # noqa: E731
 _s = lambda order: lambda x, h: _split(x, h, order)  # noqa: E731
@@ -37,6 +38,13 @@ SPLIT = Exercise(
         Mistake("last two", "transposed the last two axes, (B, L, d, h): .transpose(1, 2).", _s((0, 1, 3, 2))),
         Mistake("d from L", "took d from L, x.shape[1]: d = D // h, D = x.shape[-1].",
                 lambda x, h: x.reshape(*x.shape[:2], h, x.shape[1] // h).transpose(1, 2)),
+        Mistake("last head dropped", "stops one head short, range(num_heads - 1): the last head is missing. "
+                "range(num_heads).", lambda x, h: torch.stack([x[..., i * (x.shape[-1] // h):(i + 1) * (x.shape[-1] // h)]
+                                                              for i in range(h - 1)], 1)),
+        Mistake("squeezed", SQUEEZED, lambda x, h: _split(x, h).squeeze()),
+        Mistake("transpose(2, 3)", "swaps the heads' axis with the features' (transpose(2, 3)) before the reshape to "
+                "(B, h, L, d): reshape to (B, L, h, d), then .transpose(1, 2).",
+                lambda x, h: x.reshape(*x.shape[:2], h, -1).transpose(2, 3).reshape(x.shape[0], h, x.shape[1], -1)),
         Mistake("chunk tokens", "chunked the TOKENS: x.chunk(h, -1).", lambda x, h: torch.stack(x.chunk(h, 1), 1)),
     ],
     passed="every feature of every token is in its own head and row, for h = 1 to D.",
@@ -67,6 +75,13 @@ MERGE = Exercise(
                 lambda x: x.transpose(1, 2)),
         Mistake("along tokens", "joins the heads along the tokens axis, (B, h*L, d): join them along the features.",
                 lambda x: x.flatten(1, 2)),
+        Mistake("last head dropped", "stops one head short, range(h - 1): the last head's features are missing.",
+                lambda x: torch.cat([x[:, i] for i in range(x.shape[1] - 1)], -1)),
+        Mistake("heads reversed", "concatenates the heads in REVERSE order, the last head's features first: head 0's come first.",
+                lambda x: _merge(x.flip(1))),
+        Mistake("flatten(2)", f"joins each head's tokens and features, x.flatten(2), (B, h, L*d): {THEN}",
+                lambda x: x.flatten(2)),
+        Mistake("squeezed", SQUEEZED, lambda x: _merge(x).squeeze()),
         Mistake("flat", "returns the flat split layout, (B*h, L, d): return (B, L, D).", lambda x: x.flatten(0, 1)),
         *[Mistake(name, "reduced the heads to one, (B, L, d): a merge keeps every head, concatenated, to D = h*d.",
                   lambda x, f=f: f(x, 1)) for name, f in (("mean", torch.mean), ("sum", torch.sum))],

@@ -20,15 +20,16 @@ def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", expand=True, drop=""
     parts, drop = [], drop if kpm is not None and attn is not None else ""  # drop: the branch an if/elif skips
     if kpm is not None and "key_padding" not in drop:
         kpm = ~kpm if polarity == "kpm" else kpm
-        parts.append(kpm if kpm_as == "bare" else kpm.view({"keys": (B, 1, 1, S), "queries": (B, 1, S, 1),
-                                                             "heads": (1, B, 1, S)}[kpm_as]))
+        parts.append(kpm if kpm_as == "bare" else kpm.repeat(h, 1).view(B, h, 1, S) if kpm_as == "repeat" else
+                     kpm.view({"keys": (B, 1, 1, S), "queries": (B, 1, S, 1), "heads": (1, B, 1, S)}[kpm_as]))
     if (attn is not None or not none_safe) and drop != "attn":
         attn = ~attn if polarity == "attn" else attn
         parts.append({"11LS": lambda a: a.view(1, 1, L, S), "T": lambda a: a.T.reshape(S, L), "flat": lambda a: a,
                       "L1S": lambda a: a[:, None], "Bh": lambda a: a.view(B, h, L, S),
                       "hB": lambda a: a.view(h, B, L, S).transpose(0, 1), "unsqueeze": lambda a: a.unsqueeze(1),
                       "B2": lambda a: a.view(B, 2, L, S),
-                      "SL": lambda a: a.view(B, h, S, L).transpose(-2, -1)}[two if attn.ndim == 2 else three](attn))
+                      "SL": lambda a: a.view(B, h, S, L).transpose(-2, -1), "TLS": lambda a: a.T.reshape(L, S)}[
+                         two if attn.ndim == 2 else three](attn))
     mask = torch.zeros((B, h, L, S) if expand else (1, 1, 1, 1), dtype=torch.bool)
     for part in parts if op == "or" or len(parts) < 2 else [getattr(parts[0], f"__{op}__")(parts[1])]:
         mask = mask | part
@@ -70,6 +71,10 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
         ("2-D turned", dict(two="T"), "has the 2-D attn_mask turned around: (L, S) becomes (1, 1, L, S) as it is."),
         ("h = 2", dict(three="B2"), "views the 3-D attn_mask with h = 2 written in: view(B, h, L, S), the h given."),
         ("3-D unsqueezed", dict(three="unsqueeze"), "gave the 3-D attn_mask a head axis by unsqueeze(1): view it."),
+        ("2-D transposed", dict(two="TLS"), "transposes the 2-D (L, S) attn_mask (attn_mask.T, back to (L, S)): "
+         "query i's row is attn_mask[i], used as it is, view(1, 1, L, S)."),
+        ("kpm repeat", dict(kpm_as="repeat"), "copies the key_padding_mask per head with repeat(h, 1), head-major: "
+         "row b*h + i must be sentence b; view(B, 1, 1, S) and expand, or repeat_interleave(h, 0)."),
         ("2-D [:, None]", dict(two="L1S"), "makes the (L, S) attn_mask (L, 1, S), L on the heads' axis: [None, None]."),
         ("None", dict(none_safe=False), "fails on attn_mask=None: either mask may be None, skip it then."),
         ("xor", dict(op="xor"), "combined the masks with ^ (xor): a pair BOTH masks block is let through; |."),
@@ -94,11 +99,13 @@ FLOATS = {"add": lambda s, m, fill: s + m, "sub": lambda s, m, fill: s - m, "mul
           "bool": lambda s, m, fill: s.masked_fill(m != 0, fill), "clamp": lambda s, m, fill: s + m.clamp(min=-1e4),
           "neginf": lambda s, m, fill: s.masked_fill(m.isneginf(), fill), "none": lambda s, m, fill: s,
           "twice": lambda s, m, fill: s + m + m, "clamp9": lambda s, m, fill: s + m.clamp(min=-1e9),
+          "times": lambda s, m, fill: s * m, "T": lambda s, m, fill: s + m.mT,
           "exp": lambda s, m, fill: s + m.exp(), "negative": lambda s, m, fill: s.masked_fill(m < 0, fill)}
 OK = dict(softmax_dim=-1, scale="d", split="hd", merge="hd", in_bias=True, out_bias=True, out_proj=True, average="obey",
           need_weights="obey", invert=None, mask_after=False, fill=-math.inf, kpm_as="keys", floats="add", ignore=(),
           softmax="torch", seq_first=False, keys_with_L=False, detach=False, grow=False, v_from_k=False, qkv=(0, 1, 2),
-          W_T=False, three="Bh", scale_last=False, only=None, unmasked=False, kpm_last=False, keys_cut=False)
+          W_T=False, three="Bh", scale_last=False, only=None, unmasked=False, kpm_last=False, keys_cut=False,
+          kv="key, value")
 
 class Reference(nn.Module):
     """nn.MultiheadAttention(batch_first=True) written out; each keyword of OK switched is a mistake."""
@@ -116,8 +123,13 @@ class Reference(nn.Module):
                 average_attn_weights=True):
         o, h, kpm = self.o, self.h, key_padding_mask
         query, key, value = (t.transpose(0, 1) if o["seq_first"] else t for t in (query, key, value))
-        key, value = (key[:, :query.shape[1]], value[:, :query.shape[1]]) if o["keys_cut"] else (key, value)
-        (B, L, D), S, d = query.shape, (query if o["keys_with_L"] else key).shape[1], query.shape[-1] // h
+        S = (query if o["keys_with_L"] else key).shape[1]  # the keys' length, as the answer reads it
+        key, value = {"key, value": (key, value), "value, key": (value, key), "query": (query, query)}[o["kv"]]
+        if o["keys_cut"]:  # the keys (and, "masks", the padding mask) cut to the queries' length
+            key, value, S = key[:, :query.shape[1]], value[:, :query.shape[1]], min(S, query.shape[1])
+            if o["keys_cut"] == "masks":  # (each mask given)
+                kpm, attn_mask = (None if m is None else m[..., :S] for m in (kpm, attn_mask))
+        (B, L, D), d = query.shape, query.shape[-1] // h
         W, value = self.in_proj_weight.detach() if o["detach"] else self.in_proj_weight, key if o["v_from_k"] else value
         b = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None and o["in_bias"] else (None,) * 3
         W = [w.mT for w in W.chunk(3)] if o["W_T"] else W.chunk(3)
@@ -128,7 +140,7 @@ class Reference(nn.Module):
                      B, n, h, d).transpose(2, 3), "nB": lambda t, n: t.reshape(n, B, h, d).permute(1, 2, 0, 3)}[o["split"]]
         q, k, v = split(q, L), split(k, S), split(v, S)  # (B, h, L|S, d)
         scores = q @ k.transpose(-2, -1)  # (B, h, L, S)
-        scale = math.sqrt({"d": d, "D": D, "h": h}[o["scale"]]) if o["scale"] else 1.0
+        scale = {"d": d ** 0.5, "D": D ** 0.5, "h": h ** 0.5, "d itself": d, None: 1.0}[o["scale"]]
         scores = scores if o["scale_last"] else scores / scale
         after, raw = [], scores
         masks = [("kpm", kpm), ("attn", attn_mask) if o["ignore"] != "copy" or attn_mask is None else
@@ -231,6 +243,16 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
        "query's weights over the keys sum to 1, softmax(scores, dim=-1).") for w, k in (("queries", -2), ("heads", 1))],
     ("scale D", dict(scale="D"), "divides the scores by sqrt(D), D the embedding size: divide by sqrt(d), d = D / h."),
     ("scale h", dict(scale="h"), "divides the scores by sqrt(h), the number of HEADS: divide by sqrt(d), d = D / h."),
+    ("scale by d", dict(scale="d itself"), "divides the scores by d, the head size itself: by sqrt(d)."),
+    ("q, v, k", dict(qkv=(0, 2, 1)), "reads in_proj's thirds in the order q, v, k: the keys get W_v and the values "
+     "W_k. in_proj_weight.chunk(3) is W_q, W_k, W_v, in that order."),
+    ("key and value swapped", dict(kv="value, key"), "projects the keys from `value` and the values from `key`: "
+     "forward(query, key, value), k from key, v from value."),
+    ("keys from query", dict(kv="query"), "projects the keys and values from `query`, ignoring `key` and `value`: "
+     "right in self-attention only. k from key, v from value."),
+    ("kpm ignored", dict(ignore=("kpm",)), "gives the output with the attn_mask alone: the key_padding_mask never "
+     "reaches the scores (dropped, or an if/elif that skips it): apply both masks."),
+    ("float times mask", dict(floats="times"), "multiplies the scores by a float mask: it is ADDED, scores + mask."),
     ("not scaled", dict(scale=None), "does not scale the scores: divide them by sqrt(d), d = D / h the head size."),
     ("split", dict(split="none"), "splits the heads without the transpose: view(B, L, h, d).transpose(1, 2)."),
     ("merge", dict(merge="none"), "has its heads merged without undoing the split's transpose, transpose(1, 2)."),

@@ -33,7 +33,13 @@ ALONE = [  # the chapter's fixes made for one mask: its own fill, float rule or 
                                           ("neginf", "uses only the -inf entries of a float mask: add it all"),
                                           ("exp", "adds exp(mask), not the mask: add it as it is, scores + mask"),
                                           ("negative", "blocks every key whose float mask is below 0: add it as it is"),
-                                          ("twice", "adds a float mask twice: add it once"))],
+                                          ("twice", "adds a float mask twice: add it once"),
+                                          ("sub", "subtracts a float mask: add it, scores + mask"))],
+    ("float attn transposed", dict(floats="T", only="attn"), "adds a float attn_mask TRANSPOSED, (S, L): add it as "
+     "it is, row i for query i."),
+    ("keys and masks cut to L", dict(keys_cut="masks"), "cuts key, value and the key_padding_mask to the queries' "
+     "length, [:, :L]: the keys past L are lost, and a mask that does not fit is cut instead of refused. Keep all S "
+     "keys."),
     *[(f"float {f}", dict(floats=f), says) for f, says in (
         ("exp", "adds exp(mask) to the scores: a float mask is added as it is, scores + mask (its -inf hides)."),
         ("negative", "hides every key whose float mask is below 0 and ignores its other values: a float mask is "

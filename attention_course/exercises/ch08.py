@@ -29,6 +29,11 @@ def _reference_merge(m1, l1, acc1, m2, l2, acc2, take=torch.maximum, stand_in=Tr
     f1, f2, g1, g2 = (c if on else 1.0 for c, on in zip((c1, c2, c1, c2), scale))
     return m, f1 * l1 + f2 * l2, g1 * acc1 + g2 * acc2
 
+def _normalised(m1, l1, a1, m2, l2, a2):  # acc held divided by l, as FlashAttention-1 keeps it
+    m, l, _ = _reference_merge(m1, l1, a1, m2, l2, a2)
+    shift = m.masked_fill(m == NEG_INF, 0.0)
+    return m, l, ((torch.exp(m1 - shift) * l1 * a1 + torch.exp(m2 - shift) * l2 * a2) / l).nan_to_num(0.0)
+
 def _case(lead, n1, n2, dv, empty=(), seed=8):
     """Blocks of n1, n2 keys, queries of shape ``lead`` (every other one's maximum in block 2), some blocks masked."""
     gen = torch.Generator().manual_seed(seed)
@@ -78,6 +83,11 @@ MERGE = Exercise(
                 ".all()): among others, it still gets exp(-inf - -inf) = NaN. Guard each query: 0 in place of m "
                 "where m is -inf, m.masked_fill(m == float('-inf'), 0).", lambda *s: _reference_merge(
                     *s, stand_in=bool((s[0] == NEG_INF).all() and (s[3] == NEG_INF).all()))),
+        Mistake("acc as normalised", "treats acc as already divided by l (each acc weighted by its l, the sum "
+                "divided by the new l), FlashAttention-1's form: keep acc the unnormalised sum, "
+                "exp(m1 - m) acc1 + exp(m2 - m) acc2.", lambda m1, l1, a1, m2, l2, a2: _normalised(m1, l1, a1, m2, l2, a2)),
+        Mistake("averaged", "halves l and acc, the MEAN of the two states: acc / l is right, but l and acc are sums, "
+                "exp(m1 - m) l1 + exp(m2 - m) l2.", _then(lambda m, l, acc: (m, l / 2, acc / 2))),
         Mistake("no exp", "takes m1 - m as the factor, WITHOUT THE EXPONENTIAL: it is exp(m1 - m), since l and acc "
                 "hold exp(score - m).", _m(factor=lambda mb, m: mb - m)),
         Mistake("no common maximum", "scales the blocks by exp(m1) and exp(m2), not exp(m1 - m) and exp(m2 - m): acc / "
@@ -92,8 +102,9 @@ MERGE = Exercise(
                 "torch.maximum(m1, m2).", _m(take=lambda a, b: torch.cat([a, b]).amax().expand_as(a))),
         Mistake("stand-in returned", "returns m = 0 for a query with no key: m is -inf there; 0, the stand-in, belongs "
                 "only inside the exponentials.", _then(lambda m, l, acc: (m.nan_to_num(0.0, 0.0, 0.0), l, acc))),
-        Mistake("NaN", "gives NaN for a query with no key in either block: m1 = m2 = m = -inf, and exp(-inf - -inf) is "
-                "NaN. Subtract a finite stand-in (0 where m is -inf) inside the exponentials.", _m(stand_in=False)),
+        Mistake("NaN", "gives NaN for a query with no key in either block (m1 = m2 = m = -inf): exp(-inf - -inf), or "
+                "exp(inf) times 0, is NaN. Subtract one finite stand-in for the COMMON m (0 where m is -inf) inside both "
+                "exponentials, exp(m1 - stand_in).", _m(stand_in=False)),
         *[Mistake(f"fill {text}", f"returns m = {text} for a query with no key: m must stay -inf there. A finite fill "
                   f"belongs only inside the exponentials, as the stand-in subtracted there.", _m(fill=value))
           for value, text in ((-1e4, "-1e4"), (-1e9, "-1e9"), (torch.finfo(torch.float64).min, "-1.8e308"))],

@@ -203,7 +203,7 @@ def _pool_case(D, pad, *lengths, left=False):
     gen = torch.Generator().manual_seed(D + B)
     hidden = -1.0 - torch.rand(B, L, D, generator=gen, dtype=DTYPE)  # (B, L, D)
     hidden[0, 0, 0] = 2.0
-    hidden[keep.sum(1) < L, :, D - 1] *= 1e30  # -1e30 to -2e30
+    hidden[keep.sum(1) < L, :, D - 1] *= 1e300  # -1e300 to -2e300, below float32's range
     hidden = torch.where(keep[..., None] == 0, pad * (1 + torch.rand(B, L, D, generator=gen, dtype=DTYPE)), hidden)
     pads = f", pads holding {pad:g}" + f" to {2 * pad:g}" * math.isfinite(pad) if L > min(lengths) else ""
     return Case(f"{name}, D = {D}{pads.replace('e+0', 'e')}", (hidden, keep))
@@ -238,13 +238,16 @@ MAX_POOL = Exercise(
                 "those are not the real tokens. Select by keep, not by position."))],
         Mistake("fill min", "fills the pads with hidden.min(), pads included: a pad holding NaN makes it NaN. Fill "
                 "with float('-inf'), which no real value is below.", lambda x, k: _pool(x, k, fill=x.min().item())),
+        Mistake("float32 min", "fills the pads with float32's lowest number, -3.4e38: a real value below it (float64 "
+                "holds -1e300) loses to a pad, and float16 cannot hold it. Fill with float('-inf').",
+                _f(fill=torch.finfo(torch.float32).min)),
         Mistake("log", "adds log(keep): -inf at the pads, but a pad holding inf or NaN gives NaN. Fill instead, "
                 "masked_fill(keep[..., None] == 0, float('-inf')).", lambda x, k: (x + k[..., None].log()).amax(1)),
         Mistake("running from token 0", "starts its running maximum at token 0 without checking that it is real (with "
                 "the pads on the LEFT it is a pad): start at -inf.", lambda x, k: reduce(lambda m, t: torch.where(
                     k[:, t, None] == 1, torch.maximum(m, x[:, t]), m), range(1, x.shape[1]), x[:, 0])),
     ],
-    passed="the maximum over the real tokens only: pads holding 1e6, inf or NaN never win, real values as low as -1e30 "
+    passed="the maximum over the real tokens only: pads holding 1e6, inf or NaN never win, real values as low as -1e300 "
            "still do, for sentences of 1 to 5 tokens and 1 to 5 features.",
     notes=lambda got, x, keep: _by_shape(got, (x.shape[0], x.shape[2]), (
         ((x.shape[0], x.shape[1]), "one value per token, the features reduced (dim=2): reduce the tokens, dim=1"),

@@ -45,6 +45,12 @@ REPEAT_KV = Exercise(
               max=h - 1)), ("j % n_rep", lambda j, h, n: j % n))],
         Mistake("S, d swapped", "views the result as (B, h, d, S), S and d swapped: values scrambled, no transpose "
                 "fixes it.", lambda x, n: x.repeat_interleave(n, 1).reshape(*x.shape[:1], -1, *x.shape[:1:-1])),
+        Mistake("groups per sentence", "makes one group per SENTENCE, range(x.shape[0]), the batch size: one per "
+                "key/value head, x.shape[1].", lambda x, n: torch.cat([x[:, g:g + 1].expand(-1, n, -1, -1)
+                                                                       for g in range(x.shape[0])], 1)),
+        Mistake("n_rep // h_kv", "repeats each head n_rep // h_kv times, n_rep read as the number of query heads: "
+                "each key/value head serves n_rep query heads, repeat_interleave(n_rep, dim=1).",
+                lambda x, n: x.repeat_interleave(n // x.shape[1], dim=1)),
         Mistake("5-D", "is 5-D: the new axis was never merged into the heads, .reshape(B, h_kv * n_rep, S, d).",
                 lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1)),
         Mistake("expand", "expands the heads axis: expand repeats only an axis of SIZE 1 (multi-query attention). "
@@ -59,10 +65,11 @@ def check_repeat_kv(fn) -> None:
     check(REPEAT_KV, fn)
 
 def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", swap=False, sin_term=1, outer="rows",
-          dtype=None, axis=-1, over=-1, base=10000.0):  # RoPE of x (..., L, d) at positions (L,), and slips
+          dtype=None, axis=-1, over=-1, base=10000.0, first=0, width=None):  # RoPE of x (..., L, d) at positions (L,)
     d, n, dtype = x.shape[over], x.shape[axis], dtype or x.dtype
     p = (torch.arange(len(positions)) if start == 0 else positions + (start or 0)).to(dtype)
-    theta = base ** (-power * torch.arange(n if layout == "feature" else n // 2, dtype=dtype) / d)  # (d/2,)
+    theta = base ** (-power * torch.arange(first, (n if layout == "feature" else n // 2) + first, dtype=dtype) /
+                     (width or d))  # (d/2,), and the slips (the frequencies from i = 1, d written in)
     angle = p[:, None] * theta if outer == "rows" else p * theta if outer == "flat" else theta[:, None] * p[None, :]
     cos, sin = (angle.sin(), angle.cos()) if swap else (angle.cos(), angle.sin())  # (L, d/2)
     if pairs:  # interleaved: features (2i, 2i + 1) turned together
@@ -101,6 +108,9 @@ APPLY_ROPE = Exercise(
         _turn("pairs", "lays cos and sin out PER PAIR (0, 0, 1, 1, ..), not cat([angles, angles]).", layout="pairs"),
         _turn("swapped", "has cos and sin SWAPPED: x * cos + rotate_half(x) * sin.", swap=True),
         *[_turn(f"base {b:g}", f"uses the base {b:g}: this exercise's is 10000.", base=b) for b in (1e3, 1e5, 5e5)],
+        _turn("from 1", "counts the frequencies from i = 1: theta_i = 10000^(-2i/d) for i = 0 .. d/2 - 1.", first=1),
+        _turn("d = 16", "divides the exponent by 16, the chapter's d, written in: theta_i = 10000^(-2i/d), d = "
+              "x.shape[-1].", width=16),
         _turn("no sin", "returns x * cos: the sin term is missing, + rotate_half(x) * sin.", sin_term=0),
         _turn("no outer", "multiplies positions (L,) by frequencies (d/2,): take their OUTER product.", outer="flat"),
         _turn("turned", "builds the angles (d/2, L), frequencies down: positions[:, None] * theta.", outer="turned"),
@@ -257,6 +267,9 @@ WINDOW_MASK = Exercise(
                 lambda q, k, w: _window(torch.arange(len(q)), k, w)),
         Mistake("keys as indices", "takes the keys' INDICES 0 .. S-1 for their positions: use k_positions.",
                 lambda q, k, w: _window(q, torch.arange(len(k)), w)),
+        Mistake("window by index", "keeps the last `window` keys BY INDEX (mask[:, :-window] = True), as if the keys "
+                "were in position order: a ring buffer's are not. Hide q - k >= window, by positions.",
+                lambda q, k, w: _window(q, k, math.inf) | (torch.arange(len(k)) < len(k) - w)[None, :]),
         Mistake("keys sorted", "SORTS the keys: column j is key j, in the order given (a ring buffer's).",
                 lambda q, k, w: _window(q, k.sort().values, w)),
     ],

@@ -72,6 +72,9 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
         Mistake("d = D / P", "takes d = D // world_size, a rank's share of D, for the head size: d = D // num_heads. "
                 "view(3, num_heads, d, D)[:, r*n:(r+1)*n].", lambda w, b, h, r, P: tuple(
                     t.unflatten(0, (3, P, -1))[:, _n(r, h, P)].flatten(0, 2) for t in (w, b))),
+        Mistake("D from rows", "reads D from in_proj_weight.shape[0], which is 3D: d comes out three times too large. "
+                "D = in_proj_weight.shape[1], d = D // num_heads.", lambda w, b, h, r, P: tuple(
+                    t.reshape(3, h, w.shape[0] // h, -1)[:, _n(r, h, P)].reshape(-1, *t.shape[1:]) for t in (w, b))),
         Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
         Mistake("from rank", f"takes heads rank .. rank + n - 1. {_FIX}", _s(heads="from rank")),
@@ -116,7 +119,7 @@ def check_split_in_proj(fn) -> None:
 
 def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_causal, *, direction="back",
                rescale="both", causal="blocks", scale="sqrt", guard=True, padding="hide", acc_mode="sum", old=True,
-               running=True, skipped="state"):
+               running=True, skipped="state", l_over=-1):
     """The new (m, l, acc) after merging the block held at ``step``, and each classic mistake as an option."""
     m, l, acc = state  # noqa: E741
     src = {"back": rank - step, "forward": rank + step, "swapped": step - rank}[direction] % world_size
@@ -144,7 +147,8 @@ def _ring_step(state, q, k, v, key_padding_mask, step, rank, world_size, is_caus
     shift = m_new.masked_fill(m_new == float("-inf"), 0.0) if guard else m_new  # nothing seen yet: 0
     p = torch.exp(scores - shift)
     c = torch.exp(m - shift) if rescale != "inverted" else torch.exp(shift - m)  # inverted: inf * 0 at first
-    l_new = (c if rescale in ("both", "l only", "inverted") else 1.0) * l + p.sum(-1, keepdim=True)
+    l_new = (c if rescale in ("both", "l only", "inverted") else 1.0) * l + (
+        p.sum(-1, keepdim=True) if l_over == -1 else p.sum(-2, keepdim=True).mT)  # -2: over the queries
     acc_new = (c if rescale in ("both", "acc only", "inverted") else 1.0) * acc + p @ v
     return m_new, l_new, acc_new / l_new if acc_mode == "normalised" else acc_new
 
@@ -223,6 +227,8 @@ RING = Exercise(
         Mistake("causal ignored", "IGNORES is_causal: skip later blocks, mask the own block.", _r(causal="ignored")),
         Mistake("positions", "takes the positions as rank * L_q + i and src * L_k + j, true only if every block has "
                 "ONE LENGTH (tensor_split's need not): decide by blocks, src <, == or > rank.", _r(causal="positions")),
+        Mistake("l over queries", "sums the block's weights over the QUERIES for l, p.sum(-2): l sums each query's "
+                "weights over the keys, p.sum(-1, keepdim=True).", _r(l_over=-2)),
         Mistake("old dropped", "DROPS THE OLD STATE, as if nothing had been seen before: rescale the old l and acc to "
                 "m_new and add the block's sums.", _r(old=False)),
         Mistake("block maximum", "takes m as this block's maximum, not the RUNNING MAXIMUM: torch.maximum(m, the "

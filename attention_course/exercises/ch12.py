@@ -106,6 +106,8 @@ GATHER = Exercise(
                 "table[t // b], counting from t = 0.", lambda p, t, n: _gather(p, t, n + 1)[:, 1:]),
         Mistake("slot by slot", "orders the tokens SLOT BY SLOT across the blocks (permute(1, 2, 0, 3)): move only the "
                 "heads first, transpose(0, 1).", lambda p, t, n: p[torch.tensor(t)].permute(1, 2, 0, 3).flatten(1, 2)[:, :n]),
+        Mistake("cut one short", "cuts at length - 1: the request's last token is left out, [:, :length].",
+                lambda p, t, n: _gather(p, t, n - 1)),
         Mistake("last slots", "keeps the LAST length slots, [:, -length:]: a request's tokens are the FIRST length "
                 "slots of its blocks, [:, :length].", lambda p, t, n: _gather(p, t, n, cut=False)[:, -n:]),
         Mistake("div mod swapped", "swaps the quotient and the remainder: token t is at block table[t // b] (whole "
@@ -134,7 +136,7 @@ _ORDERS = {"first": lambda rs: sorted(rs, key=lambda r: r[1] > 0),  # stable: ea
            "dropped": lambda rs: [r for r in rs if r[1] > 0]}
 
 def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True, spend=0, free=False, stop=0,
-          whole=False):
+          whole=False, prompts_spend=True):
     out, left = [], budget + spend
     for rid, remaining in _ORDERS[decodes](running):
         n = 1 if remaining == 0 else remaining
@@ -144,7 +146,7 @@ def _plan(running, budget, decodes="first", chunks=True, zeros=False, limit=True
             n = n * (left > 0)
         if n > 0 or zeros:
             out.append((rid, max(n, 0)))
-        left -= max(n, 0)
+        left -= max(n, 0) if prompts_spend or not remaining else 0
     return out
 
 def _plan_notes(got, running, budget) -> str:
@@ -156,7 +158,7 @@ def _plan_notes(got, running, budget) -> str:
     spent, order = sum(n for _, n in plan), [rid for rid, _ in running].index
     kinds = [[rid for rid, _ in plan if rid in need and (need[rid] > 0) == k] for k in (False, True)]
     return " ".join(said for said, true in (
-        (f"Its plan spends {spent} tokens, OVER the budget of {budget}.", spent > budget),
+        (f"Its plan spends {spent} token{'s' * (spent != 1)}, OVER the budget of {budget}.", spent > budget),
         (f"It spends {spent} of {budget} while requests WAIT.", spent < min(budget, sum(max(r, 1) for r in need.values()))),
         ("It puts a prompt BEFORE a decoding request.", any(r in kinds[1] for r, _ in plan[:len(kinds[0])])),
         ("It takes requests of one kind in ANOTHER ORDER than given.", any(k != sorted(k, key=order) for k in kinds)),
@@ -169,7 +171,8 @@ PLAN_STEP = Exercise(
     cases=[Case(f"budget {b}, running {r}", (r, b)) for b, *r in (
         (1, ("a", 0)), (3, ("p", 3)), (6, ("p", 10), ("q", 0)), (8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)),
         (2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)), (7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)),
-        (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)), (3, ("e", 10), ("f", 0), ("g", 1)))],
+        (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)), (3, ("e", 10), ("f", 0), ("g", 1)),
+        (0, ("a", 0), ("b", 3)))],
     mistakes=[
         Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
                 "requests wait. Decode tokens first, one each.", _p(decodes="last")),
@@ -193,6 +196,11 @@ PLAN_STEP = Exercise(
         Mistake("whole budget", "cuts a chunk to the WHOLE budget, not to the budget LEFT.", _p(whole=True)),
         Mistake("one left", "serves a prompt with ONE token left in the decode pass: it is still prefilling, after every "
                 "decoding request.", lambda r, b: _plan([(i, n * (n != 1)) for i, n in r], b)),
+        Mistake("chunks not spent", "never takes a prompt's chunk off the budget left: each prompt gets min(remaining, "
+                "what the decodes left), and the plan goes over the budget. Subtract each chunk.", _p(prompts_spend=False)),
+        Mistake("kinds swapped", "takes the requests with tokens still to prefill (remaining > 0) for the decoding "
+                "ones: a decoding request has remaining 0 and gets 1 token; a prompt gets its chunk after them.",
+                lambda r, b: [(i, 1) for i, n in r if n > 0][:max(b, 0)]),
         Mistake("dict", "returns a dict: return a LIST of (rid, n) pairs, in plan order.", lambda *a: dict(_plan(*a))),
         Mistake("sorted in place", "SORTS `running` IN PLACE (running.sort): the caller's list is the server's queue, "
                 "its order is theirs. Use sorted(running) or two passes.",

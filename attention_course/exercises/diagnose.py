@@ -389,6 +389,16 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
     from the wrong ones (a size written into the answer as a number, a slip that shows only with one head)."""
     sizes = [{**{k: f"{k} = {v}" for k, v in c.sizes.items()}, **_sizes(c.name)} for c in cases]
     right = [k for k in range(len(cases)) if k not in wrong and k not in blind]  # (a case no mistake shows: no sign)
+    both = sorted(k for k in set.intersection(*map(set, sizes)) if all(" = " in s[k] for s in sizes))
+    pairs = [(x, y) for x, y in itertools.combinations(both, 2) if len(right) > 1 and len(wrong) > 1 and all(
+        (sizes[k][x].split(" = ")[1] != sizes[k][y].split(" = ")[1]) == (k in wrong) for k in range(len(cases)))]
+    if len(pairs) == 1:  # two sizes equal exactly on the right cases (said before one size alone)
+        (x, y), = pairs
+        return (f" It is right on every case with {x} = {y} and wrong on every case with {x} ≠ {y}: is {x} used "
+                f"where {y} belongs, or {y} where {x} does?")
+    if pairs:  # B = S and L = S on the same cases: which, the cases cannot tell
+        said = " and where ".join(f"{x} = {y}" for x, y in pairs)
+        return f" It is right exactly where {said} (the same cases): is one of these sizes used where the other belongs?"
     for side, said in ((right, "right"), (wrong, "wrong")):
         others = [k for k in range(len(cases)) if k not in side]
         if len(side) < 2 or not others:
@@ -412,14 +422,7 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
                 f" ({' or '.join(sorted(ones))} aside)" if ones else "") + " where a slip can show" * bool(blind)
             same = " (the same cases)" if len(found) > 1 else ""
             return f" It is {said} on every case with {' or '.join(found)}{same} and {rest}{hint}"
-    both = set.intersection(*(set(c.sizes) for c in cases))  # two sizes equal exactly on the right cases
-    for x, y in itertools.combinations(sorted(both), 2):
-        if len(right) > 1 and len(wrong) > 1 and all((cases[k].sizes[x] != cases[k].sizes[y]) == (k in wrong)
-                                                     for k in range(len(cases))):
-            return (f" It is right on every case with {x} = {y} and wrong on every case with {x} ≠ {y}: is {x} used "
-                    f"where {y} belongs, or {y} where {x} does?")
     return ""
-
 def kind(got, want, exercise: Exercise) -> str:
     """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
     wrong case shows the same (of a tuple's or a dict's items, the first that differs, and which)."""
@@ -442,7 +445,9 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
     parts = isinstance(want, tuple) and exercise.parts
     expected = f"a tuple of {len(want)}, ({', '.join(exercise.parts)})" if parts else _show(want)
     if got is None and want is not None:
-        return f"{noun} is None: nothing returned (a `return` missing?), expected {expected}."
+        return f"{noun} is None: nothing returned (a `return` missing?), expected {expected}." if noun == "result" \
+            else f"{noun} is None, expected {expected}" + (": no gradient reached it (is that input used at all?)."
+                                                           if noun.startswith("gradient") else ".")
     if parts:
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             shown = _show(got) if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
@@ -608,7 +613,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
                 return "zeros", "is 0 at every entry where the right one is not: nothing was computed or added there."
             rel = max(1e-6, 16 * torch.finfo(got.dtype).eps)  # a factor measured at the answer's precision
             if float(r.max() - r.min()) <= rel * float(r.abs().max()) and abs(float(r[0]) - 1) > rel:
-                return "factor", f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}."
+                return "factor", (f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}"
+                                  f"{_per(case, float(r[0]))}.")
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
         near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size
         r = ratio[differ & (w64 != 0)]  # one factor near 1 on every entry: a constant added, not float32's rounding
@@ -658,6 +664,11 @@ def _root(r: float) -> str:
         if abs(value - round(value)) < 1e-6 and round(value) > 1 and math.isqrt(round(value)) ** 2 != round(value):
             return " (" + name.format(round(value)) + ")"
     return ""
+
+def _per(case: Case, r: float) -> str:
+    """", 1/4 (S = 4)": a factor one over a size of the case, 3 or more (a mean for a sum; a 1/2 is often a constant)."""
+    n = round(1 / r) if r else 0
+    return f", 1/{n}{_names(case, n)}" if n > 2 and abs(1 / r - n) < 1e-9 and _names(case, n) else ""
 
 def _permutation(got, want, axis: int, tol: float):
     size = want.shape[axis]

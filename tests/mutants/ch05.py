@@ -98,7 +98,7 @@ MERGE = Catalogue(
         Mutant("heads joined along the tokens", lambda x: torch.cat(x.unbind(1), dim=1), r"along the tokens"),
         Mutant("heads averaged", lambda x: x.mean(1), r"concatenated", family="reduced"),
         Mutant("heads summed", lambda x: x.sum(1), r"concatenated", family="reduced"),
-        Mutant("heads in reverse order", lambda x: merge(x.flip(1)), r"along axis 2 in another order.*reversed"),
+        Mutant("heads in reverse order", lambda x: merge(x.flip(1)), r"heads in REVERSE order"),
         Mutant("tokens reversed", lambda x: merge(x).flip(1), r"along axis 1 in another order.*reversed"),
         Mutant("sizes hard-coded", lambda x: x.transpose(1, 2).reshape(2, 4, 8), r"axis 1 should be 2, not 4"),
         Mutant("returned in float32", lambda x: merge(x).float(), (r"float32", r"dtype")),

@@ -340,7 +340,7 @@ MAX_POOL = Catalogue(
                (r"\.values",)),
         Mutant("indices returned", lambda x, k: x.masked_fill(k[..., None] == 0, float("-inf")).argmax(1),
                (r"integers where values are expected", r"argmax")),
-        Mutant("computed in float32", lambda x, k: max_pool(x.float(), k), (r"float32", r"dtype")),
+        Mutant("computed in float32", lambda x, k: max_pool(x.float(), k), (r"is float32, expected float64",)),
         Mutant("hidden changed in place", in_place_pool, (r"in place",)),
         Mutant("the token at n = keep[b].sum() taken", lambda x, k: torch.stack(
             [x[b, :int(k[b].sum()) + 1].amax(0) if k[b].sum() < k.shape[1] else x[b, int(k[b].sum())].amax(0)
