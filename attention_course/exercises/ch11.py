@@ -73,8 +73,9 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
                 "view(3, num_heads, d, D)[:, r*n:(r+1)*n].", lambda w, b, h, r, P: tuple(
                     t.unflatten(0, (3, P, -1))[:, _n(r, h, P)].flatten(0, 2) for t in (w, b))),
         Mistake("D from rows", "reads D from in_proj_weight.shape[0], which is 3D: d comes out three times too large. "
-                "D = in_proj_weight.shape[1], d = D // num_heads.", lambda w, b, h, r, P: tuple(
-                    t.reshape(3, h, w.shape[0] // h, -1)[:, _n(r, h, P)].reshape(-1, *t.shape[1:]) for t in (w, b))),
+                "D = in_proj_weight.shape[1], d = D // num_heads.", lambda w, b, h, r, P: (
+                    w.reshape(3, h, w.shape[0] // h, -1)[:, _n(r, h, P)].reshape(-1, w.shape[1]),
+                    b.reshape(3, h, w.shape[0] // h)[:, _n(r, h, P)].reshape(-1))),
         Mistake("n rows", "takes num_heads // world_size ROWS of each third, one per head: a head has d rows.",
                 lambda w, b, h, r, P: tuple(t.unflatten(0, (3, -1))[:, _n(r, h, P)].flatten(0, 1) for t in (w, b))),
         Mistake("from rank", f"takes heads rank .. rank + n - 1. {_FIX}", _s(heads="from rank")),
