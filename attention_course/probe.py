@@ -110,6 +110,8 @@ def judge(found: dict, spec: dict):
         raise ExerciseError(f"{spec['name']}: your layer " + (f"prints at every call ({found['printed'][:50]!r}): "
                             "a debug print left in forward?" if found["printed"] else f"warned when called ("
                             f"{found['warnings'][0][:90]}), at every call: a size kept as a tensor? Use an int."))
+    if spec["loss"] == "values" and not bool(found["output"][spec["rows"]].isfinite().all()):  # NaN's own course
+        return {f"gradient of {n}": "none: the output is not finite where the loss reads it" for n in found["gradients"]}
     if spec["loss"] is not None:  # "finite": torch's NaN rows give NaN gradients; the course's zeros finite ones
         return {f"gradient of {n}" + " (finite?)" * (spec["loss"] == "finite"): g if spec["loss"] == "values" else
                 None if g is None else bool(g.isfinite().all()) for n, g in found["gradients"].items()}
