@@ -530,6 +530,8 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
                     f"and {want.shape[a + 1]}{_names(case, want.shape[a + 1])}) joined into one of {joined[a]}: a "
                     f"flatten({a}) or a reshape that merges them.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
+        if 1 not in got.shape and want.ndim - got.ndim > 1:  # every axis of size 1 gone at once
+            return f"{shown}: the right one with EVERY axis of size 1 removed, as .squeeze() without a dim does."
         return f"{shown}: an axis of size 1 too many or missing (an unsqueeze, a squeeze, keepdim=)."
     if got.numel() == want.numel():
         return f"{shown}: the right number of entries arranged in another shape (a view or reshape to other sizes)."
@@ -541,6 +543,8 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
+        short = abs(w - g) if case is not None and abs(w - g) > 1 and " or " not in _names(case, abs(w - g)) else 0
+        how += f", {short}{_names(case, short)} {'short' if g < w else 'over'}" if short and _names(case, short) else ""
         g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
                 f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
