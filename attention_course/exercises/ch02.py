@@ -23,7 +23,8 @@ def _ties(got, s, dim=-1):
     g, t, w = (x.movedim(dim, -1).unsqueeze(-1) for x in (got.to(s.dtype), s, torch.softmax(s, dim)))
     tie = (g == g.mT) & (t != t.mT) & ((w - w.mT).abs() > 1e-6 * (w + w.mT))
     a, b = (t.expand_as(tie)[tie][:1].sum(), t.mT.expand_as(tie)[tie][:1].sum())
-    return f"It gives the scores {a:.5g} and {b:.5g} one weight, as a clamp does: shift by the max." * bool(tie.any())
+    return (f"It gives the scores {a:.5g} and {b:.5g} one weight, where a higher score must weigh more: shift each "
+            f"row by its own maximum, along dim.") * bool(tie.any())
 
 _scores = lambda name, s, dim=-1: Case(f"{name}, shape {tuple(s.shape)}{f', dim={dim}' * (dim != -1)}",  # noqa: E731
                                        (s,) if dim == -1 else (s, dim))

@@ -100,6 +100,9 @@ MASKED_SOFTMAX = Exercise(
         Mistake("mask[:, None]", "indexes the (B, 1, S) mask as a (B, S) one, mask[:, None, :]: it becomes (B, "
                 "1, 1, S), the result (B, B, L, S). The mask already has its query axis: use it as it is.",
                 lambda sc, m: _msm(sc, m[:, None, :])),
+        Mistake("added -1e9", "adds -1e9 at the masked keys, a FINITE fill: a row whose keys are all masked keeps "
+                "weights over them (the -1e9 cancels in the softmax). Fill with float('-inf'), and give such a row "
+                "zeros.", _m(added=-1e9, empty=False)),
         Mistake("added", "ADDED the bool mask to the scores: True counts as 1. Use masked_fill.", _m(added=1)),
         *_both("mask * -inf", "built an additive mask as mask * float('-inf'): at the kept keys 0 * -inf = NaN. Use "
                "scores.masked_fill(mask, float('-inf')).", added=float("-inf")),

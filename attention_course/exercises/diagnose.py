@@ -526,8 +526,8 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
     for a in range(want.ndim - 1):  # two neighbouring axes joined into one, or one cut in two
         joined = want.shape[:a] + (want.shape[a] * want.shape[a + 1],) + want.shape[a + 2:]
         if min(want.shape[a:a + 2]) > 1 and tuple(got.shape) == joined:
-            return (f"{shown}: axes {a} and {a + 1} of the right one ({want.shape[a]}{_names(case, want.shape[a])} "
-                    f"and {want.shape[a + 1]}{_names(case, want.shape[a + 1])}) joined into one of {joined[a]}: a "
+            return (f"{shown}: axes {a} and {a + 1} of the right one ({want.shape[a]} and {want.shape[a + 1]}) "
+                    f"joined into one of {joined[a]}: a "
                     f"flatten({a}) or a reshape that merges them.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
         if 1 not in got.shape and want.ndim - got.ndim > 1:  # every axis of size 1 gone at once
