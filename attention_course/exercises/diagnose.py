@@ -381,7 +381,7 @@ def locate(exercise: Exercise, err: Exception, case: Case) -> str:
 def _sizes(name: str) -> dict:
     """The sizes a case's name states: "d=2", "T = 2", "4 heads", "blocks of 2" (key: how it is said)."""
     found = {k: f"{k} = {v}" for k, v in re.findall(r"\b([A-Za-z_]\w*) ?= ?(\d[\d.]*)\b", name)}
-    found |= {w[:4]: f"{n} {w}" for n, w in re.findall(r"\b(\d+) ([a-z]+s|head|query|key|rank|token)\b", name)}
+    found |= {w[:4]: f"{n} {w}" for n, w in re.findall(r"\b(\d+) ([a-z]+s|head|query|key|rank|token)\b(?!/)", name)}
     return found | {w: f"{w} of {n}" for w, n in re.findall(r"\b([a-z]+) of (\d+)\b", name)}
 
 def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
@@ -543,8 +543,6 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
-        short = abs(w - g) if case is not None and abs(w - g) > 1 and " or " not in _names(case, abs(w - g)) else 0
-        how += f", {short}{_names(case, short)} {'short' if g < w else 'over'}" if short and _names(case, short) else ""
         g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
                 f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
