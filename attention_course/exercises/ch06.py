@@ -312,7 +312,8 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("3-D head-major", dict(three="hB"), "reads a (B*h, L, S) attn_mask head-major: row b*h + i is b, head i."),
     ("mask scaled", dict(scale_last=True), "divides by sqrt(d) after adding the mask: scale first."),
     ("naive softmax, zeros", dict(softmax="naive, zeros"), "takes exp(s) without subtracting the max (0 / 0 = 0)."),
-    ("keys with L", dict(keys_with_L=True), "splits k and v with the queries' L: split k and v with key.shape[1]."),
+    ("keys with L", dict(keys_with_L=True), "splits k (or v) with the queries' L: split k and v with "
+     "key.shape[1]."),
     ("detach", dict(detach=True), "cuts the graph: the gradient of in_proj_weight is None (.detach(), .data?)"),
 ]
 LAYER_TABLE += [(name + ", grown", {**switches, "grow": True}, says) for name, switches, says in LAYER_TABLE

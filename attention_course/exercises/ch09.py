@@ -185,7 +185,7 @@ PREVIOUS_TOKEN = Exercise(
         "weights.shape[1]"), ((w.shape[0], w.shape[1]), "one row per sentence: average over the sentences too"),
         ((w.shape[0],), "one score per sentence, the heads reduced: keep them (dim 1)"), (tuple(w.diagonal(-1).shape),
         "the diagonal of dims 0 and 1, diagonal()'s defaults: diagonal(offset=-1, dim1=-2, dim2=-1)"))),
-    hints=((r"index \d+ is out of bounds for dimension 0", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 "
+    hints=((r"index 1 is out of bounds for dimension 0 with size 1", "keep used as an index? A 0/1 INTEGER tensor picks rows 0 "
             "and 1: select with keep.bool() (or keep == 1)."),),
 )
 def check_previous_token_scores(fn) -> None:

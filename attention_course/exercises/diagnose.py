@@ -229,7 +229,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
                   and 1 not in _shape(want[j].value, got[j].value, exercise.atol)), i)
     what, case, words = exercise.what, cases[i], []
     if got[i].error is not None:
-        words.append(exception(exercise, got[i].error, case) + _written_in(exercise, cases, got, wrong))
+        words.append(exception(exercise, got[i].error, case) + (written := _written_in(exercise, cases, got, wrong)))
     elif want[i].error is not None:  # the statement asks for an exception here, and the answer returned
         return (f"{case.name}: {what} returned {_show(got[i].value)}, where it should raise "
                 f"{type(want[i].error).__name__} ({want[i].error}).")
@@ -255,7 +255,8 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     if failed and got[i].error is None:  # and an exception elsewhere: said too
         words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error, cases[failed[0]]))
     blind = [k for k, c in enumerate(cases) if _blind(exercise, c, want[k])]
-    return f"{case.name}: " + " And ".join(words) + only_where(cases, wrong, blind)
+    return f"{case.name}: " + " And ".join(words) + ("" if got[i].error is not None and written else
+                                                      only_where(cases, wrong, blind))  # (one number said is enough)
 
 def _written_in(exercise: Exercise, cases: list, got: list[Outcome], wrong: list[int]) -> str:
     """" On the 3 cases where its view fails, axis 3 is 5 where S belongs": one wrong number, whatever the size."""
@@ -270,8 +271,8 @@ def _written_in(exercise: Exercise, cases: list, got: list[Outcome], wrong: list
         fixed = set.intersection(*(set(sizes.items()) for sizes, _ in found))  # d = 2 on each: 4 may be 2 * d
         if len({s for _, s in found}) > 1 and len(names) == 1 and len(tied) < 2 and (tied or not fixed):
             n, right = names.pop(), ", ".join(map(str, dict.fromkeys(s for _, s in found)))
-            said = f" On the {len(found)} cases where that view fails, axis {axis} is {g} where {n} belongs ({right})"
-            return said + (f", and {tied.pop()} = {g} on each of them: is it read where {n} belongs, or {g} written in?"
+            said = f" On the {len(found)} cases where that view fails, axis {axis} is {g}, where the right view has {right}"
+            return said + (f", and {(t := tied.pop())} = {g} on each of them: is {t} read there, or {g} written in?"
                            if tied else f": is {g} written into it as a number, where it should come from the inputs?")
     return ""
 
@@ -414,6 +415,8 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
                     (number(use[0], key) > 1 or said == "wrong") and not (tied and said == "right"):
                 found[sizes[use[0]][key]], ones = number(use[0], key), ones | {sizes[k][key] for k in side if k not in use}
         found = [p for p, n in found.items() if "=" in p or not any("=" in q and m == n for q, m in found.items())]
+        if len(found) > 1 and said == "right":  # B = 3 and h = 2 on the same cases: which one, they cannot tell
+            return ""
         if found:
             numbers = " or ".join(dict.fromkeys(re.search(r"\d[\d.]*", p).group() for p in found))
             hint = f": is {numbers} written into it as a number, where it should come from the inputs?" \
