@@ -152,7 +152,8 @@ def watching(answer, forbidden, used: list):
 
 def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None) -> list[Mistake]:
     """The mistakes of the catalogue that agree with the answer's outcomes on every case (of ``on``)."""
-    on = range(len(got)) if on is None else on
+    on = sorted(range(len(got)) if on is None else on, key=lambda i: agree(  # the wrong cases first: most differ there
+        got[i], exercise.expected("reference", exercise.reference, exercise.cases[i]), exercise.atol))
     return [m for m in exercise.mistakes if all(agree(got[i], exercise.expected(m.name, m.answer, exercise.cases[i]),
                                                       exercise.atol) for i in on)]
 
