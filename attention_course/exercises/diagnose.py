@@ -176,7 +176,7 @@ def same(a, b, atol: float) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
             return False
-        if not a.is_floating_point():
+        if not a.is_floating_point() or torch.equal(a, b):  # (equal: the common case, at once)
             return torch.equal(a, b)
         a64, b64 = a.to(torch.float64), b.to(torch.float64)  # NaN = NaN, inf = inf; any other NaN: differs
         diff = (a64 - b64).abs().nan_to_num(nan=math.inf).masked_fill((a.isnan() & b.isnan()) | (a64 == b64), 0.0)
