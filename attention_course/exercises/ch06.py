@@ -186,6 +186,9 @@ class LayerExercise(Exercise):  # an answer that is a layer: a case's arguments,
     arguments = ["setup", "query", "key", "value", "key_padding_mask", "attn_mask", "need_weights",
                  "average_attn_weights"]
 
+class Setup(dict):  # a case's setup, the checker's own and only read: not copied for each call as the inputs are
+    __deepcopy__ = lambda self, memo: self  # noqa: E731
+
 def pads(*lengths, S=None, left=False):
     """(B, S) bool, True at the pads (S: the longest length): each sentence's pads on the right (or the left)."""
     mask = torch.arange(S or max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
@@ -204,8 +207,8 @@ def layer_case(name, B, L, S, D, h, kpm=None, attn=None, *, floats=False, cross=
         m = m if m is None or i == 1 else m[:, None]  # (B, 1, S), (L, S) or (B*h, L, S): hidden from every head?
         hidden = hidden if m is None else hidden | (m.view(B, -1, L, S).all(1) if m.dim() == 3 and i else m)
     kpm, attn = (additive(kpm), additive(attn)) if floats else (kpm, attn)
-    spec = {"name": name, "D": D, "h": h, "bias": bias, "state": state, "make": make or ((D, h), {}), "mode": "eval",
-            "dtype": dtype, "loss": None, "rows": ~hidden.all(-1), "what": "your layer", **spec}  # rows: see a key
+    spec = Setup({"name": name, "D": D, "h": h, "bias": bias, "state": state, "make": make or ((D, h), {}), "mode": "eval",
+            "dtype": dtype, "loss": None, "rows": ~hidden.all(-1), "what": "your layer", **spec})  # rows: see a key
     marks = {"in the rows of queries that see no key": hidden.all(-1, True).expand(B, L, D),
              "at the keys the masks hide": hidden} if kpm is not None or attn is not None else {}
     return Case(name, (spec, x.to(dtype), kv[0].to(dtype), kv[1].to(dtype), kpm, attn, need_weights, average), marks,

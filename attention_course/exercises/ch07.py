@@ -83,7 +83,7 @@ def _catalogue(make) -> list:
                 "keys.", functools.partial(_accepting, make))]
 
 _cross = layer_case("shapes that do not fit", 2, 4, 5, 6, 3, pads(5, 3), cross=True, refuse=True).args
-CASES = [Case(c.name, ({**c.args[0], "factory": True},) + c.args[1:], c.marks, c.sizes) for c in ch06.LAYER_CASES + [
+CASES = [Case(c.name, (ch06.Setup({**c.args[0], "factory": True}),) + c.args[1:], c.marks, c.sizes) for c in ch06.LAYER_CASES + [
     layer_case("in training mode, with torch's default dropout of 0", 2, 4, 4, 6, 3, pads(4, 2), mode="train"),
     layer_case("built with bias=False, cross-attention", 2, 4, 5, 6, 3, pads(5, 3), cross=True, bias=False),
     layer_case("in float32", 2, 4, 5, 6, 3, pads(5, 3), cross=True, dtype=torch.float32),
