@@ -44,3 +44,17 @@ def test_a_wrong_type_is_named():
         ch12.check_plan_step(lambda running, budget: None)
     with pytest.raises(ExerciseError, match="is a list, expected a torch.Tensor"):
         ch12.check_gather(lambda pool, table, length: table)
+
+
+def test_a_gather_outside_the_catalogue_is_told_which_slots_it_read():
+    """A gather that reads the wrong slots, in no way the catalogue names, is told token by token which block and slot
+    of the pool it read, next to those the table gives; a token no slot holds (heads from different slots) is said."""
+    def block_from_heads(pool, table, length):  # b read as the heads' number (1 here), clamped inside the table
+        return torch.stack([pool[table[min(t // pool.shape[1], len(table) - 1)], :, t % pool.shape[2]]
+                            for t in range(length)], 1)
+    with pytest.raises(ExerciseError) as err:
+        ch12.check_gather(block_from_heads)
+    assert ("Its token 1 is the pool's block 3, slot 1, where the table says block table[1 // 2] = 4, slot 1 % 2 = 1; "
+            "token 2 is the pool's block 0, slot 0") in str(err.value), str(err.value)
+    with pytest.raises(ExerciseError, match="Its token 0 is no slot of the pool"):
+        ch12.check_gather(lambda pool, table, length: ch12._gather(pool, table, length).flip(0).flip(-1))

@@ -86,6 +86,20 @@ def _gather_case(num_blocks, h, b, d, table, length, dtype=torch.float64):
     starts = (torch.arange(length) % b == 0)[None, :, None].expand(h, length, d)
     return Case(name, (pool, table, length), {"at the first token of each block": starts})
 
+def _sources(got, pool, table, length):
+    """Where a wrong gather read its first wrong tokens: the pool's (block, slot) each holds, against the table's."""
+    if not (isinstance(got, torch.Tensor) and got.dim() == 3 and got.shape[0::2] == pool.shape[1::2]):
+        return ""
+    b, said = pool.shape[2], []
+    where = {(k, s): pool[k, :, s] for k in range(pool.shape[0]) for s in range(b)}  # each slot: (h_kv, d)
+    for t in range(min(got.shape[1], length)):
+        found = [f"the pool's block {k}, slot {s}" for (k, s), x in where.items()
+                 if torch.equal(got[:, t], x.to(got.dtype))]
+        if (said or f"the pool's block {table[t // b]}, slot {t % b}" not in found) and len(said) < 3:
+            said.append(f"token {t} is {found[0] if found else 'no slot of the pool (its heads together)'}, where the "
+                        f"table says block table[{t} // {b}] = {table[t // b]}, slot {t} % {b} = {t % b}")
+    return f"Its {'; '.join(said)}." if said else ""
+
 GATHER = Exercise(
     what="your gather",
     reference=_gather,
@@ -124,6 +138,7 @@ GATHER = Exercise(
                 lambda p, t, n: _per_token(p, t, n, b=p.shape[1])),
     ],
     passed="tables out of order, blocks of 1 to 5 slots full and partly filled, one token, float32 and float64.",
+    notes=_sources,
     hints=((r"out of range|out of bounds", "an index into the wrong axis or past its end: the table indexes the pool's "
             "BLOCKS, axis 0; b is pool.shape[2]; t // b and t % b swapped; or a loop past `length`."),),
 )
