@@ -58,3 +58,17 @@ def test_a_gather_outside_the_catalogue_is_told_which_slots_it_read():
             "token 2 is the pool's block 0, slot 0") in str(err.value), str(err.value)
     with pytest.raises(ExerciseError, match="Its token 0 is no slot of the pool"):
         ch12.check_gather(lambda pool, table, length: ch12._gather(pool, table, length).flip(0).flip(-1))
+
+
+def test_a_block_mask_outside_the_catalogue_is_told_its_first_wrong_pair_in_sequences():
+    """A wrong mask in no way the catalogue names is told its first wrong pair as sequences and their tokens (a key of
+    another sequence seen, a key of its own hidden), and a size that misses N by how much."""
+    def positions_only(cu):  # causal on each row's place inside its sequence, no test of the sequence
+        rows = torch.arange(int(cu[-1]))
+        pos = rows - cu[torch.searchsorted(cu, rows, right=True) - 1]
+        return pos[None, :] > pos[:, None]
+    with pytest.raises(ExerciseError, match=r"Its row 0 \(sequence 0, its token 0\) sees key 2 \(sequence 1, its token "
+                                            r"0\), another sequence's\."):
+        ch12.check_block_mask(positions_only)
+    with pytest.raises(ExerciseError, match=r"It is 3 by 3: 1 row short of N = cu_seqlens\[-1\] = 4\."):
+        ch12.check_block_mask(lambda cu: ch12._block(cu)[1:, 1:])

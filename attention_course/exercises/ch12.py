@@ -60,9 +60,22 @@ BLOCK_MASK = Exercise(
                 "searchsorted without right=True. " + _START, _b(right=False, clamp=False)),
     ],
     passed="block-diagonal and causal: one sequence (plain causal), sequences of length 1, several of mixed lengths.",
-    notes=lambda got, cu: f"It is {len(got)} by {len(got)}: N taken as len(cu_seqlens), n + 1; N = cu_seqlens[-1]." if
-    isinstance(got, torch.Tensor) and got.shape == (len(cu),) * 2 != (int(cu[-1]),) * 2 else "",
+    notes=lambda got, cu: _pair(got, cu),
 )
+
+def _pair(got, cu):
+    """A wrong mask's first wrong pair, said in sequences and their tokens; or how its size misses N."""
+    N, n = int(cu[-1]), len(got) if isinstance(got, torch.Tensor) and got.dim() == 2 and got.shape[0] == got.shape[1] else 0
+    if n and n != N:
+        return f"It is {n} by {n}: " + ("N taken as len(cu_seqlens), n + 1; N = cu_seqlens[-1]." if n == len(cu) else
+                                         f"{abs(N - n)} row{'s' * (abs(N - n) > 1)} {'short of' if n < N else 'over'} N = cu_seqlens[-1] = {N}.")
+    if not n or got.dtype != torch.bool:
+        return ""
+    want, seq = _block(cu), torch.searchsorted(cu, torch.arange(N), right=True) - 1  # (N,): row i's sequence
+    i, j = (got != want).nonzero()[0].tolist()
+    at = lambda r: f"{r} (sequence {seq[r]}, its token {r - cu[seq[r]]})"  # noqa: E731
+    return f"Its row {at(i)} " + (f"sees key {at(j)}, " + ("another sequence's" if seq[i] != seq[j] else "a later one")
+                                  if want[i, j] else f"is kept from key {at(j)}, its own sequence's, j <= i") + "."
 def check_block_mask(fn) -> None:
     """Check ``fn(cu_seqlens)``: the (N, N) ignore mask, different sequence or later key."""
     check(BLOCK_MASK, fn)
