@@ -215,6 +215,12 @@ MISTAKES = [  # (name, class, key words of the verdict)
      ["in float16", "without dtype="]),
     ("a crash labelled by the running check", mistake(fill=lambda self, s, m: 1 / 0),
      ["heads of size 1: your layer raised ZeroDivisionError"]),
+    # outside the catalogue, seen before out_proj (undone: its weights are the case's): a factor, an arrangement
+    ("merged heads divided by h", mistake(merge=lambda self, o: Layer.merge(self, o) / self.h),
+     ["Its output with out_proj undone (the merged heads, (B, L, D)) is 0.25 times the right one at every entry"]),
+    ("merged through transpose(1, 3)", mistake(merge=lambda self, o: o.transpose(1, 3).reshape(o.shape[0], o.shape[2],
+                                                                                              -1)),
+     ["Its output with out_proj undone (the merged heads, (B, L, D)) holds the right values, arranged differently"]),
 ]
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..probe import run_layer
 from . import DTYPE
-from .diagnose import Case, Exercise, Mistake, agree, check, naming
+from .diagnose import Case, Exercise, Mistake, agree, check, naming, same, tensor_difference
 
 def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", expand=True, drop="", kpm_as="keys", two="11LS",
              three="Bh", none_safe=True, out=lambda m: m):
@@ -186,6 +186,20 @@ class LayerExercise(Exercise):  # an answer that is a layer: a case's arguments,
     arguments = ["setup", "query", "key", "value", "key_padding_mask", "attn_mask", "need_weights",
                  "average_attn_weights"]
 
+def before_out_proj(got, spec, *args):
+    """A wrong output seen before out_proj, which is undone (its weights are the case's): a factor, an order of the
+    heads, show there (where the right merged heads are finite)."""
+    out, state = got.get("output") if isinstance(got, dict) else None, spec.get("state") or {}
+    if spec.get("refuse") or not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.dtype == DTYPE and
+                                  "out_proj.weight" in state):
+        return ""
+    W, b = state["out_proj.weight"], state.get("out_proj.bias", 0.0)
+    want = run_layer(functools.partial(Reference, out_proj=False), spec, *args)["output"]  # (B, L, D)
+    heads = torch.linalg.solve(W, (out - b).mT).mT.where(want.isfinite(), want)  # out = heads W^T + b
+    sizes = dict(B=out.shape[0], L=out.shape[1], D=spec["D"], h=spec["h"], d=spec["D"] // spec["h"])
+    return "" if heads.shape != want.shape or same(heads, want, 1e-8) else "Its output with out_proj undone (the " \
+        f"merged heads, (B, L, D)) {tensor_difference(heads, want, Case('', args, {}, sizes), 1e-8)}"
+
 class Setup(dict):  # a case's setup, the checker's own and only read: not copied for each call as the inputs are
     __deepcopy__ = lambda self, memo: self  # noqa: E731
 
@@ -328,7 +342,7 @@ PASSED = ("outputs, weights and gradients = torch's to 1e-10 in float64, 1 to 4 
 OWN = [("float attn as bool", dict(floats="attn bool"), "reads a float attn_mask as bool (!= 0): add it as it is.")]
 LAYER = LayerExercise(
     what="your layer", reference=Reference, mistakes=_mistakes(Reference, LAYER_TABLE + OWN), hints=HINTS,
-    run=run_layer,
+    run=run_layer, notes=before_out_proj,
     cases=LAYER_CASES + [layer_case("built with dropout=0.5, in eval mode", 2, 4, 4, 6, 3, pads(4, 2), make=((6, 3), {
         "dropout": 0.5})), layer_case("a float key_padding_mask, finite values", 2, 4, 4, 6, 3, additive(pads(4, 2)) -
                                       0.8 * _two, additive(causal(4)))], passed=PASSED + ", no dropout in eval mode.")

@@ -92,7 +92,7 @@ CASES = [Case(c.name, (ch06.Setup({**c.args[0], "factory": True}),) + c.args[1:]
     Case("a (B, L) key_padding_mask for S keys", _cross[:4] + (_cross[4][:, :4],) + _cross[5:]),
     Case("a query of width D + 1", _cross[:1] + (torch.cat([_cross[1], _cross[1][..., :1]], -1),) + _cross[2:])]]
 EXERCISE = LayerExercise(
-    what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS,
+    what="your layer", reference=ch06.Reference, run=run_layer, cases=CASES, hints=ch06.HINTS, notes=ch06.before_out_proj,
     mistakes=_catalogue(ch06.Reference), passed=f"all {len(CASES)} cases: " + ch06.PASSED + ", training mode, no "
     "bias, float32 and float16, nothing printed or warned; sizes that do not split and shapes that do not fit refused.")
 EXERCISE_SAFE = dataclasses.replace(EXERCISE, reference=ch06.SAFE, mistakes=_catalogue(ch06.SAFE), _memo={})
