@@ -2,6 +2,7 @@
 parity with torch's and transformers' own functions), right answers pass, and typical wrong ones are named.
 Every mutant of tests/mutants/ch10.py is run by tests/test_mutation.py."""
 import math
+import re
 
 import pytest
 import torch
@@ -249,3 +250,12 @@ def test_the_rules_resolve_to_functions_that_exist():
             module, attr = name.rsplit(".", 1)
             assert callable(getattr(importlib.import_module(module), attr)), name
             assert attr in rule, (label, attr)
+
+
+def test_a_repeat_kv_outside_the_catalogue_is_told_which_heads_it_holds():
+    """A wrong repeat_kv in no way the catalogue names is told which head of x each of its heads holds, against
+    head j // n_rep, and a copy count other than n_rep (3 written in) is said."""
+    with pytest.raises(ExerciseError, match=re.escape("Its 9 heads hold x's heads [0, 0, 0, 1, 1, 1, 2, 2, 2], where the "
+                                                      "right 6 hold [0, 0, 1, 1, 2, 2] (head j // n_rep): each head 3 "
+                                                      "times, n_rep = 2.")):
+        ch10.check_repeat_kv(lambda x, n_rep: x.repeat_interleave(3, dim=1))

@@ -21,6 +21,21 @@ _repeat_case = lambda B, h_kv, S, d, n_rep, dtype=torch.float64: Case(  # noqa: 
     f"{h_kv} key/value head{'s' * (h_kv > 1)}, {f'n_rep = {n_rep}' if n_rep > 1 else 'no copies (n_rep 1)'}, x of "
     f"shape {(B, h_kv, S, d)}" + " in float32" * (dtype == F32), (randn(B, h_kv, S, d, dtype=dtype), n_rep))
 AXES = {0: "batch", 1: "heads", 2: "sequence", 3: "feature"}
+
+def _heads_read(got, x, n_rep):
+    """Which head of x each head of a wrong result holds, against head j // n_rep."""
+    if not (isinstance(got, torch.Tensor) and got.dim() == 4 and got.shape[::2] == x.shape[::2] and
+            got.shape[3] == x.shape[3]):
+        return ""
+    held = [next((str(i) for i in range(x.shape[1]) if torch.equal(got[:, j], x[:, i].to(got.dtype))), "none")
+            for j in range(got.shape[1])]
+    k = len(held) // x.shape[1]  # each head k times, in order: a copy count other than n_rep
+    times = f": each head {k} time{'s' * (k > 1)}, n_rep = {n_rep}" if held == [str(j // k) for j in range(len(held))] \
+        and k not in (0, n_rep) else ""
+    return "" if held == ["none"] * len(held) else f"Its {len(held)} heads hold x's heads [{', '.join(held)}], " \
+        f"where the right {x.shape[1] * n_rep} hold {[j // n_rep for j in range(x.shape[1] * n_rep)]} (head j // " \
+        f"n_rep){times}."
+
 REPEAT_KV = Exercise(
     what="your repeat_kv", reference=lambda x, n_rep: x.repeat_interleave(n_rep, dim=1),  # head j reads j // n_rep
     cases=[_repeat_case(*c) for c in ((1, 1, 1, 1, 1), (1, 2, 1, 1, 3), (1, 1, 2, 3, 4), (2, 3, 3, 2, 2),
@@ -57,6 +72,7 @@ REPEAT_KV = Exercise(
                 "Expand a new axis after the heads, x[:, :, None].", lambda x, n: x.expand(-1, x.shape[1] * n, -1, -1)),
     ],
     passed="query head j reads key/value head j // n_rep: h_kv = 1 to 3, n_rep = 1 to 4, float32 kept float32.",
+    notes=_heads_read,
     forbidden=("attention_course.decoding.repeat_kv", "transformers.models.llama.modeling_llama.repeat_kv"),
     instead="Build it from tensor operations: x.repeat_interleave(n_rep, dim=1), or a new axis expanded and merged.",
 )
