@@ -1,5 +1,7 @@
 """The exercise checker of chapter 8: merging two online-softmax states accepts a right merge, names each mistake of
 its catalogue and describes the others by what they did."""
+import re
+
 import pytest
 import torch
 
@@ -62,3 +64,15 @@ def test_each_mistake_is_named(fn, words):
 def test_partial_state_of_an_empty_block():
     m, l, acc = partial_state(torch.full((2, 3), float("-inf")), torch.ones(3, 4))
     assert (m == float("-inf")).all() and (l == 0).all() and (acc == 0).all()
+
+
+def test_a_merge_outside_the_catalogue_has_its_acc_said_as_factors_of_acc1_and_acc2():
+    """A wrong merge in no way the catalogue names has its acc said, for its first wrong query with keys in both
+    blocks, as a acc1 + b acc2 with a and b named (block 2 rescaled to m1 here), next to the right factors."""
+    def to_m1(m1, l1, a1, m2, l2, a2):
+        m, s1 = torch.maximum(m1, m2), m1.masked_fill(m1 == float("-inf"), 0.0)
+        return m, l1 + torch.exp(m2 - s1) * l2, a1 + torch.exp(m2 - s1) * a2
+    with pytest.raises(ExerciseError, match=re.escape("its acc is (1) acc1 + (exp(m - m1) = exp(m2 - m1) = 95.85) acc2, "
+                                                      "where the right one is (exp(m1 - m) = 0.01043) acc1 + (exp(m2 - "
+                                                      "m) = 1) acc2")):
+        check_merge_partials(to_m1)

@@ -235,3 +235,14 @@ def test_what_the_learners_function_prints_in_the_workers_is_shown(capsys):
     assert out.count("rank 1 of 2 sees (24, 8)") == 2  # its simulated case, and the real run:
     assert out.endswith("rank 1 of 2 sees (24, 8)\n" + out[out.index("Correct"):])  # rank 1's, printed last
     assert out.index("Printed") < out.index("Correct")
+
+
+def test_a_wrong_shard_is_told_which_rows_it_holds():
+    """A wrong split_in_proj is told which rows of in_proj_weight its weight holds (W_v's missing here), against the
+    rank's own (what the checker adds to the shape it reports); nothing where the rows are right."""
+    case = next(c for c in ch11.SPLIT.cases if c.name == "4 heads of size 1 over 2 ranks, rank 0")
+    w, b, h, r, P = case.args
+    no_v = (w.view(3, h, -1, w.shape[1])[:2, :2].reshape(-1, w.shape[1]), b.view(3, h, -1)[:2, :2].reshape(-1))
+    assert ch11._rows(no_v, *case.args) == ("Its weight holds the rows [q0, q1, k0, k1] of in_proj_weight (k2: W_k's "
+                                           "row 2), where rank 0's are [q0, q1, k0, k1, v0, v1].")
+    assert ch11._rows(ch11._split(*case.args), *case.args) == ""  # the right rows (a wrong bias): nothing to add

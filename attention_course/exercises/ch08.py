@@ -3,6 +3,7 @@ blocks of keys, ``m`` (..., 1) the largest score, ``l`` (..., 1) the sum of ``ex
 of ``exp(score - m) * value``, merged into one (m, l, acc). A block with every key masked: m = -inf, l = 0, acc = 0."""
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -52,6 +53,31 @@ def _case(lead, n1, n2, dv, empty=(), seed=8):
              if (where := torch.tensor([q < len(empty) and empty[q] in e for q in range(flat.shape[0])])).any()}
     return Case(name, (*partial_state(scores[..., :n1], values[:n1]), *partial_state(scores[..., n1:], values[n1:])),
                 marks)
+
+def _terms(got, m1, l1, a1, m2, l2, a2):
+    """A wrong acc said, in its first wrong query with keys in both blocks, as a acc1 + b acc2 (a, b named)."""
+    acc = got[2] if isinstance(got, (tuple, list)) and len(got) == 3 else None
+    if not (isinstance(acc, torch.Tensor) and acc.shape == a1.shape and acc.dtype == a1.dtype and a1.shape[-1] > 1):
+        return ""
+    wrong = ((acc - _reference_merge(m1, l1, a1, m2, l2, a2)[2]).abs().amax(-1) > 1e-9) & (m1 > NEG_INF)[..., 0] & \
+        (m2 > NEG_INF)[..., 0]
+    if not wrong.any():
+        return ""
+    q = tuple(wrong.nonzero()[0].tolist())
+    pair = torch.stack([a1[q], a2[q]], -1)  # (dv, 2)
+    a, b = torch.linalg.lstsq(pair, acc[q][:, None]).solution[:, 0].tolist()
+    if not torch.allclose(pair @ torch.tensor([a, b], dtype=pair.dtype), acc[q], atol=1e-9):
+        return ""  # not made of acc1 and acc2 alone
+    M1, M2 = float(m1[q]), float(m2[q])
+    M, e = max(M1, M2), lambda x: math.exp(x)  # noqa: E731
+    names = {"0": 0.0, "1": 1.0, "exp(m1 - m)": e(M1 - M), "exp(m2 - m)": e(M2 - M), "exp(m - m1)": e(M - M1),
+             "exp(m - m2)": e(M - M2), "exp(m2 - m1)": e(M2 - M1), "exp(m1 - m2)": e(M1 - M2), "exp(m1)": e(M1),
+             "exp(m2)": e(M2), "1/2": 0.5}
+    said = lambda c: [k for k, v in names.items() if abs(c - v) <= 1e-9 * max(1.0, abs(v))]  # noqa: E731
+    say = lambda c: (said(c)[0] if said(c)[0][0] != "e" else " = ".join(said(c)) + f" = {c:.4g}") if said(c) \
+        else f"{c:.4g}"  # noqa: E731
+    return f"For query {list(q)}, its acc is ({say(a)}) acc1 + ({say(b)}) acc2, where the right one is (exp(m1 - m) = " \
+        f"{e(M1 - M):.4g}) acc1 + (exp(m2 - m) = {e(M2 - M):.4g}) acc2, m = max(m1, m2) = {M:.4g}."
 
 RESCALE = "multiply l1 and acc1 by exp(m1 - m), and l2 and acc2 by exp(m2 - m)"
 _m = lambda **switches: partial(_reference_merge, **switches)  # noqa: E731 - the reference with switches
@@ -117,7 +143,7 @@ MERGE = Exercise(
         Mistake("order", "returns (m, acc, l), the wrong order: (m, l, acc).", _then(lambda m, l, a: (m, a, l))),
     ],
     passed="the state of all the keys at once, for any number of queries and any dv, one block or both masked.",
-    parts=("m", "l", "acc"),
+    parts=("m", "l", "acc"), notes=_terms,
     hints=((r"must match the size of tensor b", "m, l and the factors exp(m1 - m) are (..., 1), acc (..., dv): keep "
             "the last axis of size 1 (keepdim=True, no squeeze), so that a factor scales every column of acc."),),
 )

@@ -55,6 +55,20 @@ _n = lambda r, h, P: slice(r * h // P, (r + 1) * h // P)  # noqa: E731 - rank r'
 _PASSED = (f"the rows and bias of each rank's heads for 1 to 4 ranks, a ValueError when world_size does not divide "
            f"num_heads, and in {trial.WORLD} processes the heads summed by all_reduce equal the whole layer.")
 _CASES = _split_cases()
+def _rows(got, w, b=None, h=None, r=None, P=None):
+    """Which rows of in_proj_weight a wrong shard's weight holds ("k2": W_k's row 2), against rank r's."""
+    got = got[0] if isinstance(got, (tuple, list)) and got else got
+    if not (isinstance(w, torch.Tensor) and isinstance(got, torch.Tensor) and got.dim() == 2 and
+            got.shape[1] == w.shape[1] and got.dtype == w.dtype):
+        return ""
+    E = w.shape[1]
+    rows = lambda t: [next((f"{'qkv'[i // E]}{i % E}" for i in range(len(w)) if torch.equal(x, w[i])), "?")  # noqa: E731
+                      for x in t]
+    show = lambda found: f"[{', '.join(found[:12])}{', ...' * (len(found) > 12)}]"  # noqa: E731
+    held, right = rows(got), rows(_split(w, b, h, r, P)[0])
+    return "" if held == right else f"Its weight holds the rows {show(held)} of in_proj_weight (k2: W_k's row 2), " \
+        f"where rank {r}'s are {show(right)}."
+
 SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the ValueError where it does not
     what="your split_in_proj",
     reference=_split,
@@ -100,7 +114,7 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
                 lambda *a: tuple(_split(*a)[0].chunk(3))),
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
     ],
-    passed=_PASSED, run=trial.run, parts=("weight", "bias"),
+    passed=_PASSED, run=trial.run, parts=("weight", "bias"), notes=_rows,
     hints=((r"(?i)divid|divisib|uneven|evenly|share", "your divisibility check fires where world_size DIVIDES "
             "num_heads: raise only if num_heads % world_size."),),
 )
