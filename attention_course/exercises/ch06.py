@@ -13,7 +13,7 @@ from torch import nn
 
 from ..probe import run_layer
 from . import DTYPE
-from .diagnose import Case, Exercise, Mistake, agree, check, naming, same, tensor_difference
+from .diagnose import Case, Exercise, Mistake, agree, check, naming, pattern, same
 
 def _combine(kpm, attn, B, h, L, S, polarity=None, op="or", expand=True, drop="", kpm_as="keys", two="11LS",
              three="Bh", none_safe=True, out=lambda m: m):
@@ -197,8 +197,10 @@ def before_out_proj(got, spec, *args):
     want = run_layer(functools.partial(Reference, out_proj=False), spec, *args)["output"]  # (B, L, D)
     heads = torch.linalg.solve(W, (out - b).mT).mT.where(want.isfinite(), want)  # out = heads W^T + b
     sizes = dict(B=out.shape[0], L=out.shape[1], D=spec["D"], h=spec["h"], d=spec["D"] // spec["h"])
-    return "" if heads.shape != want.shape or same(heads, want, 1e-8) else "Its output with out_proj undone (the " \
-        f"merged heads, (B, L, D)) {tensor_difference(heads, want, Case('', args, {}, sizes), 1e-8)}"
+    if heads.shape != want.shape or same(heads, want, 1e-8):
+        return ""
+    kind, said = pattern(heads, want, Case("", args, {}, sizes), 1e-8)  # only a pattern: where entries differ is said
+    return "" if kind == "entries" else f"Its output with out_proj undone (the merged heads, (B, L, D)) {said}"
 
 class Setup(dict):  # a case's setup, the checker's own and only read: not copied for each call as the inputs are
     __deepcopy__ = lambda self, memo: self  # noqa: E731

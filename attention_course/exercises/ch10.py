@@ -29,12 +29,12 @@ def _heads_read(got, x, n_rep):
         return ""
     held = [next((str(i) for i in range(x.shape[1]) if torch.equal(got[:, j], x[:, i].to(got.dtype))), "none")
             for j in range(got.shape[1])]
+    right = [str(j // n_rep) for j in range(x.shape[1] * n_rep)]
     k = len(held) // x.shape[1]  # each head k times, in order: a copy count other than n_rep
     times = f": each head {k} time{'s' * (k > 1)}, n_rep = {n_rep}" if held == [str(j // k) for j in range(len(held))] \
         and k not in (0, n_rep) else ""
-    return "" if held == ["none"] * len(held) else f"Its {len(held)} heads hold x's heads [{', '.join(held)}], " \
-        f"where the right {x.shape[1] * n_rep} hold {[j // n_rep for j in range(x.shape[1] * n_rep)]} (head j // " \
-        f"n_rep){times}."
+    return "" if held in (right, ["none"] * len(held)) else f"Its {len(held)} heads hold x's heads [{', '.join(held)}]" \
+        f", where the right {len(right)} hold [{', '.join(right)}] (head j // n_rep){times}."
 
 REPEAT_KV = Exercise(
     what="your repeat_kv", reference=lambda x, n_rep: x.repeat_interleave(n_rep, dim=1),  # head j reads j // n_rep
