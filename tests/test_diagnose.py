@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from attention_course.exercises import ExerciseError
-from attention_course.exercises.diagnose import Case, Exercise, Mistake, check, describe, Outcome
+from attention_course.exercises.diagnose import Case, Exercise, Mistake, Outcome, check, describe, only_where
 
 
 def scaled(x, n):
@@ -288,3 +288,13 @@ def test_two_sizes_equal_exactly_on_the_right_cases_are_said():
     text = message(lambda q, k: q @ k.mT + (len(q) != len(k)), ex)  # right where the two lengths agree
     assert text.endswith("It is right on every case with L = S and wrong on every case with L ≠ S: is L used where S "
                          "belongs, or S where L does?"), text
+
+
+def test_a_part_of_the_case_names_that_tells_the_wrong_cases_from_the_right_ones_is_said():
+    """Where no size does, a part of the cases' names (commas inside parentheses kept) shared by exactly the wrong
+    cases is said; a part some right case shares too, or a single wrong case, says nothing."""
+    cases = [Case(n, ()) for n in ("B=1, attn_mask None", "B=2, attn_mask (B*h, L, S)", "B=3, attn_mask (L, S)",
+                                   "B=4, attn_mask (B*h, L, S)")]
+    assert only_where(cases, [1, 3]) == " It is wrong on every case with attn_mask (B*h, L, S) and right on every other."
+    assert only_where(cases, [1, 2]) == ""  # (B*h, L, S) and (L, S): no one part
+    assert only_where(cases, [1]) == ""

@@ -426,7 +426,12 @@ def only_where(cases: list, wrong: list[int], blind: list[int] = ()) -> str:
                 f" ({' or '.join(sorted(ones))} aside)" if ones else "") + " where a slip can show" * bool(blind)
             same = " (the same cases)" if len(found) > 1 else ""
             return f" It is {said} on every case with {' or '.join(found)}{same} and {rest}{hint}"
+    parts = [set(re.split(r",\s*(?![^()]*\))", c.name)) for c in cases]  # a name's parts ("attn_mask (B*h, L, S)")
+    for part in dict.fromkeys(p for k in wrong for p in sorted(parts[k]) if not re.search(r"\d", p)):
+        if len(wrong) > 1 and right and all((part in parts[k]) == (k in wrong) for k in range(len(cases))):
+            return f" It is wrong on every case with {part} and right on every other."
     return ""
+
 def kind(got, want, exercise: Exercise) -> str:
     """The class of a difference (inverted, transposed, offset, factor, order...), to claim it only where every
     wrong case shows the same (of a tuple's or a dict's items, the first that differs, and which)."""
