@@ -138,6 +138,9 @@ ATTENTION = Exercise(
                 lambda *a: _attention(*a)[::-1]),
         Mistake("output only", "returns the output alone: return the pair (output, weights).",
                 lambda *a: _attention(*a)[0]),
+        Mistake("scores returned", "returns the scaled SCORES where the weights belong (its output, from the weights, "
+                "is right): return softmax(scores), the weights the output used.",
+                lambda *a: (_attention(*a)[0], _attention(*a, softmax=False)[1])),
     ],
     passed="weights = softmax(q k^T / sqrt(d)) over the keys, output = weights @ v, for L != S and d != dv too.",
     parts=("output", "tensor of weights"),

@@ -81,6 +81,8 @@ SELF_ATTENTION = Exercise(
         Mistake("K Q^T", "computed the scores K Q^T (or W_q and W_k swapped): Q @ K.transpose(-2, -1).", _a(swap=True)),
         Mistake("V = x", "averaged x: the output is weights @ V with V = x @ W_v.", _a(values=lambda x, *W: x)),
         Mistake("V = x @ W_k", "computed V = x @ W_k: V = x @ W_v.", _a(values=lambda x, W_k, W_v: x @ W_k)),
+        Mistake("W_k and W_v swapped", "computed K with W_v and V with W_k, the two swapped: K = x @ W_k, V = x @ W_v.",
+                lambda x, W_q, W_k, W_v, *a: _attention(x, W_q, W_v, W_k, *a)),
         Mistake("weights^T V", "multiplies the TRANSPOSED weights by V: out = weights @ V.", _a(wT=True)),
         Mistake("pad outputs 0", "sets out to 0 at the pads: only the pad KEYS are masked.", _a(zero=True)),
         Mistake("pair swapped", "returns (weights, out): return (out, weights).", lambda *a: _attention(*a)[::-1]),

@@ -550,7 +550,8 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
         g, w = got.shape[axes[0]], want.shape[axes[0]]
         if g == 1:
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
-                    f"(.expand, .repeat), a slice of one entry, or a sum or max that kept its axis.")
+                    f"(.expand, .repeat), a slice of one entry, a sum or max that kept its axis, or a size read from "
+                    f"another tensor or axis.")
         how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
         g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
@@ -621,7 +622,8 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         if varied and bool(nz.any()) and not (differ & ~nz).any():
             r = ratio[nz]
             if not r.any():
-                return "zeros", "is 0 at every entry where the right one is not: nothing was computed or added there."
+                return "zeros", ("is 0 at every entry where the right one is not: nothing computed or added there, "
+                                 "or an exp that underflowed (no max subtracted?), or a NaN turned to 0.")
             rel = max(1e-6, 16 * torch.finfo(got.dtype).eps)  # a factor measured at the answer's precision
             if float(r.max() - r.min()) <= rel * float(r.abs().max()) and abs(float(r[0]) - 1) > rel:
                 return "factor", (f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}"
@@ -640,7 +642,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             d, r, rel = delta[differ], ratio[differ], max(1e-6, 16 * torch.finfo(got.dtype).eps)
             at = f"at the {n} of {total} entries that differ{_where(differ, case)}"
             if not g64[differ].any():
-                return "zeros", f"is 0 {at}, right elsewhere: nothing computed or kept there."
+                return "zeros", f"is 0 {at}, right elsewhere: nothing computed or kept there (or a NaN turned to 0)."
             if float(d.max() - d.min()) <= tol:
                 return "offset", f"is the right one plus the same {float(d[0]):.4g} {at}, right elsewhere."
             if bool((w64[differ].abs() > 1e-6).all()) and float(r.max() - r.min()) <= rel * float(r.abs().max()):
