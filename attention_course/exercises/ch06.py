@@ -52,7 +52,7 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
     cases=[_masks_case(i, *c) for i, c in enumerate([
         (1, 1, 1, 1, False, None), (2, 3, 4, 5, True, None), (2, 3, 4, 5, False, 2), (2, 3, 4, 5, True, 2),
         (2, 3, 4, 5, True, 3), (2, 3, 4, 5, False, 3), (2, 3, 4, 5, False, None), (3, 2, 3, 3, True, 3),
-        (1, 4, 2, 6, True, 2), (4, 1, 4, 2, True, 3), (2, 2, 2, 2, True, 2)])],
+        (1, 4, 2, 6, True, 2), (4, 1, 4, 2, True, 3), (2, 2, 2, 2, True, 2), (2, 2, 4, 3, False, 2)])],  # L = B*h, 2-D
     mistakes=_mistakes(_combine, [
         ("inverted", dict(polarity="all"), "is inverted: nn.MultiheadAttention's masks are True = blocked."),
         ("kpm inverted", dict(polarity="kpm"), "reads one mask wrong: the key_padding_mask alone is read the other way "
@@ -84,7 +84,10 @@ MASKS = type("MaskExercise", (Exercise,), {"arguments": ["key_padding_mask", "at
     ]) + [Mistake("None for None", "returns None when neither mask is given: return an all-False (B, h, L, S) mask.",
                   lambda k, a, *size: None if k is None and a is None else _combine(k, a, *size)),
            Mistake("one not expanded", "returns a single mask as a broadcastable view: .expand(B, h, L, S).",
-                   lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None)))])
+                   lambda k, a, *size: _combine(k, a, *size, expand=(k is None) == (a is None))),
+           Mistake("3-D by size", "tells a 3-D attn_mask by its first size, B*h: a 2-D (L, S) one with L = B*h is "
+                   "then viewed as (B, h, L, S). Tell them by attn_mask.dim().", lambda k, a, B, h, L, S: _combine(
+                       k, a if a is None or len(a) != B * h else a.view(B, h, L, S).flatten(0, 1), B, h, L, S))])
 
 def check_combine_masks(fn) -> None:
     """Check ``fn(key_padding_mask, attn_mask, batch_size, num_heads, query_len, key_len)`` -> (B, h, L, S) bool."""
@@ -195,9 +198,11 @@ def before_out_proj(got, spec, *args):
         return ""
     W, b = state["out_proj.weight"], state.get("out_proj.bias", 0.0)
     want = run_layer(functools.partial(Reference, out_proj=False), spec, *args)["output"]  # (B, L, D)
+    if out.shape != want.shape:
+        return ""
     heads = torch.linalg.solve(W, (out - b).mT).mT.where(want.isfinite(), want)  # out = heads W^T + b
     sizes = dict(B=out.shape[0], L=out.shape[1], D=spec["D"], h=spec["h"], d=spec["D"] // spec["h"])
-    if heads.shape != want.shape or same(heads, want, 1e-8):
+    if same(heads, want, 1e-8):
         return ""
     kind, said = pattern(heads, want, Case("", args, {}, sizes), 1e-8)  # only a pattern: where entries differ is said
     return "" if kind == "entries" else f"Its output with out_proj undone (the merged heads, (B, L, D)) {said}"
@@ -265,6 +270,8 @@ LAYER_TABLE = [  # (name, switches of Reference, what "your layer ..." does)
     ("scale by d", dict(scale="d itself"), "divides the scores by d, the head size itself: by sqrt(d)."),
     ("q, v, k", dict(qkv=(0, 2, 1)), "reads in_proj's thirds in the order q, v, k: the keys get W_v and the values "
      "W_k. in_proj_weight.chunk(3) is W_q, W_k, W_v, in that order."),
+    ("k, q, v", dict(qkv=(1, 0, 2)), "reads in_proj's thirds in the order k, q, v: the queries get W_k and the keys "
+     "W_q. in_proj_weight.chunk(3) is W_q, W_k, W_v, in that order."),
     ("key and value swapped", dict(kv="value, key"), "projects the keys from `value` and the values from `key`: "
      "forward(query, key, value), k from key, v from value."),
     ("keys from query", dict(kv="query"), "projects the keys and values from `query`, ignoring `key` and `value`: "

@@ -124,9 +124,10 @@ def _keep(*lengths, left=False):
         " padded on the left" * left)
 
 def _by_shape(got, want, table) -> str:
-    """What a wrong shape of ``got`` means, from ``table`` ((shape, words), ...): only a shape one entry has."""
-    said = [w for s, w in table if isinstance(got, torch.Tensor) and tuple(got.shape) == s != want]
-    return f"It holds {said[0]}." if len(said) == 1 else ""
+    """What a wrong shape of ``got`` may mean, from ``table`` ((shape, "what: fix"), ...): only a shape one entry has,
+    said as a shape (other slips can give it)."""
+    said = [w.split(": ", 1) for s, w in table if isinstance(got, torch.Tensor) and tuple(got.shape) == s != want]
+    return f"Its shape is that of {said[0][0]}; if so, {said[0][1]}." if len(said) == 1 else ""
 
 def _previous(weights, keep, offset=-1, queries=lambda keep, n: keep[:, -n:], count=None, sentences=False):
     """diagonal(offset) of the weights summed over the chosen queries (B, n), divided by their number (``count``)."""
@@ -226,6 +227,9 @@ MAX_POOL = Exercise(
           for verb, says in (("fill", "fills the pads with a FINITE value"),
                              ("add", "ADDS a finite penalty to the pads"))],
         Mistake("NaN", "fills the pads with NaN, and a maximum over a NaN is NaN: fill with -inf.", _f(fill=math.nan)),
+        Mistake("keep * x + (1 - keep) * -1e9", "fills the pads by arithmetic, x * keep + (1 - keep) * -1e9: a finite "
+                "fill, and inf or NaN in a pad survives (inf * 0 is NaN). masked_fill(keep[..., None] == 0, float('-inf"
+                "')).", lambda x, k: (x * k[..., None] + (1 - k[..., None]) * -1e9).amax(1)),
         Mistake("inverted", "has its mask the wrong way round: it keeps the pads and drops the real tokens (keep is 1 "
                 "for real tokens). Fill with -inf where keep == 0.", _f(pads=lambda keep: keep == 1)),
         Mistake("mean", "takes the MEAN over the real tokens, the model card's pooling: this exercise asks for the "

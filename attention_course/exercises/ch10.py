@@ -81,7 +81,7 @@ def check_repeat_kv(fn) -> None:
     check(REPEAT_KV, fn)
 
 def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", swap=False, sin_term=1, outer="rows",
-          dtype=None, axis=-1, over=-1, base=10000.0, first=0, width=None):  # RoPE of x (..., L, d) at positions (L,)
+          dtype=None, axis=-1, over=-1, base=10000.0, first=0, width=None, half=True):  # RoPE of x (..., L, d) at (L,)
     d, n, dtype = x.shape[over], x.shape[axis], dtype or x.dtype
     p = (torch.arange(len(positions)) if start == 0 else positions + (start or 0)).to(dtype)
     theta = base ** (-power * torch.arange(first, (n if layout == "feature" else n // 2) + first, dtype=dtype) /
@@ -94,7 +94,7 @@ def _rope(x, positions, pairs=False, sign=1, start=None, power=2, layout="cat", 
     if layout in ("cat", "pairs"):
         cos, sin = (torch.cat([t, t], -1) if layout == "cat" else t.repeat_interleave(2, -1) for t in (cos, sin))
     x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-sign * x2, sign * x1], -1) * sin * sin_term  # x * cos + rotate_half(x) * sin
+    return x * cos + (torch.cat([-sign * x2, sign * x1], -1) if half else x) * sin * sin_term  # + rotate_half(x) sin
 
 _rope_case = lambda B, h, at, d, dtype=torch.float64: Case(  # noqa: E731
     f"positions {at}, x of shape {(B, h, len(at), d)}" + " in float32" * (dtype == F32),
@@ -111,6 +111,8 @@ APPLY_ROPE = Exercise(
         _turn("interleaved", "turns INTERLEAVED pairs (2i, 2i + 1), RoFormer's and Meta's way: " + HALVES, pairs=True),
         _turn("interleaved, minus", "turns INTERLEAVED pairs, by minus the angle: " + HALVES, pairs=True, sign=-1),
         _turn("minus", "turns by MINUS the angle: rotate_half is cat(-x2, x1), not cat(x2, -x1).", sign=-1),
+        _turn("x * sin", "multiplies x ITSELF by sin, x * cos + x * sin: the sine term is rotate_half(x) * sin, "
+              "rotate_half = cat(-x2, x1).", half=False),
         _turn("restart", "uses positions 0 .. L-1: the positions RESTARTED at 0. Use the positions given.", start=0),
         _turn("plus one", "turns each token by its position + 1: position p has the angle p * theta_i.", start=1),
         _turn("i/d", "uses 10000 ** (-i / d): the exponent lost its factor 2, -arange(0, d, 2) / d.", power=1),
@@ -167,7 +169,7 @@ def _decode(q, k, v, cache_k, cache_v, start=None, cat=2, mask="future", own=Tru
         "hide cache": (back < 0) | (key < T), "zero": key > torch.arange(L)[:, None]}[mask]
     if sdpa:
         return (F.scaled_dot_product_attention(rq, keys, values, attn_mask=hidden), *kept)  # True = MAY attend
-    scores = rq @ keys.transpose(*axes) / (keys.shape[by] * q.shape[1] ** width) ** power  # (B, h, L, S)
+    scores = rq @ keys.transpose(*axes) / ((L if by == "L" else keys.shape[by]) * q.shape[1] ** width) ** power
     weights = (scores if hidden is None or after else scores.masked_fill(hidden, fill)).softmax(softmax)
     return ((weights.masked_fill(hidden, 0.0) if after else weights) @ values, *kept)
 
@@ -201,7 +203,8 @@ DECODE_STEP = Exercise(
         *[_step(f"dim {a}", f"grows the cache along dim {a}, the {AXES[a]} axis: the WRONG AXIS. Append along dim 2, "
                 "the sequence axis: torch.cat([cache_k, k], dim=2).", cat=a) for a in (0, 1, 3)],
         _step("top-left", "aligns the causal mask TOP-LEFT (triu(1) of an (L, S) mask, SDPA's is_causal=True), as if "
-              "the new tokens came first: new query i reads the keys at positions <= T + i.", mask="top-left"),
+              "the new tokens came first (query i then reads keys <= i): new query i must read the keys at positions <= T + "
+              "i.", mask="top-left"),
         _step("hide cache", "HIDES THE CACHE from the new tokens: hide only keys after a query.", mask="hide cache"),
         _step("L x L", "uses the new tokens' own (L, L) causal mask on (L, S) scores: mask all keys.", mask="L x L"),
         _step("no mask", "has NO CAUSAL MASK: a new token reads the new tokens after it.", mask="none"),
@@ -232,6 +235,8 @@ DECODE_STEP = Exercise(
         _step("scale D", "divides by sqrt(h * d), the model's width: the scale is 1/sqrt(d), a head's.", width=1),
         _step("scale S", "divides the scores by sqrt(T + L), the number of keys: the scale is 1/sqrt(d).", by=2),
         _step("not scaled", "leaves the scores unscaled: divide them by sqrt(d).", power=0),
+        _step("scale L", "divides the scores by sqrt(L), the number of NEW tokens, q.shape[2]: the scale is 1/sqrt(d), "
+              "d = q.shape[-1].", by="L"),
         _step("softmax queries", "runs the softmax over the QUERIES: over the keys, softmax(dim=-1).", softmax=-2),
         _step("softmax heads", "runs the softmax over the HEADS: over the keys, softmax(dim=-1).", softmax=1),
         _step("not grown", "returns the caches NOT GROWN: append the new keys and values.", store="unchanged"),

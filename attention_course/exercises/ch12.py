@@ -185,7 +185,14 @@ def _plan_notes(got, running, budget) -> str:
         return ""
     spent, order = sum(n for _, n in plan), [rid for rid, _ in running].index
     kinds = [[rid for rid, _ in plan if rid in need and (need[rid] > 0) == k] for k in (False, True)]
+    out = [rid for rid, n in running if n > 0 and rid not in dict(plan)]  # prompts given nothing
     return " ".join(said for said, true in (
+        (f"It names a request {next((r for r, _ in plan if r not in need), '')!r}, which is no rid of `running`: "
+         "each pair holds the request's rid.", any(r not in need for r, _ in plan)),
+        (f"It lists {next((p for p in plan if p[1] == 0), '')}: a request that gets no token this step is left out.",
+         any(n == 0 for _, n in plan)),
+        (f"It gives prompt {out[0] if out else ''!r} nothing with {budget - spent} of the budget left: a prompt that "
+         "does not fit whole gets a chunk, min(remaining, left).", bool(out) and budget > spent),
         (f"Its plan spends {spent} token{'s' * (spent != 1)}, OVER the budget of {budget}.", spent > budget),
         (f"It spends {spent} of {budget} while requests WAIT.", spent < min(budget, sum(max(r, 1) for r in need.values()))),
         ("It puts a prompt BEFORE a decoding request.", any(r in kinds[1] for r, _ in plan[:len(kinds[0])])),

@@ -250,7 +250,10 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         j = i if i in valued else (_big(exercise, got, want, valued) or valued)[0]
         kinds = {kind(got[k].value, want[k].value, exercise) for k in _big(exercise, got, want, valued) or valued}
         phrase = value_difference(got[j].value, want[j].value, cases[j], exercise, strong=len(kinds) == 1)
-        note = exercise.notes(got[j].value, *cases[j].args)
+        try:
+            note = exercise.notes(got[j].value, *cases[j].args)
+        except Exception:  # noqa: BLE001 - a note is an extra: one that cannot read this result says nothing
+            note = ""
         words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
@@ -552,10 +555,11 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, a sum or max that kept its axis, or a size read from "
                     f"another tensor or axis.")
-        how = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many")
+        how, when = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many"), \
+            "early" if g < w else "late"
         g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
-                f"{'early' if g < w else 'late'}, or a size read from another tensor or axis).")
+                f"{when}, or a size read from another tensor or axis).")
     extra = _extra(want.shape, got.shape)
     if extra:
         return (f"{shown}: the expected axes and more, of size{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
