@@ -196,6 +196,12 @@ START_AXE = """([tags, skip, skipCode, only, seen]) => {
       targets: v.nodes.map((n) => n.target.join(' ')) })));
 }"""
 STILL = "document.getAnimations().every((a) => a.playState !== 'running')"
+# The theme's transitions (the colours of some hundred elements fading for 150 ms at a change of colour mode, a focus
+# ring or a button fading in for up to 300 ms) are jumped to their end (Animation.finish()), not waited out: the
+# styles the checks then read are those the transitions end on, as after waiting, without the wait and the frames in
+# between (half a second of each change of mode). One without an end (none on the site) is waited for as before.
+FINISH = """() => { for (const a of document.getAnimations()) {
+  if (a.playState === 'running' && a.effect && a.effect.getComputedTiming().endTime < Infinity) a.finish(); } }"""
 # The theme answers a resize 300 ms later (debounced): it gives every code block or output that now scrolls a tab
 # stop (tabindex=0), so that a keyboard can scroll it. Wait for the frame that fires the resize event, then for a
 # timer set after the theme's, which fires after it.
@@ -257,9 +263,15 @@ def show(tab, url, mode):
     """Load ``url``, wait for math, widgets and transitions, and check the colour mode took."""
     tab.goto(url, wait_until="load")
     settle(tab)
-    tab.wait_for_function(STILL)
+    still(tab)
     theme = tab.evaluate("document.documentElement.dataset.theme")
     assert theme == mode, f"{url}: html[data-theme={theme}], the reader chose {mode}"
+
+
+def still(tab):
+    """Once no animation runs: those with an end jumped to it (FINISH), any other waited for."""
+    tab.evaluate(FINISH)
+    tab.wait_for_function(STILL)
 
 
 def choose_mode(tab, mode):
@@ -268,7 +280,7 @@ def choose_mode(tab, mode):
         if tab.evaluate("document.documentElement.dataset.theme") == mode:
             break
         tab.evaluate("document.querySelector('.theme-switch-button').click()")
-    tab.wait_for_function(STILL)
+    still(tab)
     assert tab.evaluate("document.documentElement.dataset.theme") == mode, f"the colour-mode button never gave {mode}"
 
 
@@ -400,7 +412,7 @@ def resize(tab, viewport):
     if tab.viewport_size != viewport:
         tab.set_viewport_size(viewport)
         tab.evaluate(AFTER_RESIZE)
-        tab.wait_for_function(STILL)
+        still(tab)
 
 
 PLANTED = """<!DOCTYPE html><html lang="en"><head><title>Planted</title></head><body><main>
@@ -672,7 +684,8 @@ def every_page(browser, served, axe_source, edition, pages=PAGES):
 # The focus indicator of the element with focus: its outline, else the outermost ring of its box-shadow, against the
 # first opaque background behind it (transparent layers composited over it). Colours as [r, g, b, a].
 FOCUS = """async () => {
-  await Promise.all(document.getAnimations().map((a) => a.finished));  // the ring may fade in (a transition)
+  (""" + FINISH + """)();  // the ring may fade in (a transition): its end
+  await Promise.all(document.getAnimations().map((a) => a.finished));
   const e = document.activeElement;
   if (!e || e === document.body) return null;
   const rgba = (c) => { const m = c.match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
