@@ -224,6 +224,14 @@ MISTAKES = [  # (name, class, key words of the verdict)
 ]
 
 
+def test_an_output_of_another_shape_is_reported_without_a_crash():
+    """A layer whose output is (L, B, D), sequence first, is told its shape; the notes that read a (B, L, D) output
+    say nothing, and never raise."""
+    message = verdict(mistake(forward=lambda self, *a, **k: (Layer.forward(self, *a, **k)[0].transpose(0, 1),
+                                                              Layer.forward(self, *a, **k)[1])))
+    assert "has shape" in message, message
+
+
 @pytest.mark.parametrize("name, cls, words", MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_each_mistake_is_caught_and_named(name, cls, words):
     message = verdict(cls)

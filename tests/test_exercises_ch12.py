@@ -72,3 +72,25 @@ def test_a_block_mask_outside_the_catalogue_is_told_its_first_wrong_pair_in_sequ
         ch12.check_block_mask(positions_only)
     with pytest.raises(ExerciseError, match=r"It is 3 by 3: 1 row short of N = cu_seqlens\[-1\] = 4\."):
         ch12.check_block_mask(lambda cu: ch12._block(cu)[1:, 1:])
+
+
+def test_a_plan_outside_the_catalogue_is_told_what_it_did_in_the_steps_terms():
+    """A plan that names requests by their index, and one that stops at the first prompt that does not fit whole, are
+    told so in the step's terms."""
+    def by_index(running, budget):
+        return [(i, 1) for i, (_, n) in enumerate(running) if n == 0][:budget]
+    with pytest.raises(ExerciseError, match="It names a request 0, which is no rid of `running`"):
+        ch12.check_plan_step(by_index)
+
+    def whole_or_stop(running, budget):
+        plan, left = [(rid, 1) for rid, n in running if n == 0][:budget], budget
+        left -= len(plan)
+        for rid, n in running:
+            if n and n > left:
+                break
+            if n:
+                plan, left = plan + [(rid, n)], left - n
+        return plan
+    with pytest.raises(ExerciseError, match=r"It gives prompt 'p' nothing with 5 of the budget left: a prompt that does "
+                                            r"not fit whole gets a chunk"):
+        ch12.check_plan_step(whole_or_stop)
