@@ -627,7 +627,7 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             r = ratio[nz]
             if not r.any():
                 return "zeros", ("is 0 at every entry where the right one is not: nothing computed or added there, "
-                                 "or an exp that underflowed (no max subtracted?), or a NaN turned to 0.")
+                                 "or a value that underflowed (an exp far below 0), or a NaN turned to 0.")
             rel = max(1e-6, 16 * torch.finfo(got.dtype).eps)  # a factor measured at the answer's precision
             if float(r.max() - r.min()) <= rel * float(r.abs().max()) and abs(float(r[0]) - 1) > rel:
                 return "factor", (f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}"
