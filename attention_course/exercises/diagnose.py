@@ -622,8 +622,9 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
         varied = n and bool((w64 != w64.flatten()[0]).any())  # one right value everywhere: offset and factor alike
         if finite.all() and varied and float(delta.max() - delta.min()) <= tol:
             return "offset", f"is the right one plus the same {float(delta.flatten()[0]):.4g} at every entry."
-        nz = finite & (w64.abs() > 1e-6)
-        if varied and bool(nz.any()) and not (differ & ~nz).any():
+        nz = finite & (w64.abs() > 1e-6)  # a ratio measured where the right value is not tiny, and held where it is
+        fits = lambda f: bool(((g64 - f * w64).abs() <= tol)[differ & ~nz].all())  # noqa: E731
+        if varied and bool(nz.any()) and bool(finite[differ].all()) and fits(float(ratio[nz][0])):
             r = ratio[nz]
             if not r.any():
                 return "zeros", ("is 0 at every entry where the right one is not: nothing computed or added there, "
