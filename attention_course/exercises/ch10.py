@@ -11,7 +11,7 @@ from functools import partial, reduce
 import torch
 import torch.nn.functional as F
 
-from .diagnose import Case, Exercise, Mistake, check
+from .diagnose import Case, Exercise, Mistake, check, source
 
 F32 = torch.float32
 randn = lambda *shape, seed=10, dtype=torch.float64: torch.randn(  # noqa: E731
@@ -27,8 +27,7 @@ def _heads_read(got, x, n_rep):
     if not (isinstance(got, torch.Tensor) and got.dim() == 4 and got.shape[::2] == x.shape[::2] and
             got.shape[3] == x.shape[3]):
         return ""
-    held = [next((str(i) for i in range(x.shape[1]) if torch.equal(got[:, j], x[:, i].to(got.dtype))), "none")
-            for j in range(got.shape[1])]
+    held = [source(got[:, j], {str(i): x[:, i] for i in range(x.shape[1])}) for j in range(got.shape[1])]
     right = [str(j // n_rep) for j in range(x.shape[1] * n_rep)]
     k = len(held) // x.shape[1]  # each head k times, in order: a copy count other than n_rep
     times = f": each head {k} time{'s' * (k > 1)}, n_rep = {n_rep}" if held == [str(j // k) for j in range(len(held))] \

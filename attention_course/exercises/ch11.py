@@ -11,7 +11,7 @@ import torch
 from ..distributed import trial
 from ..distributed.trial import Last, Real, blocks, empty_state
 from . import DTYPE
-from .diagnose import Case, Exercise, Mistake
+from .diagnose import Case, Exercise, Mistake, source
 
 def _split(in_proj_weight, in_proj_bias, num_heads, rank, world_size, *, refuse="raise", layout="packed",
            heads="contiguous", out="packed", bias_mode="split", order=(0, 1, 2)):
@@ -62,8 +62,7 @@ def _rows(got, w, b=None, h=None, r=None, P=None):
             got.shape[1] == w.shape[1] and got.dtype == w.dtype):
         return ""
     E = w.shape[1]
-    rows = lambda t: [next((f"{'qkv'[i // E]}{i % E}" for i in range(len(w)) if torch.equal(x, w[i])), "?")  # noqa: E731
-                      for x in t]
+    rows = lambda t: [source(x, {f"{'qkv'[i // E]}{i % E}": w[i] for i in range(len(w))}, "?") for x in t]  # noqa: E731
     show = lambda found: f"[{', '.join(found[:12])}{', ...' * (len(found) > 12)}]"  # noqa: E731
     held, right = rows(got), rows(_split(w, b, h, r, P)[0])
     return "" if held == right else f"Its weight holds the rows {show(held)} of in_proj_weight (k2: W_k's row 2), " \

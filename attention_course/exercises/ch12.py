@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .diagnose import Case, Exercise, Mistake, check
+from .diagnose import Case, Exercise, Mistake, check, source
 
 def _block(cu, causal=torch.gt, blocks=True, right=True, clamp=True, reach=False):
     rows = torch.arange(int(cu[-1]))
@@ -104,13 +104,13 @@ def _sources(got, pool, table, length):
     if not (isinstance(got, torch.Tensor) and got.dim() == 3 and got.shape[0::2] == pool.shape[1::2]):
         return ""
     b, said = pool.shape[2], []
-    where = {(k, s): pool[k, :, s] for k in range(pool.shape[0]) for s in range(b)}  # each slot: (h_kv, d)
+    slots = {(k, s): pool[k, :, s] for k in range(pool.shape[0]) for s in range(b)}  # each slot: (h_kv, d)
     for t in range(min(got.shape[1], length)):
-        found = [f"the pool's block {k}, slot {s}" for (k, s), x in where.items()
-                 if torch.equal(got[:, t], x.to(got.dtype))]
-        if (said or f"the pool's block {table[t // b]}, slot {t % b}" not in found) and len(said) < 3:
-            said.append(f"token {t} is {found[0] if found else 'no slot of the pool (its heads together)'}, where the "
-                        f"table says block table[{t} // {b}] = {table[t // b]}, slot {t} % {b} = {t % b}")
+        if len(said) < 3 and (said or not torch.equal(got[:, t], slots[table[t // b], t % b].to(got.dtype))):
+            found = source(got[:, t], {f"the pool's block {k}, slot {s}": x for (k, s), x in slots.items()},
+                           "no slot of the pool (its heads together)")
+            said.append(f"token {t} is {found}, where the table says block table[{t} // {b}] = {table[t // b]}, slot "
+                        f"{t} % {b} = {t % b}")
     return f"Its {'; '.join(said)}." if said else ""
 
 GATHER = Exercise(

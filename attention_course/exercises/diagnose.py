@@ -193,6 +193,12 @@ def same(a, b, atol: float) -> bool:
         return False
 
 
+def source(piece: torch.Tensor, sources: dict, missing: str = "none") -> str:
+    """Where a slice of an answer came from: the label of the first of ``sources`` ({label: tensor}) it equals
+    exactly, in its own dtype (the notes say which head, row or slot each slice of a result holds)."""
+    return next((k for k, t in sources.items() if t.shape == piece.shape and torch.equal(piece, t.to(piece.dtype))),
+                missing)
+
 def _detach(value):
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
