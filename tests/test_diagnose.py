@@ -299,3 +299,24 @@ def test_a_part_of_the_case_names_that_tells_the_wrong_cases_from_the_right_ones
     assert only_where(cases, [1, 3]) == " It is wrong on every case with attn_mask (B*h, L, S) and right on every other."
     assert only_where(cases, [1, 2]) == ""  # (B*h, L, S) and (L, S): no one part
     assert only_where(cases, [1]) == ""
+
+
+def blend(a, b, n):
+    """A toy with two inputs of one kind: a + 2 b, then a power of n."""
+    return (a + 2 * b) ** n
+
+
+BLEND = Exercise(what="your blend", reference=blend, passed="blended.", mistakes=[], cases=[
+    Case(f"a, b of shape {s}, n = {n}", (torch.randn(*s, dtype=torch.float64, generator=torch.Generator().manual_seed(n)),
+                                         torch.randn(*s, dtype=torch.float64), n)) for s, n in (((2, 3), 1), ((4,), 2))])
+
+
+def test_inputs_exchanged_or_read_twice_are_named_where_no_catalogue_entry_is():
+    """Outside the catalogue, the reference on two of its inputs swapped, or one read for the other, is tried: named
+    when the answer agrees with it on every case, and not when it agrees on some cases only."""
+    assert message(lambda a, b, n: blend(b, a, n), BLEND).endswith("with `a` and `b` EXCHANGED: it reads a where b "
+                                                                    "belongs, and b where a does.")
+    assert message(lambda a, b, n: blend(a, a, n), BLEND).endswith("with `a` passed for `b` too: it reads a where b "
+                                                                    "belongs.")
+    assert "EXCHANGED" not in message(lambda a, b, n: blend(b, a, n) if a.ndim > 1 else blend(a, b, n) + 1, BLEND)
+    assert "passed for" not in message(lambda a, b, n: blend(a, b, 1), BLEND)  # n is the only int: nothing to swap

@@ -113,7 +113,7 @@ SPLIT = Exercise(  # the rows where world_size divides num_heads; REFUSE, the Va
                 lambda *a: tuple(_split(*a)[0].chunk(3))),
         Mistake("weight alone", "returns one tensor, the weight: return (weight, bias).", lambda *a: _split(*a)[0]),
     ],
-    passed=_PASSED, run=trial.run, parts=("weight", "bias"), notes=_rows,
+    passed=_PASSED, run=trial.run, parts=("weight", "bias"), notes=_rows, exchange=False,
     hints=((r"(?i)divid|divisib|uneven|evenly|share", "your divisibility check fires where world_size DIVIDES "
             "num_heads: raise only if num_heads % world_size."),),
 )
@@ -122,7 +122,7 @@ REFUSE = Exercise("your split_in_proj", _split, [c for c in _CASES if not isinst
         Mistake("no check", "returns rows where world_size does not divide num_heads, whose ranks cannot hold whole "
                 "heads: NO DIVISIBILITY CHECK. Raise ValueError there.", _s(refuse=None)),
         Mistake("assert", "checks the divisibility with assert, so it raised AssertionError, and an assert disappears "
-                "under python -O: raise ValueError.", _s(refuse="assert"))], passed=_PASSED, run=trial.run)
+                "under python -O: raise ValueError.", _s(refuse="assert"))], passed=_PASSED, run=trial.run, exchange=False)
 
 _SPLIT_RULE = (["attention_course.distributed.split_in_proj_by_heads"],  # made to raise in the workers, which
                "*without* the package's `split_in_proj_by_heads`")  # grading's RULES (instructor/verdict.py) miss
@@ -262,7 +262,7 @@ RING = Exercise(
            f"softmax does, and a real ring of {trial.WORLD} processes gives attention over the whole sequence.",
     run=lambda answer, state, *rest: trial.run(  # a copy of the state, the step's to change in place if it likes
         answer, state if isinstance(state, Real) else tuple(t.clone() for t in state), *rest),
-    parts=("m", "l", "acc"),
+    parts=("m", "l", "acc"), exchange=False,
 )
 
 def check_ring_step(fn) -> None:

@@ -64,7 +64,8 @@ class Exercise:
     returned tuple; ``hints``: (regular expression, likeliest cause) for exceptions this exercise invites;
     ``forbidden``: the functions ("module.function", Python functions) the statement forbids: an answer right on every
     case that calls one while it runs (by any name, inside a helper too) is refused, told ``instead``; ``notes(got,
-    *args)``: what the exercise's own terms say of a wrong result (a plan over its budget), "" when nothing."""
+    *args)``: what the exercise's own terms say of a wrong result (a plan over its budget), "" when nothing;
+    ``exchange``: whether the reference is tried on its inputs exchanged (:func:`exchanges`; not where a call is costly)."""
     what: str
     reference: Callable
     cases: list[Case]
@@ -77,6 +78,7 @@ class Exercise:
     forbidden: tuple = ()
     instead: str = ""
     notes: Callable = lambda got, *args: ""  # noqa: E731
+    exchange: bool = True
     _memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -129,6 +131,9 @@ def check(exercise: Exercise, answer) -> None:
         f = next(i for i in wrong if got[i].error is not None)
         raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error, exercise.cases[f])} And "
                             f"{on(exercise.cases[returned[0]])}, {exercise.what} {named[0].says}")
+    swapped = naming(exercise, got, mistakes=exchanges(exercise))
+    if len(swapped) == 1:  # outside the catalogue: the reference on its inputs exchanged
+        raise ExerciseError(f"{case.name}: {exercise.what} {swapped[0].says}")
     if not agree(exercise.outcome(answer, case), got[wrong[0]], exercise.atol):  # called again, the same inputs
         raise ExerciseError(f"{case.name}: {exercise.what} gives another result when called again on the same inputs: "
                             f"it keeps a state between calls (a global, a counter) or draws random numbers. Everything "
@@ -150,11 +155,12 @@ def watching(answer, forbidden, used: list):
             sys.setprofile(previous)
     return watched if codes else answer
 
-def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None) -> list[Mistake]:
-    """The mistakes of the catalogue that agree with the answer's outcomes on every case (of ``on``)."""
+def naming(exercise: Exercise, got: list[Outcome], on: list[int] | None = None, mistakes=None) -> list[Mistake]:
+    """The mistakes of the catalogue (or of ``mistakes``) that agree with the answer's outcomes on every case (of
+    ``on``)."""
     on = sorted(range(len(got)) if on is None else on, key=lambda i: agree(  # the wrong cases first: most differ there
         got[i], exercise.expected("reference", exercise.reference, exercise.cases[i]), exercise.atol))
-    return [m for m in exercise.mistakes if all(agree(got[i], exercise.expected(m.name, m.answer, exercise.cases[i]),
+    return [m for m in (exercise.mistakes if mistakes is None else mistakes) if all(agree(got[i], exercise.expected(m.name, m.answer, exercise.cases[i]),
                                                       exercise.atol) for i in on)]
 
 def agree(a: Outcome, b: Outcome, atol: float) -> bool:
@@ -198,6 +204,31 @@ def source(piece: torch.Tensor, sources: dict, missing: str = "none") -> str:
     exactly, in its own dtype (the notes say which head, row or slot each slice of a result holds)."""
     return next((k for k, t in sources.items() if t.shape == piece.shape and torch.equal(piece, t.to(piece.dtype))),
                 missing)
+
+def exchanges(exercise: Exercise) -> list[Mistake]:
+    """The reference with two of its arguments of one kind (tensors of one shape and dtype, or ints) swapped, or one
+    read in place of the other: slips of the inputs no catalogue lists (a function's, where ``exchange``)."""
+    if not exercise.exchange or inspect.isclass(getattr(exercise.reference, "func", exercise.reference)):  # a layer
+        return []
+    names = exercise.arguments
+
+    def kind(x):
+        return (x.shape, x.dtype) if isinstance(x, torch.Tensor) else int if type(x) is int else None
+    pairs = [(i, j) for i, j in itertools.permutations(range(len(names)), 2) if any(
+        kind(c.args[i]) is not None and kind(c.args[i]) == kind(c.args[j]) for c in exercise.cases if len(c.args) > max(i, j))]
+
+    def exchanged(i, j, both):
+        def answer(*args):
+            args = list(args)
+            args[j], args[i] = (args[i], args[j]) if both else (args[i], args[i])
+            return exercise.reference(*args)
+        return answer
+    return [Mistake(f"inputs {i} {j} {both}", (
+        f"gives, on every case, what the right one gives with `{names[i]}` and `{names[j]}` EXCHANGED: it reads "
+        f"{names[i]} where {names[j]} belongs, and {names[j]} where {names[i]} does." if both else
+        f"gives, on every case, what the right one gives with `{names[i]}` passed for `{names[j]}` too: it reads "
+        f"{names[i]} where {names[j]} belongs."), exchanged(i, j, both))
+        for i, j in pairs for both in (True, False) if not both or i < j]
 
 def _detach(value):
     if isinstance(value, torch.Tensor):

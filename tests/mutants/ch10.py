@@ -585,7 +585,7 @@ WINDOW_MASK = Catalogue(
         Mutant("built from indices 0 .. L-1", from_indices, (r"INDICES", r"0 \.\. L-1 and 0 \.\. S-1"),
                family="indices"),
         Mutant("built from key indices", from_key_indices, (r"INDICES", r"S-L \.\. S-1"), family="indices"),
-        Mutant("transposed", lambda q, k, w: ch10._window(k, q, w), (r"sizes in another order",),
+        Mutant("transposed", lambda q, k, w: ch10._window(k, q, w), (r"`q_positions` and `k_positions` EXCHANGED",),
                family="transposed"),
         Mutant("(L, S) mask returned .T", lambda q, k, w: ch10._window(q, k, w).T,
                (r"axes in another order",), family="transposed"),
