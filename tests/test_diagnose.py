@@ -75,6 +75,9 @@ def test_the_smallest_case_that_shows_it_is_shown():
     (lambda x, n: scaled(x, n).clone().index_fill_(-2, torch.tensor([0]), 1.0) if x.ndim == 2 else scaled(x, n),
      "whole rows [0]"),
     (lambda x, n: scaled(x, n).masked_fill(x > 1e9, float("nan")) + float("nan") * (x.ndim == 1), "has NaN at 4"),
+    (lambda x, n: scaled(x, n)[..., :-1], "It holds the right one's first 3 along axis 0, not its last 1."),
+    (lambda x, n: scaled(x, n)[..., 2:], "It holds the right one's last 2 along axis 0, not its first 2."),
+    (lambda x, n: torch.cat([scaled(x, n), x[..., :1]], -1), "It holds the right one along axis 0, and 1 more after it."),
 ])
 def test_what_is_not_in_the_catalogue_is_described_by_what_it_did(answer, words):
     text = message(answer)

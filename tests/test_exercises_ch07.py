@@ -221,6 +221,9 @@ MISTAKES = [  # (name, class, key words of the verdict)
     ("merged through transpose(1, 3)", mistake(merge=lambda self, o: o.transpose(1, 3).reshape(o.shape[0], o.shape[2],
                                                                                               -1)),
      ["Its output with out_proj undone (the merged heads, (B, L, D)) holds the right values, arranged differently"]),
+    # ... or the heads it gets wrong, where others are right: the padding reaches head 0 alone
+    ("padding for head 0 only", mistake(pad=lambda self, s, m: torch.cat([Layer.pad(self, s[:, :1], m), s[:, 1:]], 1)),
+     ["(the merged heads) is right in head 0 and wrong in heads 1, 2, 3, of sentence 1 only, the one with pads"]),
 ]
 
 

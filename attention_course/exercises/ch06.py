@@ -205,7 +205,18 @@ def before_out_proj(got, spec, *args):
     if same(heads, want, 1e-8):
         return ""
     kind, said = pattern(heads, want, Case("", args, {}, sizes), 1e-8)  # only a pattern: where entries differ is said
-    return "" if kind == "entries" else f"Its output with out_proj undone (the merged heads, (B, L, D)) {said}"
+    if kind != "entries":
+        return f"Its output with out_proj undone (the merged heads, (B, L, D)) {said}"
+    wrong = (~((heads - want).abs() <= 1e-8)).view(*want.shape[:2], sizes["h"], -1).any(-1).any(1)  # (B, h): NaN too
+    bad, good = ([i for i in range(sizes["h"]) if bool(wrong[:, i].any()) == w] for w in (True, False))
+    some, kpm = [b for b in range(len(wrong)) if wrong[b].any()], args[3]
+    padded = [] if kpm is None else (kpm if kpm.dtype == torch.bool else kpm.isneginf()).any(-1).nonzero().flatten().tolist()
+    return "" if not good else (f"Its output with out_proj undone (the merged heads) is right in head"
+                                f"{'s' * (len(good) > 1)} {', '.join(map(str, good))} and wrong in head"
+                                f"{'s' * (len(bad) > 1)} {', '.join(map(str, bad))}"
+                                + (f", of sentence{'s' * (len(some) > 1)} {', '.join(map(str, some))} only"
+                                   + (", the one" + "s" * (len(some) > 1) + " with pads (key_padding_mask)" if
+                                      some == padded else "") if len(some) < len(wrong) else "") + ".")
 
 class Setup(dict):  # a case's setup, the checker's own and only read: not copied for each call as the inputs are
     __deepcopy__ = lambda self, memo: self  # noqa: E731

@@ -591,12 +591,13 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
         if g == 1:
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, a sum or max that kept its axis, or a size read from "
-                    f"another tensor or axis.")
+                    f"another tensor or axis.{_part(got, want, axes[0])}")
         how, when = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many"), \
             "early" if g < w else "late"
+        part = _part(got, want, axes[0])
         g, w = f"{g}{_named(case, g, w)}" if case else g, f"{w}{_names(case, w)}" if case else w
         return (f"{shown}: axis {axes[0]} alone differs, {g} for {w}, {how} (a range, slice or count that stops "
-                f"{when}, or a size read from another tensor or axis).")
+                f"{when}, or a size read from another tensor or axis).{part}")
     extra = _extra(want.shape, got.shape)
     if extra:
         return (f"{shown}: the expected axes and more, of size{'s' * (len(extra) > 1)} {', '.join(map(str, extra))} "
@@ -606,6 +607,17 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
         return (f"{shown}: an axis of size{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} missing (a "
                 f"reduction over too many axes).")
     return f"{shown}."
+
+def _part(got: torch.Tensor, want: torch.Tensor, axis: int) -> str:
+    """" It holds the right one's first 3 along axis 1, not its last 3.": along ``axis`` (the only one that differs),
+    the shorter of the two is the start or the end of the longer one; else ""."""
+    short, long = sorted((got, want), key=lambda t: t.shape[axis])
+    n, m = short.shape[axis], long.shape[axis]
+    for where, start, other in (("first", 0, "last"), ("last", m - n, "first")):
+        if n and same(long.narrow(axis, start, n), short, 1e-10):
+            return (f" It holds the right one's {where} {n} along axis {axis}, not its {other} {m - n}." if short is got
+                    else f" It holds the right one along axis {axis}, and {m - n} more {'after' if start == 0 else 'before'} it.")
+    return ""
 
 def _extra(short, long) -> list:
     """The sizes of ``long`` left over once ``short`` is found in it in order (a subsequence), else []."""
