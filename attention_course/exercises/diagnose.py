@@ -591,7 +591,7 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
         if g == 1:
             return (f"{shown}: axis {axes[0]} alone differs, of size 1 where {w} is expected: an axis never expanded "
                     f"(.expand, .repeat), a slice of one entry, a sum or max that kept its axis, or a size read from "
-                    f"another tensor or axis.{_part(got, want, axes[0])}")
+                    f"another tensor or axis.")
         how, when = {w - 1: "one too few", w + 1: "one too many"}.get(g, "too few" if g < w else "too many"), \
             "early" if g < w else "late"
         part = _part(got, want, axes[0])
