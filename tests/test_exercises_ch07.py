@@ -221,6 +221,14 @@ MISTAKES = [  # (name, class, key words of the verdict)
     ("merged through transpose(1, 3)", mistake(merge=lambda self, o: o.transpose(1, 3).reshape(o.shape[0], o.shape[2],
                                                                                               -1)),
      ["Its output with out_proj undone (the merged heads, (B, L, D)) holds the right values, arranged differently"]),
+    # ... or the same vector added at every position: a bias left out, or added twice
+    ("out_proj's bias left out", type("NoOutBias", (Layer,), {"forward": lambda self, *a, **k: (
+        Layer.forward(self, *a, **k)[0] - (0 if self.out_proj.bias is None else self.out_proj.bias),
+        Layer.forward(self, *a, **k)[1])}),
+     ["the right one plus the same vector at every position, -out_proj.bias: out_proj's bias left out"]),
+    ("the value bias added twice", mistake(proj=lambda self, q, k, v: [*Layer.proj(self, q, k, v)[:2], Layer.proj(
+        self, q, k, v)[2] + (0 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)[2])]),
+     ["+b_v W_o^T: the value bias (in_proj_bias's last third) added twice"]),
     # ... or the heads it gets wrong, where others are right: the padding reaches head 0 alone
     ("padding for head 0 only", mistake(pad=lambda self, s, m: torch.cat([Layer.pad(self, s[:, :1], m), s[:, 1:]], 1)),
      ["(the merged heads) is right in head 0 and wrong in heads 1, 2, 3, of sentence 1 only, the one with pads"]),

@@ -200,6 +200,15 @@ def before_out_proj(got, spec, *args):
     want = run_layer(functools.partial(Reference, out_proj=False), spec, *args)["output"]  # (B, L, D)
     if out.shape != want.shape:
         return ""
+    shift = (out - F.linear(want, W, state.get("out_proj.bias"))).flatten(0, 1)  # (B L, D): one vector, a bias?
+    if want.isfinite().all() and shift.isfinite().all() and same(shift, shift[:1].expand_as(shift), 1e-8):
+        b_v = F.linear(state["in_proj_bias"].chunk(3)[2], W) if "in_proj_bias" in state else None  # through out_proj
+        said = [f"{sign}{name}: {what} {how}" for sign, how in (("-", "left out"), ("+", "added twice"))
+                for name, what, vector in (("out_proj.bias", "out_proj's bias", state.get("out_proj.bias")),
+                                           ("b_v W_o^T", "the value bias (in_proj_bias's last third)", b_v))
+                if vector is not None and same(shift[0], vector if sign == "+" else -vector, 1e-8)]
+        return (f"Its output is the right one plus the same vector at every position, " +
+                (f"{said[0]}." if said else f"{[round(float(x), 4) for x in shift[0]]}: a bias added, or left out."))
     heads = torch.linalg.solve(W, (out - b).mT).mT.where(want.isfinite(), want)  # out = heads W^T + b
     sizes = dict(B=out.shape[0], L=out.shape[1], D=spec["D"], h=spec["h"], d=spec["D"] // spec["h"])
     if same(heads, want, 1e-8):

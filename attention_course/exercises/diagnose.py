@@ -682,6 +682,13 @@ def pattern(got: torch.Tensor, want: torch.Tensor, case: Case, atol: float, stro
             if float(r.max() - r.min()) <= rel * float(r.abs().max()) and abs(float(r[0]) - 1) > rel:
                 return "factor", (f"is {float(r[0]):.4g} times the right one at every entry{_root(float(r[0]))}"
                                   f"{_per(case, float(r[0]))}.")
+        rows = delta.reshape(-1, delta.shape[-1]) if want.ndim >= 2 and want.shape[-1] > 1 else None
+        right = w64.reshape(-1, want.shape[-1])  # (a column where the right one is one value: a factor, an offset)
+        if rows is not None and len(rows) > 1 and finite.all() and float((rows - rows[0]).abs().max()) <= tol and \
+                bool(((right - right[0]).abs() > tol).any(0)[rows[0].abs() > tol].all()):
+            shown = ", ".join(f"{float(v):.4g}" for v in rows[0][:4]) + ", ..." * (len(rows[0]) > 4)
+            return "bias", (f"is the right one plus the same vector [{shown}] at every position (along the last "
+                            f"axis, of size {want.shape[-1]}): a bias added twice, or left out.")
         gap = float((g64 - w64)[differ].abs().max()) if n else 0.0
         near = (((g64 - w64).abs() <= 1e-4 * w64.abs().clamp(min=1.0)) & finite)[differ]  # each entry, its own size
         r = ratio[differ & (w64 != 0)]  # one factor near 1 on every entry: a constant added, not float32's rounding
