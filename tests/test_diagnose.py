@@ -77,6 +77,8 @@ def test_the_smallest_case_that_shows_it_is_shown():
     (lambda x, n: scaled(x, n).masked_fill(x > 1e9, float("nan")) + float("nan") * (x.ndim == 1), "has NaN at 4"),
     (lambda x, n: scaled(x, n) + torch.arange(x.shape[-1]) * (x.ndim > 1),
      "is the right one plus the same vector [0, 1, 2] at every position (along the last axis, of size 3): a bias"),
+    (lambda x, n: scaled(x, n).index_fill(0, torch.tensor([1]), 0.0) if x.ndim == 3 else scaled(x, n),
+     "all of them at index 1 of axis 0"),
     (lambda x, n: scaled(x, n)[..., :-1], "It holds the right one's first 3 along axis 0, not its last 1."),
     (lambda x, n: scaled(x, n)[..., 2:], "It holds the right one's last 2 along axis 0, not its first 2."),
     (lambda x, n: torch.cat([scaled(x, n), x[..., :1]], -1), "It holds the right one along axis 0, and 1 more after it."),

@@ -65,7 +65,7 @@ def test_self_attention_rejects_a_minus_1e9_fill_where_every_real_score_is_lower
     (dict(after=0.0), r"^B=3, L=4, D=3, lengths \[4, 1, 2\]: your attention applied the mask AFTER the softmax"),
     (dict(after="multiply"), "applied the mask AFTER the softmax"),
     (dict(after=float("-inf")), r"^B=3, L=4, D=3, lengths \[4, 1, 2\]: your attention's out has NaN and inf at 24 of "
-                                r"36 entries where the right answer is finite.$"),
+                                r"36 entries where the right answer is finite, all of them at indices \[1, 2\] of axis 0.$"),  # padded
     (dict(k_dot_T=True), r"used K.T, which reverses ALL the axes.*Q @ K.transpose\(-2, -1\)"),
     (dict(raw_mask=True), r"used the \(B, S\) mask as it is: key_padding_mask\[:, None, :\]"),
     (dict(raw_mask=True, where=True), r"used the \(B, S\) mask as it is"),

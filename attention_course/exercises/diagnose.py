@@ -767,12 +767,20 @@ def _kind(perm: list) -> str:
     return "permuted"
 
 def _where(differ: torch.Tensor, case: Case) -> str:
-    """Where the differing entries lie: a region the case marks, the diagonal, whole rows or columns, a triangle."""
+    """Where the differing entries lie: a region the case marks; some indices of a leading axis (a head, a
+    sentence); the diagonal, whole rows or columns, a triangle."""
     if not bool(differ.any()):
         return ""
     for name, region in case.marks.items():
         if region.shape == differ.shape and not (differ & ~region).any():
             return f", all of them {name}"
+    at = [(a, hit.nonzero().flatten().tolist()) for a in range(differ.ndim - 2) if differ.shape[a] > 1 and
+          not bool((hit := differ.movedim(a, 0).flatten(1).any(1)).all())] if differ.sum() > 1 else []  # one head
+    lead = ", all of them at " + " and ".join(f"index {i[0]} of axis {a}" if len(i) == 1 else f"indices {i} of axis {a}" for a, i in at) \
+        if at else ""
+    return lead + _region(differ, ", " if lead else ", all of them ")
+
+def _region(differ: torch.Tensor, words: str) -> str:
     if differ.ndim < 2 or min(differ.shape[-2:]) < 2:  # a vector (a column of m, say) has no diagonal, no rows
         return ""
     if differ.ndim == 2:
@@ -784,11 +792,11 @@ def _where(differ: torch.Tensor, case: Case) -> str:
         return ""
     i, j = torch.arange(differ.shape[-2])[:, None], torch.arange(differ.shape[-1])[None, :]
     if not (differ & (i != j)).any():
-        return ", all of them on the diagonal"
+        return f"{words}on the diagonal"
     for name, region in (("above the diagonal", j > i), ("below the diagonal", j < i),
                          ("on or above the diagonal", j >= i), ("on or below the diagonal", j <= i)):
         if not (differ & ~region).any():
-            return f", all of them {name}"
+            return f"{words}{name}"
     return ""
 
 def _first(differ, got, want) -> str:
