@@ -235,6 +235,12 @@ MISTAKES = [  # (name, class, key words of the verdict)
 ]
 
 
+def test_a_right_output_gets_no_note_of_the_output():
+    """Weights returned where None is asked: the output is right, and nothing is said of it (no vector of zeros)."""
+    message = verdict(mistake(forward=lambda self, *a, **k: Layer.forward(self, *a, **{**k, "need_weights": True})))
+    assert "expected None" in message and "Its output" not in message, message
+
+
 def test_an_output_of_another_shape_is_reported_without_a_crash():
     """A layer whose output is (L, B, D), sequence first, is told its shape; the notes that read a (B, L, D) output
     say nothing, and never raise."""

@@ -201,7 +201,8 @@ def before_out_proj(got, spec, *args):
     if out.shape != want.shape:
         return ""
     shift = (out - F.linear(want, W, state.get("out_proj.bias"))).flatten(0, 1)  # (B L, D): one vector, a bias?
-    if want.isfinite().all() and shift.isfinite().all() and same(shift, shift[:1].expand_as(shift), 1e-8):
+    if want.isfinite().all() and shift.isfinite().all() and same(shift, shift[:1].expand_as(shift), 1e-8) and \
+            not same(shift[0], torch.zeros_like(shift[0]), 1e-8):  # (an output right: the notes are of the output)
         b_v = F.linear(state["in_proj_bias"].chunk(3)[2], W) if "in_proj_bias" in state else None  # through out_proj
         said = [f"{sign}{name}: {what} {how}" for sign, how in (("-", "left out"), ("+", "added twice"))
                 for name, what, vector in (("out_proj.bias", "out_proj's bias", state.get("out_proj.bias")),
