@@ -94,3 +94,18 @@ def test_a_plan_outside_the_catalogue_is_told_what_it_did_in_the_steps_terms():
     with pytest.raises(ExerciseError, match=r"It gives prompt 'p' nothing with 5 of the budget left: a prompt that does "
                                             r"not fit whole gets a chunk"):
         ch12.check_plan_step(whole_or_stop)
+
+
+def test_a_plan_is_told_the_first_share_it_gives_otherwise_than_the_rule():
+    """A chunk one token short of min(remaining, budget left): the request, its share and the rule's, in numbers."""
+    def one_short(running, budget):
+        plan = [(rid, 1) for rid, n in running if n == 0][:budget]
+        left = budget - len(plan)
+        for rid, n in running:
+            share = min(n, left) - (n > left)
+            if n and share > 0:
+                plan, left = plan + [(rid, share)], left - share
+        return plan
+    with pytest.raises(ExerciseError, match=r"It gives 'p' 4 tokens, where the rule gives it min\(remaining 10, budget "
+                                            r"left 5\) = 5\."):
+        ch12.check_plan_step(one_short)

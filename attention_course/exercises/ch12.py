@@ -197,7 +197,21 @@ def _plan_notes(got, running, budget) -> str:
         (f"It spends {spent} of {budget} while requests WAIT.", spent < min(budget, sum(max(r, 1) for r in need.values()))),
         ("It puts a prompt BEFORE a decoding request.", any(r in kinds[1] for r, _ in plan[:len(kinds[0])])),
         ("It takes requests of one kind in ANOTHER ORDER than given.", any(k != sorted(k, key=order) for k in kinds)),
-        ("It gives a request MORE tokens than it needs.", any(n > max(need.get(r, 1), 1) for r, n in plan))) if true)
+        ("It gives a request MORE tokens than it needs.", any(n > max(need.get(r, 1), 1) for r, n in plan)),
+        (_first_share(plan, running, budget), True)) if true)
+
+def _first_share(plan, running, budget) -> str:
+    """The first request the plan serves otherwise than the rule, and what the rule gives it there."""
+    want, left, before = _plan(running, budget), budget, {}
+    for rid, n in want:
+        before[rid], left = left, left - n
+    r, n = next(((r, n) for r, n in plan if dict(want).get(r) != n and r in dict(running)), (None, 0))
+    if r is None:
+        return ""
+    rem, w = dict(running)[r], dict(want).get(r)
+    rule = ("nothing: the budget is spent before it" if not w else "1: it is decoding (remaining 0)" if rem == 0 else
+            f"min(remaining {rem}, budget left {before[r]}) = {w}")
+    return f"It gives {r!r} {n} token{'s' * (n != 1)}, where the rule gives it {rule}."
 
 _p = lambda **switches: lambda r, b: _plan(r, b, **switches)  # noqa: E731 - the reference with one switch
 PLAN_STEP = Exercise(
