@@ -149,10 +149,16 @@ $(GRADER)/.installed: $(GRADER_LOCK) | $(VENV)/.installed
 STUDENT_SOURCES := $(wildcard notebooks/*.ipynb) _config.yml _toc.yml $(wildcard instructor/*.py) \
 	$(shell find book -path book/_vendor -prune -o -type f -print)
 student: book-en _build/.student-stamp
-# The notebooks first (nbgrader); then the English and the Chinese student sites at once (the Chinese one is copied
-# into the English one's folder once both are built); a failure of either leaves no student site.
-_build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed | book-en
+# The student notebooks (nbgrader's generate_assignment on the notebooks as committed: nothing executed, no book
+# needed) are released beside the book's build, in the core its start leaves idle (jupyter-book's own start, some 8 s
+# before the first kernels): 7 CPU-s that were the first 9 to 13 s after the book. Then, after the book, the English
+# and the Chinese student sites at once (the Chinese one is copied into the English one's folder once both are
+# built); a failure of either leaves no student site.
+_build/.student-notebooks: $(STUDENT_SOURCES) $(VENV)/.installed $(GRADER)/.installed
 	$(BIN)/python -m instructor.student --no-site
+	touch $@
+_build/.student-stamp: $(STUDENT_SOURCES) _build/.package-stamp $(VENV)/.installed $(GRADER)/.installed \
+		_build/.student-notebooks | book-en
 	$(BIN)/python book/_ext/zh_edition.py build --student --no-publish & zh=$$!; \
 	  $(BIN)/python -m instructor.student --site-only; en=$$?; wait $$zh; zh=$$?; \
 	  test $$en = 0 -a $$zh = 0 || { rm -rf _build/student/html; echo "The student edition failed: _build/student/html removed."; exit 1; }
