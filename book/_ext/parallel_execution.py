@@ -2,7 +2,8 @@
 
 myst-nb (execution mode "cache") executes each notebook when Sphinx reads it, one after the other. Before Sphinx
 reads, this extension takes the notebooks it will read whose code the cache does not hold, executes them in a pool
-of processes (one per core; longest first, by the cache's record of their last run; torch on one thread in each),
+of processes (one per core; longest first, by the cache's record of their last run, or FIRST's order where there is
+none; torch on one thread in each),
 each in a fresh kernel in the notebook's folder with the build's timeout, exactly as myst-nb would
 (``single_nb_execution``), and stores each successful run in the cache. myst-nb then finds every one of them there.
 A run that failed is not stored: myst-nb executes that notebook again when it reads it and reports the failure as it
@@ -20,6 +21,13 @@ from pathlib import Path
 from sphinx.util import logging
 
 LOGGER = logging.getLogger(__name__)
+# The order a fresh clone (CI's) runs the notebooks in, where the cache holds no record of their runs: the longest
+# first, as measured there on 2 cores (72351d6: 27.1, 25.7, 22.8, 21.0, 18.9, 15.0, 13.1, 9.4, 8.7, 6.5, 6.0, 5.3 s).
+# By file size alone, chapter 8 (its benchmarks: the longest, in a small file) started seventh and chapter 9 eleventh,
+# and one kernel ran alone for the last 9 to 10 s; in this order two run to the end (simulated on the runs measured:
+# 93.8 -> 90.4 s, 109.9 -> 106.5 s; half their sum is 89.8 and 105.3 s). Only the order changes.
+FIRST = ["08_speed", "10_decoding", "11_distributed", "07_bug_clinic", "12_serving", "09_capstone", "06_multihead",
+         "02_softmax", "03_masks", "04_self_attention", "05_heads", "01_scores"]
 
 
 def one_thread():
@@ -80,8 +88,11 @@ def execute_ahead(app, env, docnames):
     from jupyter_cache.base import CacheBundleIn
 
     seconds = last_seconds(cache)
-    # longest first (a notebook never run, or never cached, counts as longest; then the larger file first)
-    found.sort(key=lambda item: (-seconds.get(item[0], float("inf")), -Path(item[0]).stat().st_size))
+    # longest first: by the cache's record; a notebook without one (never run, never cached: a fresh clone's) counts as
+    # longest, and among those FIRST's order holds (a notebook it does not name first), then the larger file first
+    rank = {stem: i for i, stem in enumerate(FIRST)}
+    found.sort(key=lambda item: (-seconds.get(item[0], float("inf")), rank.get(Path(item[0]).stem, -1),
+                                 -Path(item[0]).stat().st_size))
     workers = min(len(found), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     LOGGER.info("executing %d notebooks, %d at a time: %s", len(found), workers,
                 ", ".join(Path(path).stem for path, _ in found))
