@@ -79,6 +79,8 @@ def test_the_smallest_case_that_shows_it_is_shown():
      "is the right one plus the same vector [0, 1, 2] at every position (along the last axis, of size 3): a bias"),
     (lambda x, n: scaled(x, n).index_fill(0, torch.tensor([1]), 0.0) if x.ndim == 3 else scaled(x, n),
      "all of them at index 1 of axis 0"),
+    (lambda x, n: torch.ones(3, 3, dtype=torch.float64),
+     "it returns the same result on all 3 cases it gets wrong, whatever their inputs: is that result written in"),
     (lambda x, n: scaled(x, n)[..., :-1], "It holds the right one's first 3 along axis 0, not its last 1."),
     (lambda x, n: scaled(x, n)[..., 2:], "It holds the right one's last 2 along axis 0, not its first 2."),
     (lambda x, n: torch.cat([scaled(x, n), x[..., :1]], -1), "It holds the right one along axis 0, and 1 more after it."),
@@ -215,10 +217,24 @@ def test_a_size_that_tells_the_right_cases_from_the_wrong_is_said():
     assert "on no other" not in message(lambda x, n: x / n, ones)  # right where n = 1 only: no 1 written in
 
 
+def halved(x, n):
+    if x.ndim == 1:
+        raise ValueError("no vectors")
+    return x / n ** 0.5 / 2
+
+
+VECTOR = Mistake("halved", "halves the result, and fails on a vector.", halved)
+TOY_VECTORS = Exercise(what="your scaled", reference=scaled, cases=cases(), mistakes=[SQRT, VECTOR],
+                       passed="divided by the root.")
+
+
 def test_a_mistake_made_wherever_the_answer_returns_is_named_beside_its_exception_elsewhere():
-    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)
+    """Named where the mistake fails too where the answer raises: else the answer is another mistake, described."""
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n ** 0.5 / 2 + 0.0, TOY_VECTORS)
     assert text.startswith("x of shape (4,), n = 16: your scaled raised IndexError")
-    assert text.endswith(f"And on x of shape (3, 3), n = 4, your scaled {SQRT.says}")
+    assert text.endswith(f"And on x of shape (3, 3), n = 4, your scaled {VECTOR.says}")
+    text = message(lambda x, n: [1, 2][n] if x.ndim == 1 else x / n)  # SQRT divides vectors: it never raises
+    assert SQRT.says not in text and "0.5 times the right one at every entry" in text
 
 
 def test_an_input_changed_in_place_is_said_even_where_the_case_shown_raised():

@@ -37,7 +37,7 @@ def test_the_split_cases_cover_every_free_size_and_every_rank():
         worlds.setdefault((w.shape[1], h, P), []).append(r)
     assert {E // h for E, h, P in worlds} >= {1, 2, 4, 6} and {P for _, _, P in worlds} == {1, 2, 3, 4}
     assert all(ranks == list(range(P)) for (E, h, P), ranks in worlds.items() if h % P == 0)
-    assert {(h, P) for E, h, P in worlds if h % P} == {(6, 4), (2, 4)}
+    assert {(h, P) for E, h, P in worlds if h % P} == {(6, 4), (2, 4), (3, 4)}  # (3, 4): P divides neither h nor D
     assert all(case.args[2] % case.args[4] for case in ch11.REFUSE.cases)
     for case in ch11.REFUSE.cases:
         with pytest.raises(ValueError):

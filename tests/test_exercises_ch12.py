@@ -1,6 +1,8 @@
 """The exercise checkers of chapter 12: their private references are the package's (the block-diagonal mask, the
 gather through a block table, the scheduler's plan), right answers pass, and the stub is named. Every mutant of
 tests/mutants/ch12.py is run by tests/test_mutation.py."""
+import functools
+
 import pytest
 import torch
 
@@ -109,3 +111,35 @@ def test_a_plan_is_told_the_first_share_it_gives_otherwise_than_the_rule():
     with pytest.raises(ExerciseError, match=r"It gives 'p' 4 tokens, where the rule gives it min\(remaining 10, budget "
                                             r"left 5\) = 5\."):
         ch12.check_plan_step(one_short)
+
+
+def plan(running, budget, cap=None, decodes_off=True, first_only=False):
+    """A plan by the rule, but for one slip: chunks capped, the decodes' tokens not taken off, one prompt alone."""
+    out = [(rid, 1) for rid, n in running if n == 0][:budget]
+    left = budget - len(out) if decodes_off else budget
+    for rid, n in [(rid, n) for rid, n in running if n][:1 if first_only else None]:
+        share = min(n, left, cap or n)
+        out, left = (out + [(rid, share)], left - share) if share > 0 else (out, left)
+    return out
+
+
+@pytest.mark.parametrize("answer, words", [
+    # a cap written in (the chapter's chunk of 8): a case with a prompt and a budget left above 8 shows it
+    (functools.partial(plan, cap=8), r"It gives 'p' 8 tokens, where the rule gives it min\(remaining 100, budget left "
+                                     r"63\) = 63\."),
+    (functools.partial(plan, decodes_off=False),
+     r"its 6 is min\(remaining 10, the budget 6\): the decodes' tokens not taken off first\."),
+    # a prompt that fits whole left out: not told that it needs a chunk
+    (functools.partial(plan, first_only=True),
+     r"It gives prompt 'c' nothing with 15 of the budget left: its 5 tokens fit: every prompt is served in turn"),
+])
+def test_a_plan_is_told_its_share_in_the_rules_numbers(answer, words):
+    with pytest.raises(ExerciseError, match=words):
+        ch12.check_plan_step(answer)
+
+
+def test_a_mask_written_in_is_told_it_is_the_same_whatever_the_input():
+    fixed = ch12._block(torch.tensor([0, 3, 4, 8]))  # the chapter's lengths 3, 1, 4
+    with pytest.raises(ExerciseError, match=r"it returns the same result on all \d+ cases it gets wrong, whatever their "
+                                            r"inputs"):
+        ch12.check_block_mask(lambda cu: fixed.clone())

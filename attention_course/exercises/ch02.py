@@ -11,7 +11,8 @@ def _softmax(s, dim=-1, shift="max", over=None, exp=True, divide=True, keep=(Tru
     dim = dim if over is None else over
     top = {"max": lambda: s.amax(dim, keepdim=keep[0]), "global": s.max, "min": lambda: s.amin(dim, keepdim=True),
            "mean": lambda: s.mean(dim, True), None: lambda: 0.0, "+": lambda: -s.amax(dim, keepdim=True),
-           "last": lambda: s.amax(-1, keepdim=True), "/": lambda: s - s / s.abs().amax(dim, True)}[shift]()
+           "last": lambda: s.amax(-1, keepdim=True), "/": lambda: s - s / s.abs().amax(dim, True),
+           "index": lambda: s.argmax(dim, keepdim=True).to(s.dtype)}[shift]()
     e = (s - top).exp() if exp else s - top
     total = {"raw": lambda: s.exp().sum(dim, True), "all": e.sum, "0": lambda: e.sum(0, keepdim=True)}.get(below, lambda: e.sum(dim, keepdim=keep[1]))
     return e / total() if divide else e
@@ -39,7 +40,10 @@ SOFTMAX = Exercise(
            _scores("ordinary scores", _r(3, 5), 0), _scores("scores around 1000", _r(3, 5) + 1000),
            _scores("two rows 1000 apart", _r(5) - torch.tensor([[0.], [1e3]])), _scores("a batch", _r(2, 3, 4), 1),
            _scores("the rows [-1000, 0, 500] and [-800, 0, 800]", torch.tensor([[-1e3, 0, 500], [-800, 0, 800.]])),
-           _scores("float32 scores", _r(3, 5).float()), _scores("a batch", _r(2, 3, 4), 0)],
+           _scores("float32 scores", _r(3, 5).float()), _scores("a batch", _r(2, 3, 4), 0),
+           _scores("a row just past exp's limit (709.8)",
+                   torch.tensor([[709.0, 709.5, 710.5, 705.0, 700.0]] + [[0.0, 1.0, 2.0, 3.0, -1.0]] * 3,
+                                dtype=torch.float64))],  # (the largest case: shown last)
     mistakes=[
         Mistake("no shift", "takes exp of the scores as they are: exp(1000) overflows to inf, inf / inf = NaN. A "
                 "constant changes no weight: subtract each row's maximum first.", _sm(shift=None)),
@@ -47,6 +51,8 @@ SOFTMAX = Exercise(
                 "NaN. Subtract each row's own maximum, scores.max(dim, keepdim=True).values.", _sm(shift="global")),
         *[Mistake(stat, f"shifts each row by its {stat}: exp overflows on a wide row. Subtract the row's MAXIMUM, not "
                   f"its minimum or mean.", _sm(shift=stat)) for stat in ("min", "mean")],
+        Mistake("argmax position", "subtracts the POSITION of each row's maximum (max(dim)[1], .indices, argmax), "
+                "not its value: scores.max(dim, keepdim=True).values.", _sm(shift="index")),
         Mistake("/max", "DIVIDES the scores by the row's largest |score|: subtract the maximum.", _sm(shift="/")),
         Mistake("max last", "takes the max along the last axis, not `dim`: amax(dim, True).", _sm(shift="last")),
         Mistake("+max", "ADDS each row's maximum to the scores: exp overflows. Subtract it.", _sm(shift="+")),

@@ -106,7 +106,8 @@ COURSE_TO_BERT = Exercise(
     run=_after,
     notes=_thirds,
     hints=((r"must match the size", "in_proj_weight is (3D, D), three blocks of D ROWS: a piece of another size is cut "
-            "along dim 1 (the columns) or by a number written in. chunk(3) along dim 0, D = mha.embed_dim."),
+            "along dim 1 (the columns), by a number written in, or with D read from in_proj_weight.shape[0] (that is "
+            "3D). chunk(3) along dim 0, D = mha.embed_dim."),
            (r"expected 3, got 2", "chunk(3) of an axis of size 2 gives 2 pieces: chunk in_proj along dim 0, not 1."),
            (r"cannot assign .* as parameter", "a slice of in_proj_weight is a plain tensor, not an nn.Parameter: copy "
             "it into the Linear's own weight, .copy_(...) inside torch.no_grad()."),

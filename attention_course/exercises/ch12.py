@@ -191,27 +191,33 @@ def _plan_notes(got, running, budget) -> str:
          "each pair holds the request's rid.", any(r not in need for r, _ in plan)),
         (f"It lists {next((p for p in plan if p[1] == 0), '')}: a request that gets no token this step is left out.",
          any(n == 0 for _, n in plan)),
-        (f"It gives prompt {out[0] if out else ''!r} nothing with {budget - spent} of the budget left: a prompt that "
-         "does not fit whole gets a chunk, min(remaining, left).", bool(out) and budget > spent),
+        (f"It gives prompt {out[0] if out else ''!r} nothing with {budget - spent} of the budget left: " + (
+            "a prompt that does not fit whole gets a chunk, min(remaining, left)." if out and need[out[0]] > budget - spent
+            else f"its {need.get(out[0] if out else '', 0)} tokens fit: every prompt is served in turn while the budget "
+                 "lasts."), bool(out) and budget > spent),
         (f"Its plan spends {spent} token{'s' * (spent != 1)}, OVER the budget of {budget}.", spent > budget),
         (f"It spends {spent} of {budget} while requests WAIT.", spent < min(budget, sum(max(r, 1) for r in need.values()))),
         ("It puts a prompt BEFORE a decoding request.", any(r in kinds[1] for r, _ in plan[:len(kinds[0])])),
         ("It takes requests of one kind in ANOTHER ORDER than given.", any(k != sorted(k, key=order) for k in kinds)),
         ("It gives a request MORE tokens than it needs.", any(n > max(need.get(r, 1), 1) for r, n in plan)),
-        (_first_share(plan, running, budget), True)) if true)
+        (_first_share(plan, running, budget, out if budget > spent else ()), True)) if true)
 
-def _first_share(plan, running, budget) -> str:
-    """The first request the plan serves otherwise than the rule, and what the rule gives it there."""
-    want, left, before = _plan(running, budget), budget, {}
+def _first_share(plan, running, budget, told=()) -> str:
+    """The first request the plan serves otherwise than the rule (in the rule's order), and what the rule gives it
+    (nothing where that is a prompt ``told`` already: left out with budget left)."""
+    want, got, need, left, before = _plan(running, budget), dict(plan), dict(running), budget, {}
     for rid, n in want:
         before[rid], left = left, left - n
-    r, n = next(((r, n) for r, n in plan if dict(want).get(r) != n and r in dict(running)), (None, 0))
-    if r is None:
+    r = next((r for r in [*dict(want), *got] if r in need and got.get(r, 0) != dict(want).get(r, 0)), None)
+    if r is None or r in told:
         return ""
-    rem, w = dict(running)[r], dict(want).get(r)
-    rule = ("nothing: the budget is spent before it" if not w else "1: it is decoding (remaining 0)" if rem == 0 else
-            f"min(remaining {rem}, budget left {before[r]}) = {w}")
-    return f"It gives {r!r} {n} token{'s' * (n != 1)}, where the rule gives it {rule}."
+    n, w, rem = got.get(r, 0), dict(want).get(r, 0), need[r]
+    rule = ("nothing: the budget is spent before it" if not w else f"1: it is decoding (remaining 0), with {before[r]} "
+            f"of the budget left" if rem == 0 else f"min(remaining {rem}, budget left {before[r]}) = {w}")
+    whole = rem and n == min(rem, budget) and before.get(r, 0) < budget  # the budget before the decodes' tokens
+    return (f"It {f'gives {r!r} {n} token' + 's' * (n != 1) if n else f'leaves out {r!r}'}, where the rule gives it "
+            f"{rule}" + (f"; its {n} is min(remaining {rem}, the budget {budget}): the decodes' tokens not taken off "
+                         f"first." if whole else "."))
 
 _p = lambda **switches: lambda r, b: _plan(r, b, **switches)  # noqa: E731 - the reference with one switch
 PLAN_STEP = Exercise(
@@ -221,7 +227,7 @@ PLAN_STEP = Exercise(
         (1, ("a", 0)), (3, ("p", 3)), (6, ("p", 10), ("q", 0)), (8, ("a", 5), ("b", 0), ("c", 4), ("d", 0)),
         (2, ("a", 0), ("b", 0), ("c", 0), ("d", 3)), (7, ("x", 2), ("y", 0), ("z", 3), ("w", 6)),
         (20, ("a", 4), ("b", 0), ("c", 5)), (4, ("a", 2), ("b", 2), ("c", 0)), (3, ("e", 10), ("f", 0), ("g", 1)),
-        (0, ("a", 0), ("b", 3)))],
+        (0, ("a", 0), ("b", 3)), (20, ("a", 12), ("b", 0), ("c", 30)), (64, ("p", 100), ("q", 0)))],
     mistakes=[
         Mistake("prefill first", "plans the PREFILL chunks FIRST: a long prompt then takes the budget and the decoding "
                 "requests wait. Decode tokens first, one each.", _p(decodes="last")),

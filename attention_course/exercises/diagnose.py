@@ -126,7 +126,9 @@ def check(exercise: Exercise, answer) -> None:
     if len(named) == 1:
         raise ExerciseError(f"{case.name}: {exercise.what} {named[0].says}")
     returned = [i for i in wrong if got[i].error is None]
-    named = naming(exercise, got, [i for i, g in enumerate(got) if g.error is None]) if returned else []
+    named = [m for m in naming(exercise, got, [i for i, g in enumerate(got) if g.error is None]) if all(
+        exercise.expected(m.name, m.answer, exercise.cases[i]).error is not None for i in wrong if got[i].error is not
+        None)] if returned else []  # (a mistake that returns where the answer raises is another mistake)
     if len(named) == 1 and len(returned) < len(wrong):  # one mistake wherever it returns, an exception elsewhere
         f = next(i for i in wrong if got[i].error is not None)
         raise ExerciseError(f"{exercise.cases[f].name}: {exception(exercise, got[f].error, exercise.cases[f])} And "
@@ -292,6 +294,11 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         except Exception:  # noqa: BLE001 - a note is an extra: one that cannot read this result says nothing
             note = ""
         words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
+    kept = [j for j in wrong if got[j].error is None and got[j].value is not None]
+    if len(kept) > 1 and all(same(got[j].value, got[kept[0]].value, 0.0) for j in kept) and not all(
+            same(want[j].value, want[kept[0]].value, 0.0) for j in kept):  # the same whatever the input: written in
+        words.append(f"it returns the same result on all {len(kept)} cases it gets wrong, whatever their inputs: is "
+                     f"that result written in (the chapter's example?), where it should be computed from them?")
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
         words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error, cases[failed[0]]))
