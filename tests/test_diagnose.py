@@ -81,6 +81,9 @@ def test_the_smallest_case_that_shows_it_is_shown():
      "all of them at index 1 of axis 0"),
     (lambda x, n: torch.ones(3, 3, dtype=torch.float64),
      "it returns the same result on all 3 cases it gets wrong, whatever their inputs: is that result written in"),
+    (lambda x, n: scaled(x, n) * n, "16 times the right one at every entry, 16 (n = 16)"),
+    (lambda x, n: scaled(x, n).view(2, 2) if x.ndim == 1 else scaled(x, n),
+     "axis 0 of the right one (4) cut in two, 2 by 2: a torch.stack where a torch.cat belongs"),
     (lambda x, n: scaled(x, n)[..., :-1], "It holds the right one's first 3 along axis 0, not its last 1."),
     (lambda x, n: scaled(x, n)[..., 2:], "It holds the right one's last 2 along axis 0, not its first 2."),
     (lambda x, n: torch.cat([scaled(x, n), x[..., :1]], -1), "It holds the right one along axis 0, and 1 more after it."),
@@ -343,3 +346,7 @@ def test_inputs_exchanged_or_read_twice_are_named_where_no_catalogue_entry_is():
                                                                     "belongs.")
     assert "EXCHANGED" not in message(lambda a, b, n: blend(b, a, n) if a.ndim > 1 else blend(a, b, n) + 1, BLEND)
     assert "passed for" not in message(lambda a, b, n: blend(a, b, 1), BLEND)  # n is the only int: nothing to swap
+
+
+def test_an_input_returned_as_it_was_given_is_said():
+    assert "It is the input `b`, returned as it was given." in message(lambda a, b, n: b.clone(), BLEND)

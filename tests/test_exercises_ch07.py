@@ -229,6 +229,8 @@ MISTAKES = [  # (name, class, key words of the verdict)
     ("the value bias added twice", mistake(proj=lambda self, q, k, v: [*Layer.proj(self, q, k, v)[:2], Layer.proj(
         self, q, k, v)[2] + (0 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)[2])]),
      ["+b_v W_o^T: the value bias (in_proj_bias's last third) added twice"]),
+    ("out_proj applied twice", mistake(merge=lambda self, o: self.out_proj(Layer.merge(self, o))),
+     ["Its output is out_proj applied TWICE to the merged heads"]),
     # ... or the heads it gets wrong, where others are right: the padding reaches head 0 alone
     ("padding for head 0 only", mistake(pad=lambda self, s, m: torch.cat([Layer.pad(self, s[:, :1], m), s[:, 1:]], 1)),
      ["(the merged heads) is right in head 0 and wrong in heads 1, 2, 3, of sentence 1 only, the one with pads"]),

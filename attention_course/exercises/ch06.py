@@ -211,6 +211,8 @@ def before_out_proj(got, spec, *args):
         return (f"Its output is the right one plus the same vector at every position, " +
                 (f"{said[0]}." if said else f"{[round(float(x), 4) for x in shift[0]]}: a bias added, or left out."))
     heads = torch.linalg.solve(W, (out - b).mT).mT.where(want.isfinite(), want)  # out = heads W^T + b
+    if want.isfinite().all() and same(torch.linalg.solve(W, (heads - b).mT).mT, want, 1e-8):  # undone twice
+        return "Its output is out_proj applied TWICE to the merged heads: apply it once, in forward, not in merge too."
     sizes = dict(B=out.shape[0], L=out.shape[1], D=spec["D"], h=spec["h"], d=spec["D"] // spec["h"])
     if same(heads, want, 1e-8):
         return ""

@@ -293,6 +293,10 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
             note = exercise.notes(got[j].value, *cases[j].args)
         except Exception:  # noqa: BLE001 - a note is an extra: one that cannot read this result says nothing
             note = ""
+        item = _differing(got[j].value, want[j].value, exercise.atol)[1]
+        given = source(item, {f"the input `{n}`": a for n, a in zip(exercise.arguments, cases[j].args)
+                              if isinstance(a, torch.Tensor)}, "") if isinstance(item, torch.Tensor) else ""
+        note = (f"It is {given}, returned as it was given. " if given else "") + note
         words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
     kept = [j for j in wrong if got[j].error is None and got[j].value is not None]
     if len(kept) > 1 and all(same(got[j].value, got[kept[0]].value, 0.0) for j in kept) and not all(
@@ -502,7 +506,7 @@ def value_difference(got, want, case: Case, exercise: Exercise, noun: str = "res
     expected = f"a tuple of {len(want)}, ({', '.join(exercise.parts)})" if parts else _show(want)
     if got is None and want is not None:
         return f"{noun} is None: nothing returned (a `return` missing?), expected {expected}." if noun == "result" \
-            else f"{noun} is None, expected {expected}" + (": no gradient reached it (is that input used at all?)."
+            else f"{noun} is None, expected {expected}" + (": no gradient reached it (is that input used at all, or is a .detach(), torch.no_grad() or .data on its way?)."
                                                            if noun.startswith("gradient") else ".")
     if parts:
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
@@ -564,7 +568,8 @@ def tensor_difference(got, want: torch.Tensor, case: Case, atol: float, strong: 
                     f"comparisons (==, <, >) and combine with & and |.")
         if got.dtype == torch.bool:
             return f"is bool, expected {_name(want.dtype)} numbers."
-        prefix, got = f"is {_name(got.dtype)}, expected {_name(want.dtype)}, and ", got.to(want.dtype)
+        prefix, got = (f"is {_name(got.dtype)}, expected {_name(want.dtype)} (a .float() or .double() on the way, or "
+                       f"a tensor made without dtype=), and ", got.to(want.dtype))
     return prefix + pattern(got, want, case, atol, strong)[1]
 
 def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = None) -> str:
@@ -585,6 +590,11 @@ def shape_difference(got: torch.Tensor, want: torch.Tensor, case: Case | None = 
             return (f"{shown}: axes {a} and {a + 1} of the right one ({want.shape[a]} and {want.shape[a + 1]}) "
                     f"joined into one of {joined[a]}: a "
                     f"flatten({a}) or a reshape that merges them.")
+    for a in range(got.ndim - 1):  # ... or one of the right one's axes cut in two
+        if min(got.shape[a:a + 2]) > 1 and want.shape == got.shape[:a] + (got.shape[a] * got.shape[a + 1],) + \
+                got.shape[a + 2:]:
+            return (f"{shown}: axis {a} of the right one ({want.shape[a]}) cut in two, {got.shape[a]} by "
+                    f"{got.shape[a + 1]}: a torch.stack where a torch.cat belongs, or a view that splits it.")
     if [s for s in got.shape if s != 1] == [s for s in want.shape if s != 1]:
         if 1 not in got.shape and want.ndim - got.ndim > 1:  # every axis of size 1 gone at once
             return f"{shown}: the right one with EVERY axis of size 1 removed, as .squeeze() without a dim does."
@@ -747,9 +757,12 @@ def _root(r: float) -> str:
     return ""
 
 def _per(case: Case, r: float) -> str:
-    """", 1/4 (S = 4)": a factor one over a size of the case, 3 or more (a mean for a sum; a 1/2 is often a constant)."""
-    n = round(1 / r) if r else 0
-    return f", 1/{n}{_names(case, n)}" if n > 2 and abs(1 / r - n) < 1e-9 and _names(case, n) else ""
+    """", 1/4 (S = 4)": a factor one over a size of the case, or a size, 3 or more (a mean for a sum, a sum for a
+    mean; a 2 or 1/2 is often a constant)."""
+    n, m = round(1 / r) if r else 0, round(r)
+    if n > 2 and abs(1 / r - n) < 1e-9 and _names(case, n):
+        return f", 1/{n}{_names(case, n)}"
+    return f", {m}{_names(case, m)}" if m > 2 and abs(r - m) < 1e-9 and _names(case, m) else ""
 
 def _permutation(got, want, axis: int, tol: float):
     size = want.shape[axis]
