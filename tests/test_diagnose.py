@@ -349,4 +349,4 @@ def test_inputs_exchanged_or_read_twice_are_named_where_no_catalogue_entry_is():
 
 
 def test_an_input_returned_as_it_was_given_is_said():
-    assert "It is the input `b`, returned as it was given." in message(lambda a, b, n: b.clone(), BLEND)
+    assert "It equals the input `b`, as given." in message(lambda a, b, n: b.clone(), BLEND)

@@ -296,7 +296,7 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
         item = _differing(got[j].value, want[j].value, exercise.atol)[1]
         given = source(item, {f"the input `{n}`": a for n, a in zip(exercise.arguments, cases[j].args)
                               if isinstance(a, torch.Tensor)}, "") if isinstance(item, torch.Tensor) else ""
-        note = (f"It is {given}, returned as it was given. " if given else "") + note
+        note = (f"It equals {given}, as given. " if given else "") + note
         words.append(("" if j == i else f"{on(cases[j])}, ") + f"{what}'s {phrase}" + (f" {note}" if note else ""))
     kept = [j for j in wrong if got[j].error is None and got[j].value is not None]
     if len(kept) > 1 and all(same(got[j].value, got[kept[0]].value, 0.0) for j in kept) and not all(
