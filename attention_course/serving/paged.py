@@ -96,6 +96,11 @@ class PagedKVCache:
     def blocks_in_use(self) -> int:
         return self.num_blocks - len(self.free_list)
 
+    @property
+    def available(self) -> int:
+        """Blocks a request can still get: the free ones."""
+        return len(self.free_list)
+
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
