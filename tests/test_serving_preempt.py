@@ -194,5 +194,7 @@ def test_prefilling_means_feeding_more_than_the_last_generated_token():
     assert not r.prefilling and r.pending == 1  # decoding: its last generated token
     r.fed, r.generated = 0, [7, 8]  # preempted: everything to feed again
     assert r.prefilling and r.pending == 5
+    r.fed = 3
+    assert r.prefilling and r.pending == 2  # the prompt fed again, two generated tokens to go
     r.fed = 4
     assert not r.prefilling and r.pending == 1  # recomputed up to its last generated token: a decode row again
