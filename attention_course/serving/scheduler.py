@@ -6,9 +6,10 @@ idle meanwhile. A continuous batch is rebuilt at every step from whatever is run
 * every request that is *decoding* contributes one token (the last one it generated);
 * requests still *prefilling* contribute chunks of their prompt (at most ``chunk`` tokens each, and at most
   ``max_batch_tokens`` tokens in the whole step), beside the decode tokens, in the same forward pass;
-* a request whose last prompt token (or whose decode token) went through gets its next token from the logits of
-  that row; a request with ``max_new_tokens`` tokens leaves at once and its blocks return to the pool;
-* waiting requests are admitted (in arrival order) while the pool can promise them the blocks of their whole length
+* a request whose last known token (of its prompt, or the one it generated last) went through gets its next token
+  from the logits of that row; a request with ``max_new_tokens`` tokens leaves at once and its blocks return to the
+  pool;
+* waiting requests are admitted (in arrival order) while the pool has blocks for them (as the policy below says)
   and, with ``max_running``, while fewer than that many are running.
 
 How blocks are given out is a policy of the scheduler, not of continuous batching; two are here:
@@ -21,7 +22,11 @@ How blocks are given out is a policy of the scheduler, not of continuous batchin
   the pool lacks, running requests are **preempted**, the most recently admitted first (:func:`choose_victims`). A
   preempted request frees every block, keeps the tokens it generated, goes back to the front of the waiting queue and,
   readmitted, **recomputes**: it feeds its prompt and generated tokens again (in chunks, as a prompt) and samples only
-  after the last of them. Greedy decoding then gives it the tokens it would have generated unpreempted (chapter 12).
+  after the last of them. Its cache then holds again the keys and values of the same tokens at the same positions,
+  and its next logits depend on those alone: greedy decoding gives it the tokens it would have generated unpreempted.
+  That holds in exact arithmetic; in floating point the recomputation groups the tokens into other passes, so it
+  holds up to rounding (a near tie could flip; tests/test_serving_preempt.py asserts the tokens equal in float64 and
+  float32).
 
 The running requests are planned before the waiting ones are admitted, and no request is admitted in a step in which
 one was preempted (vLLM V1's order): a request admitted in a step is never preempted in that step. The oldest running
