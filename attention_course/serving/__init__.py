@@ -8,7 +8,9 @@
 * ``attention``: ``paged_self_attention``, the course's causal layer on a step's packed tokens and the paged cache;
   ``serve_llama`` for a swapped transformers Llama;
 * ``model``: ``TinyDecoder`` and ``generate_static``, a small model to serve and its static-batching baseline;
-* ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course.
+* ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course;
+* ``prefix``: ``block_keys``, full blocks keyed by a hash chain; ``PrefixCachingKVCache``, shared prefixes found
+  without ``fork`` and evicted least recently used; ``PrefixScheduler``, the scheduler on it.
 """
 from .attention import (continuous_batching_config, paged_implementation, paged_self_attention, serve_llama,
                         step_keys, step_mask)
@@ -20,6 +22,7 @@ from .paged import (PagedKVCache, PoolExhausted, check_block_table, gather_block
 from .scheduler import Request, Scheduler, StepBatch
 from .sinks import (StreamingKVCache, course_sink_attention, merge_partials, partial_attention,
                     register_sink_attention, sink_attention, streaming_mask)
+from .prefix import PrefixCachingKVCache, PrefixScheduler, block_hash, block_keys
 
 __all__ = [
     "PagedKVCache", "PoolExhausted", "Request", "Scheduler", "StepBatch", "StreamingKVCache", "TinyDecoder",
@@ -27,5 +30,6 @@ __all__ = [
     "course_sink_attention", "cu_seqlens", "gather_blocks", "generate_static", "merge_partials", "pack",
     "packed_attention", "packed_positions", "padding_waste", "paged_implementation", "paged_self_attention",
     "paged_slots", "partial_attention", "preallocated_slots", "register_sink_attention", "sequence_ids", "serve_llama",
-    "sink_attention", "step_keys", "step_mask", "streaming_mask", "unpack"
+    "sink_attention", "step_keys", "step_mask", "streaming_mask", "unpack",
+    "PrefixCachingKVCache", "PrefixScheduler", "block_hash", "block_keys",
 ]
