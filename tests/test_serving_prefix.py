@@ -193,3 +193,30 @@ def test_a_small_pool_evicts_and_the_tokens_still_do_not_change():
     assert served == plain
     assert cache.evictions > 0 and cache.hits > 0
     assert cache.blocks_in_use == 0 and cache.available == cache.num_blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_on_demand_with_preemption_and_the_cache_gives_the_tokens_of_each_alone(dtype):
+    """Blocks on demand in a pool too small for all: requests are preempted, recompute, and find the blocks they
+    (or others) left cached; admissions that did not fit leave no hit counted."""
+    torch.manual_seed(2)
+    model = TinyDecoder(vocab=32, dim=16, heads=2, kv_heads=1, layers=2, dtype=dtype).eval()
+    requests = _shared_prompt_requests(12, seed=3)
+    kind = {"num_blocks": 14, "block_size": 4, "num_kv_heads": 1, "head_dim": 8, "num_layers": 2, "dtype": dtype}
+    runs = {}
+    for cached in (False, True):
+        cache = (PrefixCachingKVCache if cached else PagedKVCache)(**kind)
+        scheduler = (PrefixScheduler if cached else Scheduler)(cache, max_batch_tokens=16, chunk=8,
+                                                               policy="on_demand")
+        for r in requests:
+            scheduler.submit(Request(r.rid, r.prompt, r.max_new_tokens, r.arrival))
+        with torch.no_grad():
+            runs[cached] = scheduler.run(model.step), scheduler, cache
+    (plain, s_plain, _), (served, s_cached, cache) = runs[False], runs[True]
+    assert served == plain == {r.rid: model.generate_alone(r.prompt, r.max_new_tokens) for r in requests}
+    assert s_plain.preemptions > 0 and s_cached.preemptions > 0
+    rows = {s: sum(rows for _, _, rows, _ in s.log) for s in (s_plain, s_cached)}
+    assert rows[s_plain] == sum(r.total for r in requests) + s_plain.recomputed  # every token once, and again
+    assert rows[s_cached] < rows[s_plain]
+    assert cache.hits > 0 and cache.tokens_saved == 4 * cache.hits
+    assert cache.blocks_in_use == 0 and cache.available == cache.num_blocks

@@ -218,12 +218,20 @@ class PrefixScheduler(Scheduler):
             raise TypeError(f"cache must be a PrefixCachingKVCache, got {type(cache).__name__}.")
         super().__init__(cache, *args, **kwargs)
 
-    def _admit(self) -> list:
+    def _admit(self) -> list:  # under "reserve"
         admitted = super()._admit()
         for r in self.running:
             if not self.cache.tables[r.rid]:  # nothing written yet (admitted now, or not scheduled so far)
-                r.fed = self.cache.match(r.rid, r.prompt + r.generated)
+                self._attach(r)
         return admitted
+
+    def _attach(self, r) -> None:  # under "on_demand", right after cache.add
+        r.fed = self.cache.match(r.rid, r.prompt + r.generated)
+
+    def _detach(self, r) -> None:  # an admission that did not fit: its hits are not counted
+        self.cache.hits -= len(self.cache.tables[r.rid])
+        self.cache.tokens_saved -= r.fed
+        super()._detach(r)
 
     def update(self, batch: StepBatch, logits: torch.Tensor) -> list:
         for r in self.running:

@@ -210,16 +210,29 @@ class Scheduler:
         admitted = []
         for r in sorted(self.waiting, key=lambda r: (r.preemptions == 0, r.arrival if r.preemptions == 0 else 0)):
             full = self.max_running is not None and len(self.running) >= self.max_running
-            n = min(r.pending, self.chunk, budget)
-            if full or r.arrival > self.clock or n == 0 or self.cache.blocks_for(r.fed + n) > self.cache.available:
+            if full or r.arrival > self.clock or budget == 0:
                 break  # first come, first served: no overtaking
+            self.cache.add(r.rid)
+            self._attach(r)  # a prefix cache may hold its first blocks already
+            n = min(r.pending, self.chunk, budget)
+            if self._new_blocks(r, n) > self.cache.available:
+                self._detach(r)
+                break
             self.waiting.remove(r)
             self.running.append(r)
-            self.cache.add(r.rid)
             admitted.append(r.rid)
             plan.append((r, n, self.cache.reserve(r.rid, n)))
             budget -= n
         return admitted
+
+    def _attach(self, r: Request) -> None:
+        """Called right after ``cache.add``: a cache that holds some of r's tokens already attaches them and sets
+        ``r.fed`` after them (:class:`~attention_course.serving.prefix.PrefixScheduler`). Here: nothing."""
+
+    def _detach(self, r: Request) -> None:
+        """Undo an admission that did not fit (``cache.add`` and :meth:`_attach`)."""
+        self.cache.free(r.rid)
+        r.fed = 0
 
     def _new_blocks(self, r: Request, n: int) -> int:
         """Blocks the pool must give for ``r``'s next n tokens (as :meth:`PagedKVCache.reserve` takes them)."""
