@@ -412,7 +412,7 @@ CHOOSE_VICTIMS = Exercise(
         Mistake("popped", "POPS its victims off `running` (running.pop()), the caller's list: choose them on a copy, "
                 "or walk the list with reversed(running).", _popped),
     ],
-    passed="the latest admitted first, as many as it takes, the asking request last and alone when it is the latest "
+    passed="the latest admitted first, as many as it takes, stopping at the asking request once it is the latest "
            "left, nothing when blocks suffice, ValueError on a request not running or a negative number.",
     notes=_victims_notes,
     forbidden=("attention_course.serving.scheduler.choose_victims",),
@@ -478,8 +478,8 @@ def _keys_notes(got, tokens, block_size) -> str:
                        **{f"its own key {j}": k for j, k in enumerate(got) if isinstance(k, bytes) and k not in want}}
             found = _find_key(got[i], tokens, parents)
             said.append(f"Its key {i} is {found}, where the chain gives {right}." if found else
-                        f"Its key {i} is no block_hash of None or a key of the chain and a run of the tokens; the chain "
-                        f"gives {right}.")
+                        f"Its key {i} is no block_hash of None or a key of the chain and a run of the tokens; the "
+                        f"chain gives {right}.")
     return " ".join(said)
 
 class _Digest(bytes):
@@ -537,8 +537,8 @@ BLOCK_KEYS = Exercise(
                 "block_size] holds block_size tokens.", _k(span="short")),
         Mistake("block long", "hashes block_size + 1 tokens of each block, ONE TOKEN TOO MANY: a slice [s:s + "
                 "block_size] holds block_size tokens.", _k(span="long")),
-        Mistake("last key", "returns the LAST KEY alone: return the list of the keys of every full block, in order.",
-                _k(last=True)),
+        Mistake("last key", "returns ONLY THE LAST KEY, the chain's end: return the list of the keys of every full "
+                "block, in order.", _k(last=True)),
         Mistake("hex", "returns HEX STRINGS: keep the bytes block_hash returns (a cache compares them as they are).",
                 _k(hexed=True)),
     ],
