@@ -415,6 +415,9 @@ CHOOSE_VICTIMS = Exercise(
     passed="the latest admitted first, as many as it takes, stopping at the asking request once it is the latest "
            "left, nothing when blocks suffice, ValueError on a request not running or a negative number.",
     notes=_victims_notes,
+    hints=((r"^ValueError$", "a ValueError on a call the statement allows: a check that refuses it (`asking` compared "
+            "with the pairs of `running`, not with their rids, [rid for rid, _ in running]? 0 blocks, 0 available or a "
+            "need of 0 refused?), or a pair unpacked into the wrong number of names."),),
     forbidden=("attention_course.serving.scheduler.choose_victims",),
     instead="Walk `running` from its end.",
 )
@@ -546,6 +549,8 @@ BLOCK_KEYS = Exercise(
            "block, one block, blocks of 1 to 5.",
     run=lambda answer, *args: _shown(answer(*args)),
     notes=_keys_notes,
+    hints=((r"^TypeError$", "block_hash(parent, tokens) takes the previous key (bytes, or None for the first block) "
+            "and the block's token ids (a list): is a list of tokens passed as the parent, or a key as the tokens?"),),
     forbidden=("attention_course.serving.prefix.block_keys",),
     instead="Call block_hash for each full block, with the previous block's key as its parent.",
 )
