@@ -72,14 +72,14 @@ def test_victims_reference_is_the_schedulers_choice():
 @needs_prefix
 def test_keys_reference_is_the_prefix_caches():
     """The checker's block_hash and chain are the prefix cache's: on the checker's cases and on drawn tokens (ids past
-    one byte and negative ones), parents None and digests."""
+    one byte, negative ones, none), with parents None, a digest and ones it refuses (b"", a list), errors alike."""
     rng = random.Random(0)
     for tokens, b in [c.args for c in ch12.BLOCK_KEYS.cases] + [
             ([rng.randint(-2 ** 40, 2 ** 40) for _ in range(rng.randint(0, 30))], rng.randint(1, 6)) for _ in range(200)]:
         assert ch12._keys(tokens, b) == block_keys(tokens, b), (tokens, b)
-        assert ch12._hash(None, tokens) == block_hash(None, tokens) == block_hash(b"", tokens)
-        parent = hashlib.sha256(repr(tokens).encode()).digest()
-        assert ch12._hash(parent, tokens[:b]) == block_hash(parent, tokens[:b])
+        for parent in (None, hashlib.sha256(repr(tokens).encode()).digest(), b"", tokens[:2]):
+            for piece in (tokens, tokens[:b]):
+                assert _outcome(ch12._hash, parent, piece) == _outcome(block_hash, parent, piece), (parent, piece)
 
 
 @needs_prefix
@@ -260,3 +260,27 @@ def test_a_chain_outside_the_catalogue_is_told_its_first_wrong_key_as_a_call():
     with pytest.raises(ExerciseError, match=r"It returns 1 key, where 3 tokens in blocks of 4 make 0 full blocks and a "
                                             r"partial one of 3 tokens, which has no key\."):
         ch12.check_block_keys(alone_and_partial)
+
+
+def test_an_exception_from_a_misread_argument_is_told_its_likeliest_cause():
+    """A ValueError on an allowed call (asking looked for among the pairs), a TypeError from block_hash (a slice of
+    tokens passed as the parent)."""
+    def among_pairs(running, asking, available, need):
+        if asking not in running:
+            raise ValueError("not running")
+        return ch12._victims(running, asking, available, need)
+    with pytest.raises(ExerciseError, match=r"compared with the pairs of `running`, not with their rids"):
+        ch12.check_choose_victims(among_pairs)
+
+    def tokens_as_parent(tokens, b):
+        return [ch12._hash(tokens[s - b:s] if s else None, tokens[s:s + b]) for s in range(0, len(tokens) - b + 1, b)]
+    with pytest.raises(ExerciseError, match="the parent is the previous block's KEY"):
+        ch12.check_block_keys(tokens_as_parent)
+
+    def items_of_a_tensor(tokens, b):
+        keys, x = [], torch.tensor(tokens, dtype=torch.long)
+        for s in range(0, len(tokens) - b + 1, b):
+            keys.append(ch12._hash(keys[-1] if keys else None, list(x[s:s + b])))
+        return keys
+    with pytest.raises(ExerciseError, match=r"a list of a tensor's items \(take \.tolist\(\)\)"):
+        ch12.check_block_keys(items_of_a_tensor)

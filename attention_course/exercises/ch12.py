@@ -426,10 +426,20 @@ def check_choose_victims(fn) -> None:
     check(CHOOSE_VICTIMS, fn)
 
 def _hash(parent, tokens):
-    """sha256 of the parent's digest (b"" for the first block) and the token ids, 8 little-endian signed bytes each."""
+    """sha256 of the parent's digest (nothing for the first block, parent None) and the token ids, 8 little-endian
+    signed bytes each; refused as the course's block_hash refuses them: a parent that is no 32-byte key, tokens that
+    are not ints, no token at all."""
+    if parent is not None and (not isinstance(parent, bytes) or len(parent) != 32):
+        raise ValueError(f"parent must be None (the first block) or the 32-byte key of the block before, got "
+                         f"{parent!r}.")
+    tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    if not isinstance(tokens, (list, tuple)) or not all(type(t) is int for t in tokens):
+        raise TypeError(f"tokens must be a list of token ids (ints), got {tokens!r}.")
+    if not tokens:
+        raise ValueError("a block holds at least one token; got none.")
     digest = hashlib.sha256(parent or b"")
     for t in tokens:
-        digest.update(int(t).to_bytes(8, "little", signed=True))
+        digest.update(t.to_bytes(8, "little", signed=True))
     return digest.digest()
 
 def _keys(tokens, block_size, parent="chain", span="block", count="full", stride=None, start=None, last=False,
@@ -443,7 +453,7 @@ def _keys(tokens, block_size, parent="chain", span="block", count="full", stride
         s = i if start == "index" else s
         piece = {"block": tokens[s:s + b], "short": tokens[s:s + b - 1], "long": tokens[s:s + b + 1],
                  "prefix": tokens[:s + b]}[span]
-        up = {"chain": key, "none": None, "previous": _hash(None, tokens[s - b:s]) if s else None}[parent]
+        up = key if parent == "chain" else _hash(None, tokens[s - b:s]) if parent == "previous" and s else None
         key = _hash(up, piece)
         keys.append(key)
     if last:
@@ -455,7 +465,7 @@ def _find_key(key, tokens, parents: dict) -> str:
     and its tokens a slice of ``tokens``; "" where none does."""
     for words, parent in parents.items():
         for a in range(len(tokens) + 1):
-            for c in range(a, len(tokens) + 1):
+            for c in range(a + 1, len(tokens) + 1):
                 if _hash(parent, tokens[a:c]) == key:
                     return f"block_hash({words}, tokens[{a}:{c}])"
     return ""
@@ -549,8 +559,10 @@ BLOCK_KEYS = Exercise(
            "block, one block, blocks of 1 to 5.",
     run=lambda answer, *args: _shown(answer(*args)),
     notes=_keys_notes,
-    hints=((r"^TypeError$", "block_hash(parent, tokens) takes the previous key (bytes, or None for the first block) "
-            "and the block's token ids (a list): is a list of tokens passed as the parent, or a key as the tokens?"),),
+    hints=((r"parent must be None", "the parent is the previous block's KEY, the bytes block_hash returned for it "
+            "(None for the first block), as it is: not its tokens, its .hex() or b\"\"."),
+           (r"^TypeError$", "block_hash(parent, tokens) takes the block's token ids as a list of ints: is a key passed "
+            "as the tokens, or a list of a tensor's items (take .tolist())?"),),
     forbidden=("attention_course.serving.prefix.block_keys",),
     instead="Call block_hash for each full block, with the previous block's key as its parent.",
 )

@@ -308,13 +308,13 @@ def keys_loop(tokens, block_size):
 
 def keys_accumulate(tokens, block_size):
     blocks = [tokens[i * block_size:(i + 1) * block_size] for i in range(len(tokens) // block_size)]
-    return list(itertools.accumulate(blocks, block_hash, initial=b""))[1:]
+    return list(itertools.accumulate(blocks[1:], block_hash, initial=block_hash(None, blocks[0]))) if blocks else []
 
 
 def keys_while(tokens, block_size):
     keys = []
     while len(tokens) >= block_size:
-        keys.append(block_hash(keys[-1] if keys else b"", tokens[:block_size]))
+        keys.append(block_hash(keys[-1] if keys else None, tokens[:block_size]))
         tokens = tokens[block_size:]
     return keys
 
