@@ -263,8 +263,8 @@ def test_a_chain_outside_the_catalogue_is_told_its_first_wrong_key_as_a_call():
 
 
 def test_an_exception_from_a_misread_argument_is_told_its_likeliest_cause():
-    """A ValueError on an allowed call (asking looked for among the pairs), a TypeError from block_hash (a slice of
-    tokens passed as the parent)."""
+    """A ValueError on an allowed call (asking looked for among the pairs); block_hash's refusals: a slice of tokens
+    passed as the parent (ValueError), a list of a tensor's items as the tokens (TypeError)."""
     def among_pairs(running, asking, available, need):
         if asking not in running:
             raise ValueError("not running")
