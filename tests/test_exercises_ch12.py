@@ -1,13 +1,28 @@
 """The exercise checkers of chapter 12: their private references are the package's (the block-diagonal mask, the
-gather through a block table, the scheduler's plan), right answers pass, and the stub is named. Every mutant of
-tests/mutants/ch12.py is run by tests/test_mutation.py."""
+gather through a block table, the scheduler's plan, its choice of victims, the prefix cache's block keys), right answers
+pass, and the stub is named. Every mutant of tests/mutants/ch12.py is run by tests/test_mutation.py."""
 import functools
+import hashlib
+import random
 
 import pytest
 import torch
 
 from attention_course.exercises import ExerciseError, ch12
 from attention_course.serving import PagedKVCache, Request, Scheduler, block_diagonal_mask, gather_blocks
+
+try:  # issue 56's preemption and prefix cache, written beside these checkers: equal to them once merged
+    from attention_course.serving.scheduler import choose_victims
+except ImportError:
+    choose_victims = None
+try:
+    from attention_course.serving.prefix import block_hash, block_keys
+except ImportError:
+    block_hash = block_keys = None
+needs_victims = pytest.mark.skipif(choose_victims is None, reason="attention_course.serving.scheduler.choose_victims "
+                                   "is not merged yet (issue 56, the preemption branch)")
+needs_prefix = pytest.mark.skipif(block_keys is None, reason="attention_course.serving.prefix is not merged yet (issue "
+                                  "56, the prefix cache branch)")
 
 
 def test_block_reference_is_the_package_mask():
@@ -33,7 +48,56 @@ def test_plan_reference_is_the_scheduler_plan():
     assert sizes == ch12._plan(running, 8)
 
 
-@pytest.mark.parametrize("checker", [ch12.check_block_mask, ch12.check_gather, ch12.check_plan_step])
+def _outcome(fn, *args):
+    """What a call gives: its value, or its exception's type (the messages are each one's own)."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - the type is compared
+        return type(err)
+
+
+def _random_victims(rng):
+    running = [(rng.choice("abcdefgh") + str(i), rng.randint(0, 4)) for i in range(rng.randint(1, 6))]
+    return running, rng.choice(running)[0], rng.randint(0, 4), rng.randint(0, 9)
+
+
+@needs_victims
+def test_victims_reference_is_the_schedulers_choice():
+    """The checker's rule is the scheduler's, on the checker's cases (its ValueErrors too) and on 500 drawn ones."""
+    rng = random.Random(0)
+    for args in [c.args for c in ch12.CHOOSE_VICTIMS.cases] + [_random_victims(rng) for _ in range(500)]:
+        assert _outcome(ch12._victims, *args) == _outcome(choose_victims, *args), args
+
+
+@needs_prefix
+def test_keys_reference_is_the_prefix_caches():
+    """The checker's block_hash and chain are the prefix cache's: on the checker's cases and on drawn tokens (ids past
+    one byte, negative ones, none), with parents None, a digest and ones it refuses (b"", a list), errors alike."""
+    rng = random.Random(0)
+    for tokens, b in [c.args for c in ch12.BLOCK_KEYS.cases] + [
+            ([rng.randint(-2 ** 40, 2 ** 40) for _ in range(rng.randint(0, 30))], rng.randint(1, 6)) for _ in range(200)]:
+        assert ch12._keys(tokens, b) == block_keys(tokens, b), (tokens, b)
+        for parent in (None, hashlib.sha256(repr(tokens).encode()).digest(), b"", tokens[:2]):
+            for piece in (tokens, tokens[:b]):
+                assert _outcome(ch12._hash, parent, piece) == _outcome(block_hash, parent, piece), (parent, piece)
+
+
+@needs_prefix
+def test_calling_the_packages_block_keys_is_refused():
+    with pytest.raises(ExerciseError, match="WITHOUT the ready-made function"):
+        ch12.check_block_keys(lambda tokens, block_size: block_keys(tokens, block_size))
+
+
+def test_the_hash_is_the_plans():
+    """sha256 of the parent's digest (b"" for none), then each token id as 8 little-endian signed bytes."""
+    assert ch12._hash(None, [1, -1]) == hashlib.sha256(b"\x01" + b"\x00" * 7 + b"\xff" * 8).digest()
+    assert ch12._hash(b"p" * 32, [2]) == hashlib.sha256(b"p" * 32 + b"\x02" + b"\x00" * 7).digest()
+    first = ch12._hash(None, [5, 1])
+    assert ch12._keys([5, 1, 7, 2, 9], 2) == [first, ch12._hash(first, [7, 2])]  # the 9: a partial block, no key
+
+
+@pytest.mark.parametrize("checker", [ch12.check_block_mask, ch12.check_gather, ch12.check_plan_step,
+                                     ch12.check_choose_victims, ch12.check_block_keys])
 def test_the_stub_is_named(checker):
     def stub(*args):
         raise NotImplementedError()
@@ -143,3 +207,80 @@ def test_a_mask_written_in_is_told_it_is_the_same_whatever_the_input():
     with pytest.raises(ExerciseError, match=r"it returns the same result on all \d+ cases it gets wrong, whatever their "
                                             r"inputs"):
         ch12.check_block_mask(lambda cu: fixed.clone())
+
+
+def test_a_choice_outside_the_catalogue_is_told_its_first_victim_against_the_rule():
+    """A choice that passes over a request holding no block (it frees nothing) is told the victim it took where the
+    rule takes another; one that stops a request short of the need is told the blocks it leaves and who is next."""
+    def skips_empty(running, asking, available, need):
+        if asking not in dict(running) or min([available, need, *dict(running).values()]) < 0:
+            raise ValueError("no")
+        out = []
+        for rid, blocks in reversed(running):
+            if available >= need:
+                break
+            if blocks or rid == asking:
+                out.append(rid)
+            if rid == asking:
+                break
+            available += blocks
+        return out
+    with pytest.raises(ExerciseError, match=r"It preempts 'a' where the rule preempts 'b', the most recently admitted "
+                                            r"still running\."):
+        ch12.check_choose_victims(skips_empty)
+
+    def stops_short(running, asking, available, need):
+        return ch12._victims(running, asking, available, need - 1)
+    with pytest.raises(ExerciseError, match=r"It stops with \d+ blocks? available for a need of \d+: not enough; the "
+                                            r"next to preempt is"):
+        ch12.check_choose_victims(stops_short)
+
+
+def test_a_chain_outside_the_catalogue_is_told_its_first_wrong_key_as_a_call():
+    """Keys are digests: a wrong one is found again as block_hash of a parent and a slice of the tokens, beside the
+    chain's call; a key of no such call is said; the count of keys against the full blocks; digests shown short."""
+    def first_parent(tokens, b):  # every block's parent is the first block's key
+        keys = []
+        for s in range(0, len(tokens) // b * b, b):
+            keys.append(ch12._hash(keys[0] if keys else None, tokens[s:s + b]))
+        return keys
+    with pytest.raises(ExerciseError) as err:
+        ch12.check_block_keys(first_parent)
+    assert "Its key 2 is block_hash(key 0, tokens[2:3]), where the chain gives block_hash(key 1, tokens[2:3])." in \
+        str(err.value), str(err.value)
+    assert "<digest " in str(err.value) and "\\x" not in str(err.value)
+
+    def of_text(tokens, b):
+        return [hashlib.sha256(str(tokens[:e]).encode()).digest() for e in range(b, len(tokens) + 1, b)]
+    with pytest.raises(ExerciseError, match="Its key 0 is no block_hash of None or a key of the chain"):
+        ch12.check_block_keys(of_text)
+
+    def alone_and_partial(tokens, b):
+        return [ch12._hash(None, tokens[s:s + b]) for s in range(0, len(tokens), b)]
+    with pytest.raises(ExerciseError, match=r"It returns 1 key, where 3 tokens in blocks of 4 make 0 full blocks and a "
+                                            r"partial one of 3 tokens, which has no key\."):
+        ch12.check_block_keys(alone_and_partial)
+
+
+def test_an_exception_from_a_misread_argument_is_told_its_likeliest_cause():
+    """A ValueError on an allowed call (asking looked for among the pairs); block_hash's refusals: a slice of tokens
+    passed as the parent (ValueError), a list of a tensor's items as the tokens (TypeError)."""
+    def among_pairs(running, asking, available, need):
+        if asking not in running:
+            raise ValueError("not running")
+        return ch12._victims(running, asking, available, need)
+    with pytest.raises(ExerciseError, match=r"compared with the pairs of `running`, not with their rids"):
+        ch12.check_choose_victims(among_pairs)
+
+    def tokens_as_parent(tokens, b):
+        return [ch12._hash(tokens[s - b:s] if s else None, tokens[s:s + b]) for s in range(0, len(tokens) - b + 1, b)]
+    with pytest.raises(ExerciseError, match="the parent is the previous block's KEY"):
+        ch12.check_block_keys(tokens_as_parent)
+
+    def items_of_a_tensor(tokens, b):
+        keys, x = [], torch.tensor(tokens, dtype=torch.long)
+        for s in range(0, len(tokens) - b + 1, b):
+            keys.append(ch12._hash(keys[-1] if keys else None, list(x[s:s + b])))
+        return keys
+    with pytest.raises(ExerciseError, match=r"a list of a tensor's items \(take \.tolist\(\)\)"):
+        ch12.check_block_keys(items_of_a_tensor)

@@ -1,8 +1,15 @@
 """Checkers for chapter 12, attention that serves many (masks are IGNORE masks: True = may NOT attend):
 1. ``block_mask(cu_seqlens)`` (``ex-ch12-block-mask``): True where rows i and j are of different sequences or j > i.
 2. ``gather(pool, table, length)`` (``ex-ch12-gather``): (h_kv, length, d), token t from pool[table[t // b], :, t % b].
-3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): [(rid, n)], decodes first (one token each), then prompts."""
+3. ``plan_step(running, budget)`` (``ex-ch12-plan-step``): [(rid, n)], decodes first (one token each), then prompts.
+4. ``choose_victims(running, asking, available, need)`` (``ex-ch12-victims``): the rids to preempt, latest admitted
+   first, until available >= need; the asking request preempts itself when it is the latest left, and stops there.
+5. ``block_keys(tokens, block_size)`` (``ex-ch12-block-keys``): each full block's key, block_hash(parent's key, its
+   tokens), a chain; a partial last block has none."""
 from __future__ import annotations
+
+import hashlib
+import operator
 
 import torch
 
@@ -268,4 +275,299 @@ def check_plan_step(fn) -> None:
     """Check ``fn(running, budget)``: decodes first (1 token each), then prefill chunks, within the budget."""
     check(PLAN_STEP, fn)
 
-EXERCISES = [BLOCK_MASK, GATHER, PLAN_STEP]
+
+def _victims(running, asking, available, need, order="latest", at_asking="stop", enough=operator.ge, freed=True,
+             base=True, checks=("asking", "available", "need", "blocks"), error=ValueError, most=None, first=False,
+             listed="rids"):
+    """The rule (vLLM V1's first come, first served): preempt the most recently admitted first until ``available``
+    reaches ``need``; the asking request, once it is the latest left, preempts itself and no earlier one is touched."""
+    rids = [rid for rid, _ in running]
+    if "asking" in checks and asking not in rids:
+        raise error(f"the asking request {asking!r} is not running")
+    if ("available" in checks and available < 0) or ("need" in checks and need < 0) or (
+            "blocks" in checks and any(n < 0 for _, n in running)):
+        raise error("available, need and each request's blocks must not be negative")
+    queue = list(enumerate(running))[::-1] if order in ("latest", "largest") else list(enumerate(running))
+    if order == "largest":  # stable: the latest first among equals
+        queue.sort(key=lambda x: -x[1][1])
+    elif isinstance(order, list):  # these rids alone
+        queue = [x for x in queue if x[1][0] in order]
+    out, free = [], available if base else 0
+    for index, (rid, blocks) in queue[:most]:
+        if enough(free, need) and not (first and not out):
+            break
+        if rid == asking and at_asking != "go":
+            if at_asking == "skip":
+                continue
+            out += [] if at_asking == "omit" else [index if listed == "indices" else rid]
+            break
+        out.append(index if listed == "indices" else rid)
+        free += blocks if freed else 0
+    return out[::-1] if listed == "reversed" else out
+
+def _victims_notes(got, running, asking, available, need) -> str:
+    """What a wrong choice does in the rule's terms: the first victim it takes otherwise than the rule, or where it
+    stops too early or goes on too long, with the blocks counted."""
+    try:
+        victims, blocks, rids = list(got), dict(running), [rid for rid, _ in running]
+    except TypeError:
+        return ""
+    if any(v not in blocks for v in victims):
+        v = next(v for v in victims if v not in blocks)
+        positions = all(isinstance(x, int) and 0 <= x < len(running) for x in victims)
+        return f"It names {v!r}, which is no rid of `running`" + (
+            ": it returns positions in the list; return the rids, running[i][0]." if positions else ".")
+    free = available
+    for k, v in enumerate(victims):
+        if free >= need:
+            return (f"It preempts {v!r} with {free} block{'s' * (free != 1)} available for a need of {need}: enough "
+                    f"already; stop as soon as available >= need.")
+        right = rids[len(rids) - 1 - k] if k < len(rids) else None
+        if v != right:
+            return (f"It preempts {v!r} where the rule preempts {right!r}, the most recently admitted still running"
+                    + (", the asking request itself" if right == asking else "") + ".")
+        if v == asking and k < len(victims) - 1:
+            return (f"It goes on after preempting the asking request {asking!r}: once the asking request preempts "
+                    f"itself, no earlier one is touched.")
+        free += blocks[v]
+    if free < need and asking not in victims and victims != rids[::-1]:
+        nxt = rids[len(rids) - 1 - len(victims)]
+        return (f"It stops with {free} block{'s' * (free != 1)} available for a need of {need}: not enough; the next "
+                f"to preempt is {nxt!r}" + (", the asking request itself." if nxt == asking else "."))
+    return ""
+
+def _victims_case(running, asking, available, need):
+    return Case(f"running {running}, asking {asking!r}, available {available}, need {need}",
+                (running, asking, available, need))
+
+_v = lambda **switches: lambda r, a, f, n: _victims(r, a, f, n, **switches)  # noqa: E731 - one switch
+
+def _popped(running, asking, available, need):
+    victims = _victims(running, asking, available, need)
+    del running[len(running) - len(victims):]  # (the victims are the list's tail)
+    return victims
+
+CHOOSE_VICTIMS = Exercise(
+    what="your choose_victims",
+    reference=_victims,
+    cases=[_victims_case(*c) for c in (
+        ([("a", 2), ("b", 1)], "a", 3, 2),                                   # enough: nobody
+        ([("a", 2), ("b", 3)], "b", 2, 2),                                   # exactly enough
+        ([("a", 3), ("b", 2), ("c", 2)], "a", 0, 2),                         # one victim
+        ([("a", 1), ("b", 2), ("c", 1), ("d", 1)], "a", 1, 3),               # two
+        ([("a", 2), ("b", 2), ("c", 1)], "c", 0, 1),                         # the asking one is the latest
+        ([("a", 4), ("b", 1), ("c", 1)], "b", 0, 3),                         # reached after a later one
+        ([(3, 1), (7, 1), (12, 1)], 3, 0, 5),                                # everyone, the asking one last
+        ([(5, 2), (9, 2), (4, 3)], 5, 1, 4),                                 # exactly enough after one
+        ([(8, 5)], 8, 0, 1),                                                 # alone
+        ([("a", 2), ("b", 0), ("c", 1)], "a", 0, 2),                         # a victim that frees nothing
+        ([(10, 3), (11, 1), (12, 4), (13, 2), (14, 1), (15, 2)], 12, 1, 4),  # enough before the asking one
+        ([(10, 1), (11, 3), (12, 1), (13, 1)], 13, 1, 2),                    # the latest asks
+        ([("a", 0)], "a", 0, 0),
+        ([("a", 1), ("b", 1)], "z", 0, 1),                                   # not running
+        ([("a", 1), ("b", 1)], "z", 5, 1),
+        ([("a", 1)], "a", -1, 1),                                            # negative numbers
+        ([("a", 1)], "a", 0, -1),
+        ([("a", 1), ("b", -2)], "a", 0, 1))],
+    mistakes=[
+        Mistake("oldest first", "preempts the OLDEST first, from the front of `running`: preempt the most recently "
+                "admitted first (walk the list from its end), so that no request is stopped for a later one.",
+                _v(order="oldest")),
+        Mistake("largest first", "preempts the requests that hold the MOST BLOCKS first: the rule takes them by "
+                "admission, the most recently admitted first, whatever they hold.", _v(order="largest")),
+        Mistake("asking passed over", "never preempts the ASKING request: it passes over it and preempts earlier ones. "
+                "When the asking request is the latest left, it preempts itself and stops.", _v(at_asking="skip")),
+        Mistake("past the asking one", "goes on PAST THE ASKING request once it has preempted it: a request that "
+                "preempts itself waits, and no earlier one is touched. Stop there.", _v(at_asking="go")),
+        Mistake("asking left out", "stops at the asking request WITHOUT LISTING IT: when it is the latest left it "
+                "preempts itself, and its rid is the last of the list.", _v(at_asking="omit")),
+        Mistake("asking alone", "preempts the ASKING REQUEST ALONE whenever blocks are short: preempt the later "
+                "requests first, the most recently admitted first; the asking one only once it is the latest left.",
+                lambda r, a, f, n: _victims(r, a, f, n, order=[a])),
+        Mistake("strict", "preempts until available > need: equal is ENOUGH, stop as soon as available >= need.",
+                _v(enough=operator.gt)),
+        Mistake("one victim", "preempts ONE request at most: preempt as many as it takes, until available >= need.",
+                _v(most=1)),
+        Mistake("freed not counted", "never adds the blocks a victim FREES to those available: it preempts until it "
+                "reaches the asking request. Add each victim's blocks, and stop when available >= need.",
+                _v(freed=False)),
+        Mistake("available ignored", "counts only the blocks its victims free and IGNORES `available`: those blocks "
+                "are free already; stop when available plus the freed blocks reach need.", _v(base=False)),
+        Mistake("admission order", "lists its victims in ADMISSION ORDER: list them in the order they are "
+                "preempted, the latest admitted first.", _v(listed="reversed")),
+        Mistake("positions", "returns POSITIONS in `running`, not rids: return running[i][0].",
+                _v(listed="indices")),
+        Mistake("asking unchecked", "does not raise when the asking request is NOT RUNNING: raise ValueError.",
+                _v(checks=("available", "need", "blocks"))),
+        Mistake("negatives unchecked", "does not raise on NEGATIVE numbers: raise ValueError when available, need "
+                "or a request's blocks is below 0.", _v(checks=("asking",))),
+        Mistake("blocks unchecked", "checks `available` and `need` but not the BLOCKS of `running`: raise "
+                "ValueError when a request's blocks is negative too.", _v(checks=("asking", "available", "need"))),
+        Mistake("assert", "raises AssertionError (an assert) where the statement asks for VALUEERROR: raise "
+                "ValueError(...), which python -O does not remove.", _v(error=AssertionError)),
+        Mistake("none", "returns None when nobody is preempted: return an EMPTY LIST, [], so that the caller can "
+                "loop over it.", lambda r, a, f, n: _victims(r, a, f, n) or None),
+        Mistake("at least one", "preempts a request even when available >= need from the start: check that blocks "
+                "are SHORT BEFORE the first victim.", _v(first=True)),
+        Mistake("popped", "POPS its victims off `running` (running.pop()), the caller's list: choose them on a copy, "
+                "or walk the list with reversed(running).", _popped),
+    ],
+    passed="the latest admitted first, as many as it takes, stopping at the asking request once it is the latest "
+           "left, nothing when blocks suffice, ValueError on a request not running or a negative number.",
+    notes=_victims_notes,
+    hints=((r"^ValueError$", "a ValueError on a call the statement allows: a check that refuses it (`asking` compared "
+            "with the pairs of `running`, not with their rids, [rid for rid, _ in running]? 0 blocks, 0 available or a "
+            "need of 0 refused?), or a pair unpacked into the wrong number of names."),),
+    forbidden=("attention_course.serving.scheduler.choose_victims",),
+    instead="Walk `running` from its end.",
+)
+def check_choose_victims(fn) -> None:
+    """Check ``fn(running, asking, available, need)``: the rids to preempt, the most recently admitted first."""
+    check(CHOOSE_VICTIMS, fn)
+
+def _hash(parent, tokens):
+    """sha256 of the parent's digest (nothing for the first block, parent None) and the token ids, 8 little-endian
+    signed bytes each; refused as the course's block_hash refuses them: a parent that is no 32-byte key, tokens that
+    are not ints, no token at all."""
+    if parent is not None and (not isinstance(parent, bytes) or len(parent) != 32):
+        raise ValueError(f"parent must be None (the first block) or the 32-byte key of the block before, got "
+                         f"{parent!r}.")
+    tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    if not isinstance(tokens, (list, tuple)) or not all(type(t) is int for t in tokens):
+        raise TypeError(f"tokens must be a list of token ids (ints), got {tokens!r}.")
+    if not tokens:
+        raise ValueError("a block holds at least one token; got none.")
+    digest = hashlib.sha256(parent or b"")
+    for t in tokens:
+        digest.update(t.to_bytes(8, "little", signed=True))
+    return digest.digest()
+
+def _keys(tokens, block_size, parent="chain", span="block", count="full", stride=None, start=None, last=False,
+          hexed=False):
+    """The chain: key i = _hash(key i - 1, tokens[i b:(i + 1) b]) for each full block; with switches, its mistakes."""
+    b, n = block_size, len(tokens)
+    starts = {"full": range(0, n - b + 1, stride or b), "partial": range(0, n, b), "one more": range(0, n + 1, b),
+              "last dropped": range(0, n - b, b), "one fewer": range(0, max(n - 2 * b + 1, 0), b)}[count]
+    keys, key = [], None
+    for i, s in enumerate(starts):
+        s = i if start == "index" else s
+        piece = {"block": tokens[s:s + b], "short": tokens[s:s + b - 1], "long": tokens[s:s + b + 1],
+                 "prefix": tokens[:s + b]}[span]
+        up = key if parent == "chain" else _hash(None, tokens[s - b:s]) if parent == "previous" and s else None
+        key = _hash(up, piece)
+        keys.append(key)
+    if last:
+        return key
+    return [k.hex() for k in keys] if hexed else keys
+
+def _find_key(key, tokens, parents: dict) -> str:
+    """"block_hash(key 0, tokens[4:8])": the call that gives ``key``, its parent among ``parents`` ({words: digest})
+    and its tokens a slice of ``tokens``; "" where none does."""
+    for words, parent in parents.items():
+        for a in range(len(tokens) + 1):
+            for c in range(a + 1, len(tokens) + 1):
+                if _hash(parent, tokens[a:c]) == key:
+                    return f"block_hash({words}, tokens[{a}:{c}])"
+    return ""
+
+def _keys_notes(got, tokens, block_size) -> str:
+    """What a wrong chain holds: how many keys for how many full blocks, and its first wrong key found again as a
+    block_hash of a parent and a slice of the tokens, beside the chain's."""
+    if not isinstance(got, (list, tuple)):
+        return ""
+    want, b = _keys(tokens, block_size), block_size
+    full, rest, said = len(tokens) // b, len(tokens) % b, []
+    if len(got) != len(want):
+        said.append(f"It returns {len(got)} key{'s' * (len(got) != 1)}, where {len(tokens)} tokens in blocks of {b} "
+                    f"make {full} full block{'s' * (full != 1)}" + (
+                        f" and a partial one of {rest} token{'s' * (rest != 1)}, which has no key." if rest else "."))
+    i = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
+    if i is not None:
+        right = f"block_hash({'None' if i == 0 else f'key {i - 1}'}, tokens[{i * b}:{(i + 1) * b}])"
+        if not isinstance(got[i], bytes):
+            said.append(f"Its key {i} is a {type(got[i]).__name__}: keep the bytes block_hash returns, {right}.")
+        else:
+            parents = {"None": None, **{f"key {j}": k for j, k in enumerate(want)},
+                       **{f"its own key {j}": k for j, k in enumerate(got) if isinstance(k, bytes) and k not in want}}
+            found = _find_key(got[i], tokens, parents)
+            said.append(f"Its key {i} is {found}, where the chain gives {right}." if found else
+                        f"Its key {i} is no block_hash of None or a key of the chain and a run of the tokens; the "
+                        f"chain gives {right}.")
+    return " ".join(said)
+
+class _Digest(bytes):
+    """A key as the messages show it: its first 4 bytes in hex, not 32 bytes of escapes."""
+    def __repr__(self):
+        return f"<digest {self[:4].hex()}...>"
+
+def _shown(value):
+    """The answer's result with its digests shown short (equal as bytes: only their repr changes)."""
+    if isinstance(value, bytes):
+        return _Digest(value)
+    if type(value) in (list, tuple):
+        return type(value)(_Digest(v) if isinstance(v, bytes) else v for v in value)
+    return value
+
+def _keys_case(tokens, block_size):
+    full, rest = len(tokens) // block_size, len(tokens) % block_size
+    name = (f"{len(tokens)} tokens {tokens} in blocks of {block_size} ({full} full" +
+            (f", {rest} left over)" if rest else ")"))
+    return Case(name, (tokens, block_size))
+
+_k = lambda **switches: lambda t, b: _keys(t, b, **switches)  # noqa: E731 - one switch
+BLOCK_KEYS = Exercise(
+    what="your block_keys",
+    reference=_keys,
+    cases=[_keys_case(*c) for c in (
+        ([], 2), ([7, 3, 9], 4), ([5, 1, 7, 2], 4), ([5, 1, 7, 2, 9, 3, 8, 8, 6, 0], 4),
+        ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], 3), ([2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4], 2), ([9, 8, 7, 6, 5, 4, 3], 1),
+        ([4, 4, 4, 4, 4, 4, 4], 2), ([11, 0, 50000, 2, 128000, 7, 1, 1, 3, 12, 13, 14, 15, 16], 5))],
+    mistakes=[
+        Mistake("unchained", "hashes each block ALONE, block_hash(None, block): a key must hold everything before the "
+                "block too. Pass the previous block's key as the parent.", _k(parent="none")),
+        Mistake("previous block only", "takes as parent the key of the PREVIOUS BLOCK ALONE, block_hash(None, previous "
+                "block): that key forgets what came before it. The parent is the previous key of the chain, the one "
+                "just computed.", _k(parent="previous")),
+        Mistake("prefix whole", "hashes the WHOLE PREFIX at each block, block_hash(None, tokens[:end]): a chain "
+                "hashes only the block's own tokens, with the previous key as the parent.", _k(span="prefix",
+                                                                                             parent="none")),
+        Mistake("prefix and parent", "hashes the WHOLE PREFIX after the parent, block_hash(parent, tokens[:end]): the "
+                "parent holds what came before; hash only the block's own tokens.", _k(span="prefix")),
+        Mistake("partial", "gives the PARTIAL last block a key too: only full blocks have keys (a partial block's "
+                "tokens still change). Stop at len(tokens) // block_size blocks.", _k(count="partial")),
+        Mistake("one more", "hashes len(tokens) // block_size + 1 blocks: ONE MORE than the full blocks (an empty or "
+                "partial last one). Stop at len(tokens) // block_size.", _k(count="one more")),
+        Mistake("last dropped", "leaves out the LAST FULL BLOCK when the tokens end on a block boundary: "
+                "range(0, len(tokens) - block_size, block_size) stops one short; "
+                "range(0, len(tokens) - block_size + 1, block_size) does not.", _k(count="last dropped")),
+        Mistake("one fewer", "stops ONE BLOCK SHORT, len(tokens) // block_size - 1 keys: every full block has one.",
+                _k(count="one fewer")),
+        Mistake("windows", "takes a block at EVERY POSITION (a step of 1): blocks start at 0, block_size, "
+                "2 block_size, ...: range(0, n, block_size).", _k(stride=1)),
+        Mistake("start not scaled", "starts block i at token i, not at i * block_size: its BLOCKS OVERLAP. Block i is "
+                "tokens[i * block_size:(i + 1) * block_size].", _k(start="index")),
+        Mistake("block short", "hashes block_size - 1 tokens of each block, ONE TOKEN SHORT: a slice [s:s + "
+                "block_size] holds block_size tokens.", _k(span="short")),
+        Mistake("block long", "hashes block_size + 1 tokens of each block, ONE TOKEN TOO MANY: a slice [s:s + "
+                "block_size] holds block_size tokens.", _k(span="long")),
+        Mistake("last key", "returns ONLY THE LAST KEY, the chain's end: return the list of the keys of every full "
+                "block, in order.", _k(last=True)),
+        Mistake("hex", "returns HEX STRINGS: keep the bytes block_hash returns (a cache compares them as they are).",
+                _k(hexed=True)),
+    ],
+    passed="a chain: each full block's key from its parent's key and its own tokens, no key for a partial block, no "
+           "block, one block, blocks of 1 to 5.",
+    run=lambda answer, *args: _shown(answer(*args)),
+    notes=_keys_notes,
+    hints=((r"parent must be None", "the parent is the previous block's KEY, the bytes block_hash returned for it "
+            "(None for the first block), as it is: not its tokens, its .hex() or b\"\"."),
+           (r"^TypeError$", "block_hash(parent, tokens) takes the block's token ids as a list of ints: is a key passed "
+            "as the tokens, or a list of a tensor's items (take .tolist())?"),),
+    forbidden=("attention_course.serving.prefix.block_keys",),
+    instead="Call block_hash for each full block, with the previous block's key as its parent.",
+)
+def check_block_keys(fn) -> None:
+    """Check ``fn(tokens, block_size)``: the keys of the full blocks, a chain of block_hash."""
+    check(BLOCK_KEYS, fn)
+
+EXERCISES = [BLOCK_MASK, GATHER, PLAN_STEP, CHOOSE_VICTIMS, BLOCK_KEYS]

@@ -1,9 +1,16 @@
 """Chapter 12's checkers under mutation: the block-diagonal mask from cu_seqlens, gathering a request's keys through
-its block table, and planning one step of continuous batching."""
+its block table, planning one step of continuous batching, choosing whom to preempt and a prefix cache's block keys."""
+import itertools
+
 import torch
 
 from attention_course.exercises import ch12
 from mutants import Catalogue, Mutant
+
+try:
+    from attention_course.serving import block_hash  # what a learner's cell calls
+except ImportError:  # until the prefix cache (issue 56) is merged: the checker's own, the same function
+    block_hash = ch12._hash
 
 
 def stub(*args):
@@ -155,6 +162,199 @@ def with_zeros(running, budget):
     return ch12._plan(running, budget, zeros=True)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# check_choose_victims
+
+
+def _validate(running, asking, available, need):
+    if asking not in [rid for rid, _ in running]:
+        raise ValueError(f"{asking!r} is not running")
+    if available < 0 or need < 0 or any(blocks < 0 for _, blocks in running):
+        raise ValueError("negative count")
+
+
+def victims_loop(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, blocks in reversed(running):
+        if available >= need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_pop_a_copy(running, asking, available, need):
+    """vLLM's style: pop the tail of a copy of the running list."""
+    _validate(running, asking, available, need)
+    left, victims = list(running), []
+    while available < need:
+        rid, blocks = left.pop()
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_by_index(running, asking, available, need):
+    _validate(running, asking, available, need)
+    i, victims = len(running) - 1, []
+    while available < need and not (victims and victims[-1] == asking):
+        victims.append(running[i][0])
+        available += running[i][1]
+        i -= 1
+    return victims
+
+
+def victims_oldest_first(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, blocks in running:
+        if available >= need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_never_self(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, blocks in reversed(running):
+        if available >= need:
+            break
+        if rid != asking:
+            victims.append(rid)
+            available += blocks
+    return victims
+
+
+def victims_no_stop(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, blocks in reversed(running):
+        if available >= need:
+            break
+        victims.append(rid)
+        available += blocks
+    return victims
+
+
+def victims_strict(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, blocks in reversed(running):
+        if available > need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_unchecked(running, asking, available, need):
+    victims = []
+    for rid, blocks in reversed(running):
+        if available >= need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_popping(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    while available < need:
+        rid, blocks = running.pop()
+        victims.append(rid)
+        if rid == asking:
+            break
+        available += blocks
+    return victims
+
+
+def victims_not_freed(running, asking, available, need):
+    _validate(running, asking, available, need)
+    victims = []
+    for rid, _ in reversed(running):
+        if available >= need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+    return victims
+
+
+# ---------------------------------------------------------------------------------------------------------
+# check_block_keys
+
+
+def keys_loop(tokens, block_size):
+    keys, parent = [], None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        keys.append(parent)
+    return keys
+
+
+def keys_accumulate(tokens, block_size):
+    blocks = [tokens[i * block_size:(i + 1) * block_size] for i in range(len(tokens) // block_size)]
+    return list(itertools.accumulate(blocks[1:], block_hash, initial=block_hash(None, blocks[0]))) if blocks else []
+
+
+def keys_while(tokens, block_size):
+    keys = []
+    while len(tokens) >= block_size:
+        keys.append(block_hash(keys[-1] if keys else None, tokens[:block_size]))
+        tokens = tokens[block_size:]
+    return keys
+
+
+def keys_alone(tokens, block_size):
+    return [block_hash(None, tokens[s:s + block_size]) for s in range(0, len(tokens) - block_size + 1, block_size)]
+
+
+def keys_partial(tokens, block_size):
+    keys, parent = [], None
+    for start in range(0, len(tokens), block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        keys.append(parent)
+    return keys
+
+
+def keys_prefix(tokens, block_size):
+    return [block_hash(None, tokens[:end]) for end in range(block_size, len(tokens) + 1, block_size)]
+
+
+def keys_windows(tokens, block_size):
+    keys, parent = [], None
+    for start in range(len(tokens) - block_size + 1):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        keys.append(parent)
+    return keys
+
+
+def keys_short_range(tokens, block_size):
+    keys, parent = [], None
+    for start in range(0, len(tokens) - block_size, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        keys.append(parent)
+    return keys
+
+
+def keys_last_only(tokens, block_size):
+    return keys_loop(tokens, block_size)[-1] if len(tokens) >= block_size else None
+
+
 CATALOGUES = [
     Catalogue(ch12.check_block_mask, {"sequence ids": mask_by_ids, "blocks by hand": mask_by_blocks}, [
         Mutant("stub", stub, "NotImplementedError"),
@@ -181,5 +381,24 @@ CATALOGUES = [
         Mutant("budget ignored", no_budget, "IGNORES THE BUDGET"),
         Mutant("whole prompts only", whole_prompts, "NO CHUNKS"),
         Mutant("zero entries", with_zeros, "ZERO tokens"),
+    ]),    Catalogue(ch12.check_choose_victims, {"loop from the end": victims_loop, "pop a copy": victims_pop_a_copy,
+                                          "index": victims_by_index}, [
+        Mutant("stub", stub, "NotImplementedError"),
+        Mutant("oldest first", victims_oldest_first, "OLDEST first"),
+        Mutant("never itself", victims_never_self, "never preempts the ASKING"),
+        Mutant("no stop at itself", victims_no_stop, "PAST THE ASKING"),
+        Mutant("strict", victims_strict, "equal is ENOUGH"),
+        Mutant("unchecked", victims_unchecked, ("raise", "ValueError")),
+        Mutant("pops running", victims_popping, ("POPS", "running")),
+        Mutant("freed not counted", victims_not_freed, "FREES"),
+    ]),
+    Catalogue(ch12.check_block_keys, {"loop": keys_loop, "accumulate": keys_accumulate, "while": keys_while}, [
+        Mutant("stub", stub, "NotImplementedError"),
+        Mutant("unchained", keys_alone, "each block ALONE"),
+        Mutant("partial block", keys_partial, "PARTIAL"),
+        Mutant("prefix whole", keys_prefix, "WHOLE PREFIX"),
+        Mutant("windows", keys_windows, "EVERY POSITION"),
+        Mutant("last full block dropped", keys_short_range, "LAST FULL BLOCK"),
+        Mutant("last key only", keys_last_only, "LAST KEY"),
     ]),
 ]
