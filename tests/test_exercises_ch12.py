@@ -11,18 +11,7 @@ import torch
 from attention_course.exercises import ExerciseError, ch12
 from attention_course.serving import PagedKVCache, Request, Scheduler, block_diagonal_mask, gather_blocks
 
-try:  # issue 56's preemption and prefix cache, written beside these checkers: equal to them once merged
-    from attention_course.serving.scheduler import choose_victims
-except ImportError:
-    choose_victims = None
-try:
-    from attention_course.serving.prefix import block_hash, block_keys
-except ImportError:
-    block_hash = block_keys = None
-needs_victims = pytest.mark.skipif(choose_victims is None, reason="attention_course.serving.scheduler.choose_victims "
-                                   "is not merged yet (issue 56, the preemption branch)")
-needs_prefix = pytest.mark.skipif(block_keys is None, reason="attention_course.serving.prefix is not merged yet (issue "
-                                  "56, the prefix cache branch)")
+from attention_course.serving import block_hash, block_keys, choose_victims
 
 
 def test_block_reference_is_the_package_mask():
@@ -61,7 +50,6 @@ def _random_victims(rng):
     return running, rng.choice(running)[0], rng.randint(0, 4), rng.randint(0, 9)
 
 
-@needs_victims
 def test_victims_reference_is_the_schedulers_choice():
     """The checker's rule is the scheduler's, on the checker's cases (its ValueErrors too) and on 500 drawn ones."""
     rng = random.Random(0)
@@ -69,7 +57,6 @@ def test_victims_reference_is_the_schedulers_choice():
         assert _outcome(ch12._victims, *args) == _outcome(choose_victims, *args), args
 
 
-@needs_prefix
 def test_keys_reference_is_the_prefix_caches():
     """The checker's block_hash and chain are the prefix cache's: on the checker's cases and on drawn tokens (ids past
     one byte, negative ones, none), with parents None, a digest and ones it refuses (b"", a list), errors alike."""
@@ -82,7 +69,6 @@ def test_keys_reference_is_the_prefix_caches():
                 assert _outcome(ch12._hash, parent, piece) == _outcome(block_hash, parent, piece), (parent, piece)
 
 
-@needs_prefix
 def test_calling_the_packages_block_keys_is_refused():
     with pytest.raises(ExerciseError, match="WITHOUT the ready-made function"):
         ch12.check_block_keys(lambda tokens, block_size: block_keys(tokens, block_size))

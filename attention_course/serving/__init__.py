@@ -19,17 +19,17 @@ from .packing import (block_diagonal_mask, check_cu_seqlens, cu_seqlens, pack, p
                       padding_waste, sequence_ids, unpack)
 from .paged import (PagedKVCache, PoolExhausted, check_block_table, gather_blocks, paged_slots,
                     preallocated_slots)
-from .scheduler import Request, Scheduler, StepBatch
+from .prefix import PrefixCachingKVCache, PrefixScheduler, block_hash, block_keys
+from .scheduler import Request, Scheduler, StepBatch, choose_victims
 from .sinks import (StreamingKVCache, course_sink_attention, merge_partials, partial_attention,
                     register_sink_attention, sink_attention, streaming_mask)
-from .prefix import PrefixCachingKVCache, PrefixScheduler, block_hash, block_keys
 
 __all__ = [
-    "PagedKVCache", "PoolExhausted", "Request", "Scheduler", "StepBatch", "StreamingKVCache", "TinyDecoder",
-    "block_diagonal_mask", "check_block_table", "check_cu_seqlens", "continuous_batching_config",
-    "course_sink_attention", "cu_seqlens", "gather_blocks", "generate_static", "merge_partials", "pack",
-    "packed_attention", "packed_positions", "padding_waste", "paged_implementation", "paged_self_attention",
-    "paged_slots", "partial_attention", "preallocated_slots", "register_sink_attention", "sequence_ids", "serve_llama",
-    "sink_attention", "step_keys", "step_mask", "streaming_mask", "unpack",
-    "PrefixCachingKVCache", "PrefixScheduler", "block_hash", "block_keys",
+    "PagedKVCache", "PoolExhausted", "PrefixCachingKVCache", "PrefixScheduler", "Request", "Scheduler", "StepBatch",
+    "StreamingKVCache", "TinyDecoder", "block_diagonal_mask", "block_hash", "block_keys", "check_block_table",
+    "check_cu_seqlens", "choose_victims", "continuous_batching_config", "course_sink_attention", "cu_seqlens",
+    "gather_blocks", "generate_static", "merge_partials", "pack", "packed_attention", "packed_positions",
+    "padding_waste", "paged_implementation", "paged_self_attention", "paged_slots", "partial_attention",
+    "preallocated_slots", "register_sink_attention", "sequence_ids", "serve_llama", "sink_attention", "step_keys",
+    "step_mask", "streaming_mask", "unpack"
 ]
