@@ -85,3 +85,17 @@ def test_serving_workload_is_seeded_and_within_the_lengths():
     assert all(4 <= len(p) <= 96 and all(0 <= t < 512 for t in p) for p in prompts)
     with pytest.raises(ValueError, match="shortest <= longest"):
         bench.serving_workload(2, 9, 3, 512)
+
+
+def test_serving_token_check_names_a_short_request_and_the_first_difference():
+    bench._check_serving_tokens([[1, 2], [3, 4]], [[1, 2], [3, 4]], 2)  # the same: nothing raised
+    with pytest.raises(AssertionError, match=r"for 2 of 2 requests: request 0: 1 new tokens from the course, 2 from "
+                                             r"generate_batch \(asked 2\); request 1 from new token 1 on \(course 5, "
+                                             r"generate_batch 4\)"):
+        bench._check_serving_tokens([[1, 2], [3, 4]], [[1], [3, 5]], 2)
+
+
+def test_serving_prompt_lengths_take_two_numbers(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--section", "serving", "--serving-prompt-lengths", "4"])
+    assert "--serving-prompt-lengths takes two numbers" in capsys.readouterr().err
