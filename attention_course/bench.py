@@ -39,9 +39,9 @@ every request's tokens must be the same from both. Then both run interleaved, ea
 request served), and the table gives tokens per second from the median times and their ratio, twice: for the whole
 call, and up to the last token (``generate_batch``'s ``record_timestamps``), which leaves out what
 ``generate_batch`` does after it (on the CPU, stopping its manager's thread and freeing its batch processor, a
-garbage collection included, took longer than the generation itself in the runs made here). It runs on one CPU thread unless
-``--serving-threads`` says otherwise (the setting is restored after), and is skipped, with a line saying so, where
-transformers is not installed.
+garbage collection included, took longer than the generation itself in the runs made here). It runs on one CPU
+thread unless ``--serving-threads`` says otherwise (the setting is restored after), and is skipped, with a line
+saying so, where transformers is not installed.
 """
 from __future__ import annotations
 
