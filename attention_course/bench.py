@@ -28,6 +28,20 @@ The decode section (``--section decode``) times generation's inner step in one c
 with the KV cache (one query against T cached keys, O(T)) and without it (the whole sequence again, O(T^2) in the
 attention), as tokens per second for growing T. Parity first: at each T the cached step's output is checked against
 the last row of the full recomputation, and the cache's bytes against 2 h_kv d T (batch, bytes per number).
+
+The serving section (``--section serving``) serves one workload twice with one random transformers Llama (2 layers,
+hidden 128, intermediate 512, 8 heads, 2 key/value heads; 24 prompts of 4-96 tokens, 23 greedy new tokens each):
+through transformers' continuous batching (``generate_batch``) and through the course's
+:class:`~attention_course.serving.Scheduler` and paged cache driving a copy of the model with the course's layer
+swapped in (``swap_into_llama``, ``serve_llama``; the varlen attention path where ``serve_llama`` has one, the line
+above the table says which), both with the same pages (128 of 8 slots) and at most 64 tokens a step. Parity first:
+every request's tokens must be the same from both. Then both run interleaved, each call whole (cache built, every
+request served), and the table gives tokens per second from the median times and their ratio, twice: for the whole
+call, and up to the last token (``generate_batch``'s ``record_timestamps``), which leaves out what
+``generate_batch`` does after it (on the CPU, stopping its manager's thread and freeing its batch processor, a
+garbage collection included, took longer than the generation itself in the runs made here). It runs on one CPU
+thread unless ``--serving-threads`` says otherwise (the setting is restored after), and is skipped, with a line
+saying so, where transformers is not installed.
 """
 from __future__ import annotations
 
@@ -485,6 +499,174 @@ def decode_bench(D=256, h=8, h_kv=2, lengths=(128, 256, 512, 1024, 2048), repeat
     return "\n".join(lines), results
 
 
+# --------------------------------------------------------------------------------------------------------- serving
+SERVING_NAMES = ("transformers generate_batch", "course Scheduler + serve_llama")
+SERVING_HEADER = (f"{'median of the repeats':<31}{'call s':>7}{'tok/s':>7}{'ratio':>6}{'last token s':>13}{'tok/s':>7}"
+                  f"{'ratio':>6}")
+
+
+def serving_workload(requests: int, shortest: int, longest: int, vocab: int, seed: int = 1) -> list:
+    """``requests`` prompts of random token ids below ``vocab``, their lengths drawn uniformly from shortest..longest
+    (both included), seeded."""
+    if not 1 <= shortest <= longest:
+        raise ValueError(f"prompt lengths need 1 <= shortest <= longest, got {shortest} and {longest}.")
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(shortest, longest + 1, (requests,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _serving_path(serve_llama, varlen: bool | None) -> tuple[dict, str]:
+    """The keyword arguments for ``serve_llama`` and a line saying which attention path they choose. ``varlen``
+    None: the varlen path where this ``serve_llama`` has one (it takes ``varlen=``), else the packed one."""
+    import inspect
+
+    has_varlen = "varlen" in inspect.signature(serve_llama).parameters
+    if varlen and not has_varlen:
+        raise ValueError("varlen=True, but this serve_llama takes no varlen argument: it has the packed path only.")
+    use = has_varlen if varlen is None else varlen
+    if use:
+        return {"varlen": True}, "the course's path: varlen, serve_llama(model, varlen=True): each query scores its " \
+                                 "own request's keys only"
+    why = "serve_llama(model, varlen=False)" if has_varlen else "this serve_llama has no varlen argument"
+    return ({"varlen": False} if has_varlen else {}), (
+        f"the course's path: packed ({why}): each query scores every key of the step, other requests' masked")
+
+
+def serving_bench(requests=24, shortest=4, longest=96, new_tokens=23, hidden=128, intermediate=512, heads=8,
+                  kv_heads=2, layers=2, vocab=512, block_size=8, num_blocks=128, max_batch_tokens=64, repeats=5,
+                  threads=1, varlen=None, device=None) -> tuple[str, dict]:
+    """The serving benchmark: the report's lines, and per name of SERVING_NAMES a dict of what was measured.
+
+    One random Llama (transformers' ``LlamaForCausalLM``, seeded, float32, sdpa attention) serves the same greedy
+    requests twice: through transformers' continuous batching (``generate_batch`` with a paged cache of
+    ``num_blocks`` pages of ``block_size`` slots, at most ``max_batch_tokens`` tokens a step), and through the
+    course's :class:`~attention_course.serving.Scheduler` with a :class:`~attention_course.serving.PagedKVCache` of
+    the same pages and budget, driving a copy of the model with the course's layer swapped in
+    (``swap_into_llama``, then ``serve_llama``; ``varlen``: see :func:`_serving_path`). Every request's tokens must be
+    the same from both (AssertionError otherwise); then both run interleaved, ``repeats`` times, the one going first
+    in turn, each call timed whole (its cache built, every request admitted, generated and retired). Tokens per
+    second = requests x new_tokens / median seconds; ratio = tokens per second over generate_batch's (the ratio of
+    the two medians). ``threads``: ``torch.set_num_threads`` for the section, restored after (None: left as is).
+    Without transformers the section is skipped, and says so.
+    """
+    try:
+        import transformers
+    except ImportError:
+        return ("serving: skipped, transformers is not installed (the section compares the course's serving with "
+                "its generate_batch; pip install transformers)"), {}
+    import copy
+
+    from .llama import swap_into_llama
+    from .serving import (PagedKVCache, Request, Scheduler, continuous_batching_config, paged_implementation,
+                          serve_llama)
+
+    device = torch.device(device or "cpu")
+    kwargs, path = _serving_path(serve_llama, varlen)
+    prompts = serving_workload(requests, shortest, longest, vocab)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # eos_token_id=-1 (never stops): no warning about it
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=longest + new_tokens,
+            attn_implementation="sdpa")
+        theirs_model = transformers.LlamaForCausalLM(config).to(device).eval()
+        forward = serve_llama(swap_into_llama(copy.deepcopy(theirs_model)), **kwargs)
+        theirs_model.set_attn_implementation(paged_implementation())
+        greedy = transformers.GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
+                                               pad_token_id=0)
+        head_dim = hidden // heads
+
+        def theirs() -> tuple[list, float]:
+            out = theirs_model.generate_batch(
+                inputs=prompts, generation_config=greedy, progress_bar=False, record_timestamps=True,
+                continuous_batching_config=continuous_batching_config(block_size, num_blocks, max_batch_tokens))
+            results = [out[f"req_{i}"] for i in range(len(prompts))]
+            return [r.generated_tokens for r in results], max(r.timestamps[-1] for r in results)
+
+        def ours() -> tuple[list, float]:
+            cache = PagedKVCache(num_blocks, block_size, kv_heads, head_dim, num_layers=layers, device=device)
+            scheduler = Scheduler(cache, max_batch_tokens=max_batch_tokens)
+            for i, prompt in enumerate(prompts):
+                scheduler.submit(Request(i, prompt, new_tokens))
+            last = []
+            done = scheduler.run(forward, on_step=lambda *_: last.append(time.perf_counter()))
+            passes.append(scheduler.clock)
+            return [done[i] for i in range(len(prompts))], last[-1]
+
+        passes = []  # the course's scheduler's passes, per call
+        funcs = (theirs, ours)
+        with torch.no_grad():
+            tokens = [f()[0] for f in funcs]  # parity before speed (and the warm-up)
+            _check_serving_tokens(*tokens, new_tokens)
+            whole, to_last = [[] for _ in funcs], [[] for _ in funcs]
+            for r in range(repeats):
+                for i in (0, 1) if r % 2 == 0 else (1, 0):  # who goes first, in turn
+                    _sync(device)
+                    start = time.perf_counter()
+                    _, last = funcs[i]()
+                    _sync(device)
+                    whole[i].append(time.perf_counter() - start)
+                    to_last[i].append(last - start)
+        threads_used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+        transformers.logging.set_verbosity(verbosity)
+    generated = requests * new_tokens
+    need = sum(-(-(len(p) + new_tokens - 1) // block_size) for p in prompts)  # every request's whole length at once
+    lines = [
+        *_wrap(f"serving: a random Llama ({layers} layers, hidden {hidden}, intermediate {intermediate}, {heads} "
+               f"heads, {kv_heads} kv heads, vocab {vocab}), float32, on {device}, {threads_used} CPU "
+               f"thread{'s' * (threads_used != 1)}, torch {torch.__version__}, transformers "
+               f"{transformers.__version__}; {requests} prompts of {shortest}-{longest} tokens, {new_tokens} greedy "
+               f"new tokens each; both with {num_blocks} pages of {block_size} slots (all requests at once would "
+               f"need {need}) and at most {max_batch_tokens} tokens a step; median of {repeats} interleaved repeats"),
+        *_wrap(path),
+        *_wrap(f"tokens: the same from both for every request ({requests} of {requests}, {generated} new tokens): "
+               f"ok; the course's scheduler took {passes[0]} passes"),
+        SERVING_HEADER,
+    ]
+    results = {}
+    (call, call_ratio), (last, last_ratio) = _medians_and_ratios(whole), _medians_and_ratios(to_last)
+    for i, name in enumerate(SERVING_NAMES):
+        rate, rate_last = generated / call[i], generated / last[i]
+        results[name] = dict(seconds=call[i], tokens_per_second=rate, ratio=1 / call_ratio[i], to_last=last[i],
+                             tokens_per_second_to_last=rate_last, ratio_to_last=1 / last_ratio[i])
+        lines.append(f"{name:<31}{call[i]:>7.3f}{_fit(rate, 7, '.0f')}{_fit(1 / call_ratio[i], 6, '.2f', '.0f')}"
+                     f"{last[i]:>13.3f}{_fit(rate_last, 7, '.0f')}{_fit(1 / last_ratio[i], 6, '.2f', '.0f')}")
+    spread = [sorted(t0 / t1 for t0, t1 in zip(*times)) for times in (whole, to_last)]  # the course's, per repeat
+    lines += _wrap(
+        f"tok/s: {generated} new tokens / the median time; ratio: tokens per second over generate_batch's (the ratio "
+        f"of the medians; per repeat the course's ranged {spread[0][0]:.2f}-{spread[0][-1]:.2f} for the whole call, "
+        f"{spread[1][0]:.2f}-{spread[1][-1]:.2f} to the last token). call: the whole call, from before it to its "
+        f"return; last token: from before the call to the last token's time (generate_batch's record_timestamps; the "
+        f"course's last pass), without what a call does after it (generate_batch stops its manager's thread and "
+        f"frees its batch processor there)")
+    return "\n".join(lines), results
+
+
+def _check_serving_tokens(theirs: list, ours: list, new_tokens: int) -> None:
+    """AssertionError naming every request whose tokens differ (where first, and what each gave), or that fell short."""
+    wrong = []
+    for rid, (a, b) in enumerate(zip(theirs, ours)):
+        if a == b and len(a) == new_tokens:
+            continue
+        if len(a) != new_tokens or len(b) != new_tokens:
+            wrong.append(f"request {rid}: {len(b)} new tokens from the course, {len(a)} from generate_batch "
+                         f"(asked {new_tokens})")
+            continue
+        at = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
+        wrong.append(f"request {rid} from new token {at} on (course {b[at]}, generate_batch {a[at]})")
+    if wrong:
+        raise AssertionError(
+            f"serving: the course's tokens differ from generate_batch's for {len(wrong)} of {len(theirs)} requests: "
+            + "; ".join(wrong) + ". Speeds of different outputs are not compared: nothing was timed.")
+
+
 def layer_section(args) -> str:
     """The layers: ours against nn.MultiheadAttention, forward and fwd+bwd, with and without key padding."""
     B, L, D, h, device = args.batch, args.length, args.dim, args.heads, torch.device(args.device)
@@ -516,8 +698,9 @@ def layer_section(args) -> str:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(prog="python -m attention_course.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=("all", "layer", "core", "decode"), default="all",
-                        help="the layers, the attention core, decoding with and without the KV cache, or all (default)")
+    parser.add_argument("--section", choices=("all", "layer", "core", "decode", "serving"), default="all",
+                        help="the layers, the attention core, decoding with and without the KV cache, serving (the "
+                             "course's continuous batching against transformers' generate_batch), or all (default)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--dim", type=int, default=512)
@@ -535,21 +718,41 @@ def main(argv=None) -> str:
     parser.add_argument("--decode-lengths", type=lambda s: tuple(int(n) for n in s.split(",")),
                         default=(128, 256, 512, 1024, 2048), help="context lengths T, comma-separated")
     parser.add_argument("--decode-repeats", type=int, default=9)
+    parser.add_argument("--serving-requests", type=int, default=24)
+    parser.add_argument("--serving-prompt-lengths", type=lambda s: tuple(int(n) for n in s.split(",")), default=(4, 96),
+                        help="shortest,longest prompt (lengths drawn uniformly between them)")
+    parser.add_argument("--serving-new-tokens", type=int, default=23, help="greedy new tokens per request")
+    parser.add_argument("--serving-hidden", type=int, default=128, help="the Llama's hidden size (8 heads, 2 kv heads)")
+    parser.add_argument("--serving-intermediate", type=int, default=512, help="the Llama's MLP size")
+    parser.add_argument("--serving-blocks", type=int, default=128, help="pages in the pool, the same for both")
+    parser.add_argument("--serving-block-size", type=int, default=8, help="slots per page")
+    parser.add_argument("--serving-batch-tokens", type=int, default=64, help="at most this many tokens a step")
+    parser.add_argument("--serving-repeats", type=int, default=5)
+    parser.add_argument("--serving-threads", type=int, default=1,
+                        help="torch.set_num_threads for the serving section (restored after); default 1")
+    parser.add_argument("--serving-packed", action="store_true",
+                        help="the course's packed attention path even where serve_llama has the varlen one")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (layers B=2, L=64, D=64, h=4; core B=1, h=2, L=160, d=16; decode E=64, h=4, "
-                             "h_kv=2, T=16,32,64) and 3 repeats")
+                             "h_kv=2, T=16,32,64; serving 6 prompts of 4-24 tokens, 5 new tokens, hidden 64, "
+                             "intermediate 128, 32 pages, 16 tokens a step) and 3 repeats")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave out the compiled rows (and flex_attention)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where every section runs (default: the GPU where there is one, else the CPU)")
     args = parser.parse_args(argv)
+    if len(args.serving_prompt_lengths) != 2:
+        parser.error(f"--serving-prompt-lengths takes two numbers, shortest,longest; got {args.serving_prompt_lengths}")
     if args.quick:
         args.batch, args.length, args.dim, args.heads, args.repeats = 2, 64, 64, 4, 3
         args.core_batch, args.core_heads, args.core_length, args.core_dim = 1, 2, 160, 16
         args.core_repeats, args.block_size = min(args.repeats, 3), 64
         args.decode_dim, args.decode_heads, args.decode_kv_heads = 64, 4, 2
         args.decode_lengths, args.decode_repeats = (16, 32, 64), min(args.repeats, 3)
+        args.serving_requests, args.serving_prompt_lengths, args.serving_new_tokens = 6, (4, 24), 5
+        args.serving_hidden, args.serving_intermediate, args.serving_blocks = 64, 128, 32
+        args.serving_batch_tokens, args.serving_repeats = 16, min(args.repeats, 3)
     load_before = os.getloadavg()[0]
     # float32 as torch computes it by default: inductor's hint to let matrix products round to TF32 on a GPU (which
     # would change the numbers the parity checks compare) is left out of the report
@@ -565,6 +768,14 @@ def main(argv=None) -> str:
     if args.section in ("all", "decode"):
         sections.append(decode_bench(args.decode_dim, args.decode_heads, args.decode_kv_heads, args.decode_lengths,
                                      args.decode_repeats, device=args.device)[0])
+    if args.section in ("all", "serving"):
+        shortest, longest = args.serving_prompt_lengths
+        sections.append(serving_bench(
+            args.serving_requests, shortest, longest, args.serving_new_tokens, args.serving_hidden,
+            args.serving_intermediate, block_size=args.serving_block_size, num_blocks=args.serving_blocks,
+            max_batch_tokens=args.serving_batch_tokens, repeats=args.serving_repeats, threads=args.serving_threads,
+            varlen=False if args.serving_packed else None, device=args.device,
+        )[0])
     sections.append(
         f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
         f"(a load above the CPU count means other processes shared them: expect noisier ratios)"
