@@ -157,3 +157,27 @@ def test_serve_llama_with_varlen_matches_generate():
         ours = scheduler.run(forward, lambda s, batch: scores.append(batch.scores))
     assert [ours[i] for i in range(3)] == alone
     assert all(0 < needed <= computed for computed, needed in scores)
+
+
+def test_step_keys_reads_the_slots_slots_of_gives_and_refuses_a_freed_block():
+    cache = PagedKVCache(10, 3, 1, 2, dtype=DT)
+    for request, n in (("a", 7), ("b", 2), ("c", 3)):
+        cache.add(request)
+        cache.reserve(request, n)
+    cache.fork("a", "d")  # shares a's blocks
+
+    def batch():
+        return StepBatch(["a", "b", "c", "d"], torch.zeros(4), torch.zeros(4), torch.zeros(4), cu_seqlens([1] * 4), {})
+
+    step = batch()
+    step_keys(step, cache, 0)
+    slots, positions, owners = step.key_index
+    assert torch.equal(slots, torch.cat([cache.slots_of(r) for r in step.requests]))
+    assert positions.tolist() == [*range(7), 0, 1, 0, 1, 2, *range(7)]
+    assert owners.tolist() == [0] * 7 + [1] * 2 + [2] * 3 + [3] * 7
+    cache.tables["b"] = [9]  # a block no request holds
+    with pytest.raises(RuntimeError, match=r"points at freed block\(s\) \[9\]"):
+        step_keys(batch(), cache, 0)
+    cache.tables["b"] = [99]
+    with pytest.raises(IndexError, match=r"names blocks \[99\] outside the pool"):
+        step_keys(batch(), cache, 0)

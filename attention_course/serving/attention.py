@@ -20,18 +20,28 @@ from torch import nn
 from ..decoding import CausalSelfAttention, repeat_kv
 from ..functional import fused_attention
 from ..rope import apply_rope
-from .paged import PagedKVCache
+from .paged import PagedKVCache, check_block_table
 
 
 def step_keys(batch, cache: PagedKVCache, layer: int):
     """Every key and value the step's requests hold, end to end: k, v (h_kv, S, d), their positions (S,) and the
     index (0 .. n-1) of the request each belongs to (S,). The slots are looked up once per step (every layer shares
-    the block tables) and read with one indexing of the pool."""
+    the block tables), in Python numbers (a tensor op per block costs more than the block), each table checked as
+    :meth:`PagedKVCache.slots_of` checks it, and read with one indexing of the pool."""
     if getattr(batch, "key_index", None) is None:
-        slots = [cache.slots_of(request) for request in batch.requests]  # (T_i,) each
-        batch.key_index = (torch.cat(slots).to(cache.k.device),
-                           torch.cat([torch.arange(len(s)) for s in slots]).to(cache.k.device),
-                           torch.cat([torch.full((len(s),), i) for i, s in enumerate(slots)]).to(cache.k.device))
+        size, refs = cache.block_size, cache.refs
+        slots, positions, owners = [], [], []
+        for i, request in enumerate(batch.requests):
+            cache._known(request)
+            table, T = cache.tables[request], cache.lengths[request]
+            used = table[:-(-T // size)]
+            if len(used) < -(-T // size) or not all(0 <= b < cache.num_blocks and refs[b] > 0 for b in used):
+                check_block_table(table, cache.num_blocks, T, size, torch.tensor(refs) > 0)  # raises, and says why
+            slots += [b * size + o for b in used for o in range(size)][:T]  # (T,)
+            positions += range(T)
+            owners += [i] * T
+        batch.key_index = tuple(torch.tensor(x, dtype=torch.long, device=cache.k.device)
+                                for x in (slots, positions, owners))
     slots, positions, owners = batch.key_index
     block, offset = slots // cache.block_size, slots % cache.block_size
     k = cache.k[layer][block, :, offset].transpose(0, 1)  # (S, h_kv, d) -> (h_kv, S, d)
