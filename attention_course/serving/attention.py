@@ -6,7 +6,23 @@ projects all N rows at once, writes their keys and values into the pool, gathers
 through its block table, lays them end to end (S keys) and attends with one (N, S) ignore mask: a query sees a key
 when both belong to the same request and the key's position is not after the query's (and, with the layer's
 ``window``, less than ``window`` positions before it). The same block-diagonal causal mask as for packing, with
-positions taken from the requests rather than from the rows.
+positions taken from the requests rather than from the rows. Every query is scored against all S keys of the step,
+the other requests' included: N * S scores a layer, most of them masked.
+
+``varlen=True`` scores each query against its own request's keys only (:func:`varlen_attention`): the keys still
+come from one gather (:func:`step_keys`), split per request by position, and attention runs with only the mask each
+part needs. Measured on this course's 2-core CPU, shared with other work (load 3 to 7) so single times spread by
+up to 2x (torch 2.13, float32, the chapter's throughput workload: 24 requests, budget 32, chunks of 8, at most 6
+and 24 running; TinyDecoder of dim 32 and of dim 256 / 8 heads / 2 key-value heads): the attention call alone on the
+steps of a recorded run, as a ratio to the packed path's, the median of 7 interleaved repeats, over the four
+configurations, 1 thread: one call per request 1.09 to 2.17 (up to 24 small calls a layer); one padded call for all
+requests 0.86 to 0.93; decode rows batched in one call, their keys padded to the longest, and prefill chunks batched
+in another 0.75 to 1.00; decode rows batched and one call per prefill chunk (kept) 0.76 to 0.96; the same with keys
+repeated per head (``repeat_kv``) rather than SDPA's ``enable_gqa`` 0.71 to 1.64. On 2 threads (two configurations,
+contended far more) the kept one 0.76 and 0.92, one call per request 2.19 and 2.36. FlexAttention was not tried:
+eager on the CPU it is slow, and compiling it costs seconds a shape. Scores, summed over both layers of
+the whole run at 24 running: packed 154,016 computed, varlen 13,744 (padding and the masked later keys of a chunk
+included), 9,626 needed. In float64 the two paths agree to 1e-15 (the tests assert 1e-12).
 
 :func:`serve_llama` puts it into every layer of a transformers Llama whose attention is the course's
 (:func:`attention_course.llama.swap_into_llama`), so that the scheduler drives that model too.
