@@ -45,11 +45,12 @@ class TinyDecoder(nn.Module):
         return self._blocks(self.embed(tokens),
                             lambda i, x: self.attn[i](x, positions, caches[i], key_padding_mask))
 
-    def step(self, batch, cache):
-        """One continuous-batching step: the packed tokens (N,) of ``batch`` -> logits (N, V)."""
+    def step(self, batch, cache, varlen: bool = False):
+        """One continuous-batching step: the packed tokens (N,) of ``batch`` -> logits (N, V); ``varlen``: each query
+        scores its own request's keys only (see :func:`~attention_course.serving.attention.paged_self_attention`)."""
         device = self.head.weight.device
         return self._blocks(self.embed(batch.tokens.to(device)),
-                            lambda i, x: paged_self_attention(self.attn[i], x, batch, cache, i))
+                            lambda i, x: paged_self_attention(self.attn[i], x, batch, cache, i, varlen))
 
     @torch.no_grad()
     def generate_alone(self, prompt, max_new_tokens: int) -> list:

@@ -129,6 +129,7 @@ class StepBatch:
     cu: torch.Tensor
     sample: dict
     key_index: tuple | None = None  # filled by the first attention layer: the slots, positions, owners of the keys
+    scores: list = field(default_factory=lambda: [0, 0])  # (computed, needed) scores, summed over the layers
 
     @property
     def decode_tokens(self) -> int:
