@@ -35,7 +35,7 @@ from torch import nn
 
 from ..decoding import CausalSelfAttention, repeat_kv
 from ..functional import fused_attention
-from ..rope import apply_rope
+from ..rope import rope_cos_sin, rotate_half
 from .paged import PagedKVCache, check_block_table
 
 
@@ -110,32 +110,46 @@ def varlen_attention(q, k_all, v_all, batch, window: int | None = None) -> tuple
     ``window`` keys of each are gathered. Prefill chunks (n > 1 queries at positions p .. p + n - 1) run one call each
     on their own keys (from p - window + 1 with a window) with their causal offset mask."""
     h, N, d = q.shape
+    plan = _varlen_plan(batch, window, k_all.shape[1], k_all.device)
     gqa = h != k_all.shape[0]
+    out = q.new_empty(h, N, d)
+    if plan["decode"] is not None:
+        rows, index, mask = plan["decode"]  # (n_dec,), (n_dec, K), None or (n_dec, 1, 1, K)
+        k = k_all[:, index].transpose(0, 1)  # (h_kv, n_dec, K, d) -> (n_dec, h_kv, K, d)
+        v = v_all[:, index].transpose(0, 1)
+        q_dec = q[:, rows].transpose(0, 1)[:, :, None]  # (n_dec, h, 1, d)
+        y = F.scaled_dot_product_attention(q_dec, k, v, attn_mask=mask, enable_gqa=gqa)  # (n_dec, h, 1, d)
+        out[:, rows] = y[:, :, 0].transpose(0, 1)
+    for a, b, lo, hi, allow in plan["chunks"]:  # rows a..b-1 over keys lo..hi-1 of k_all
+        out[:, a:b] = F.scaled_dot_product_attention(q[:, a:b], k_all[:, lo:hi], v_all[:, lo:hi], attn_mask=allow,
+                                                     enable_gqa=gqa)  # (h, n, d)
+    return out, plan["computed"]
+
+
+def _varlen_plan(batch, window, S: int, device) -> dict:
+    """:func:`varlen_attention`'s index tensors and masks for one step, built once and kept on the batch for the
+    other layers (they depend on the plan and the window, not on the layer)."""
+    memo = batch.__dict__.setdefault("_varlen", {})
+    if window in memo:
+        return memo[window]
     cu = batch.cu.tolist()  # the step's plan in Python numbers: a tensor op per number costs more than the number
     T = (batch.positions[batch.cu[1:] - 1] + 1).tolist()  # keys per request: one past its last row's position
-    if sum(T) != k_all.shape[1]:
+    if sum(T) != S:
         raise ValueError(f"the step's requests hold {sum(T)} keys by their positions, but k_all has "
-                         f"{k_all.shape[1]}: pass step_keys' keys of this very batch.")
+                         f"{S}: pass step_keys' keys of this very batch.")
     starts = [sum(T[:i]) for i in range(len(T))]  # where request i's keys begin in k_all
-    device = k_all.device
-    out = q.new_empty(h, N, d)
-    computed = 0
+    plan = {"decode": None, "chunks": [], "computed": 0}
     decode = [i for i in range(len(T)) if cu[i + 1] - cu[i] == 1]
     if decode:
         seen = [T[i] if window is None else min(T[i], window) for i in decode]  # keys each decode row can see
         K = max(seen)
         first = torch.tensor([starts[i] + T[i] - t for i, t in zip(decode, seen)])  # (n_dec,) its first key in S
-        index = (first[:, None] + torch.arange(K)).clamp(max=k_all.shape[1] - 1).to(device)  # (n_dec, K) into S
-        k = k_all[:, index].transpose(0, 1)  # (h_kv, n_dec, K, d) -> (n_dec, h_kv, K, d)
-        v = v_all[:, index].transpose(0, 1)
+        index = (first[:, None] + torch.arange(K)).clamp(max=S - 1).to(device)  # (n_dec, K) into S
         mask = None  # decode rows see every key gathered, unless padded
         if min(seen) < K:
             mask = (torch.arange(K)[None, :] < torch.tensor(seen)[:, None]).to(device)[:, None, None]  # (n_dec,1,1,K)
-        rows = torch.tensor([cu[i] for i in decode], device=q.device)  # (n_dec,)
-        q_dec = q[:, rows].transpose(0, 1)[:, :, None]  # (n_dec, h, 1, d)
-        y = F.scaled_dot_product_attention(q_dec, k, v, attn_mask=mask, enable_gqa=gqa)  # (n_dec, h, 1, d)
-        out[:, rows] = y[:, :, 0].transpose(0, 1)
-        computed += len(decode) * K
+        plan["decode"] = (torch.tensor([cu[i] for i in decode], device=device), index, mask)
+        plan["computed"] += len(decode) * K
     for i in range(len(T)):
         a, b, t, s = cu[i], cu[i + 1], T[i], starts[i]
         n = b - a
@@ -144,10 +158,21 @@ def varlen_attention(q, k_all, v_all, batch, window: int | None = None) -> tuple
         first = 0 if window is None else max(0, t - n - window + 1)  # the earliest key any of the n queries sees
         back = torch.arange(t - n, t)[:, None] - torch.arange(first, t)[None, :]  # (n, K): query minus key position
         allow = (back >= 0 if window is None else (back >= 0) & (back < window)).to(device)
-        out[:, a:b] = F.scaled_dot_product_attention(q[:, a:b], k_all[:, s + first:s + t], v_all[:, s + first:s + t],
-                                                     attn_mask=allow, enable_gqa=gqa)  # (h, n, d)
-        computed += n * (t - first)
-    return out, computed
+        plan["chunks"].append((a, b, s + first, s + t, allow))
+        plan["computed"] += n * (t - first)
+    memo[window] = plan
+    return plan
+
+
+def _step_rope(batch, positions, d: int, base: float, angle_dtype, dtype):
+    """RoPE's (cos, sin), (N, d), of the step's positions, as ``apply_rope`` computes them: once per step and per
+    (d, base, dtypes), kept on the batch for the other layers."""
+    memo = batch.__dict__.setdefault("_rope", {})
+    key = (d, base, angle_dtype, dtype, positions.device)
+    if key not in memo:
+        cos, sin = rope_cos_sin(positions, d, base=base, dtype=angle_dtype)
+        memo[key] = cos.to(dtype), sin.to(dtype)
+    return memo[key]
 
 
 def paged_self_attention(layer: CausalSelfAttention, x: torch.Tensor, batch, cache: PagedKVCache,
@@ -169,9 +194,9 @@ def paged_self_attention(layer: CausalSelfAttention, x: torch.Tensor, batch, cac
     k = layer.k_proj(x).view(N, h_kv, d).transpose(0, 1)  # (h_kv, N, d)
     v = layer.v_proj(x).view(N, h_kv, d).transpose(0, 1)  # (h_kv, N, d)
     positions = batch.positions.to(x.device)  # (N,): each token's position in its own request
-    if layer.rope:
-        q = apply_rope(q[None], positions, base=layer.rope_base, angle_dtype=layer.rope_dtype)[0]
-        k = apply_rope(k[None], positions, base=layer.rope_base, angle_dtype=layer.rope_dtype)[0]
+    if layer.rope:  # apply_rope's rotation, its angles computed once per step for all layers
+        cos, sin = _step_rope(batch, positions, d, layer.rope_base, layer.rope_dtype or x.dtype, x.dtype)  # (N, d)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     cache.write(layer_idx, batch.slots, k, v)
     k_all, v_all, k_positions, k_owners = step_keys(batch, cache, layer_idx)  # (h_kv, S, d) x 2, (S,) x 2
     visible = positions + 1 if layer.window is None else (positions + 1).clamp(max=layer.window)  # (N,)

@@ -159,9 +159,8 @@ class PagedKVCache:
             self.copies += 1
         while len(table) < self.blocks_for(length + n):
             table.append(self._allocate())
-        t = torch.arange(length, length + n)  # the new tokens' indices in the request
         self.lengths[request] = length + n
-        return torch.tensor(table)[t // size] * size + t % size  # (n,)
+        return torch.tensor([table[t // size] * size + t % size for t in range(length, length + n)])  # (n,)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store one layer's keys and values, (h_kv, n, d) each, in the slots :meth:`reserve` gave."""
