@@ -4,13 +4,13 @@
 * ``paged``: ``PagedKVCache``, a pool of fixed-size blocks and a block table per request, prefix sharing with
   reference counts and copy on write; ``gather_blocks``;
 * ``scheduler``: ``Scheduler``, continuous batching (admit and retire at every step, prefill chunks beside decode
-  tokens);
-* ``attention``: ``paged_self_attention``, the course's causal layer on a step's packed tokens and the paged cache;
-  ``serve_llama`` for a swapped transformers Llama;
-* ``model``: ``TinyDecoder`` and ``generate_static``, a small model to serve and its static-batching baseline;
-* ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course;
+  tokens; blocks reserved for a request's whole length, or taken on demand with preemption: ``choose_victims``);
 * ``prefix``: ``block_keys``, full blocks keyed by a hash chain; ``PrefixCachingKVCache``, shared prefixes found
-  without ``fork`` and evicted least recently used; ``PrefixScheduler``, the scheduler on it.
+  without ``fork`` and evicted least recently used; ``PrefixScheduler``, the scheduler on it;
+* ``attention``: ``paged_self_attention``, the course's causal layer on a step's packed tokens and the paged cache
+  (``varlen=True``: each query scores its own request's keys only); ``serve_llama`` for a swapped transformers Llama;
+* ``model``: ``TinyDecoder`` and ``generate_static``, a small model to serve and its static-batching baseline;
+* ``sinks``: sink logits, merging partial softmaxes, StreamingLLM's cache, gpt-oss's attention through the course.
 """
 from .attention import (continuous_batching_config, paged_implementation, paged_self_attention, serve_llama,
                         step_keys, step_mask)
