@@ -198,3 +198,17 @@ def test_prefilling_means_feeding_more_than_the_last_generated_token():
     assert r.prefilling and r.pending == 2  # the prompt fed again, two generated tokens to go
     r.fed = 4
     assert not r.prefilling and r.pending == 1  # recomputed up to its last generated token: a decode row again
+
+
+def test_a_one_token_prompt_chunk_is_not_a_decode_row():
+    """A prompt of 5 in chunks of 4 feeds 1 token at its second step: a prefill row, not a decode row."""
+    cache = PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=2)
+    scheduler = Scheduler(cache, max_batch_tokens=8, chunk=4)
+    scheduler.submit(Request("a", [1, 2, 3, 4, 5], 2))
+    decodes = []
+    while scheduler.running or scheduler.waiting:
+        batch = scheduler.schedule()
+        decodes.append(batch.decode_tokens)
+        scheduler.update(batch, torch.zeros(len(batch.tokens), 4))
+        scheduler.clock += 1
+    assert decodes == [0, 0, 1]  # 4 prompt tokens, the fifth, then the first generated token

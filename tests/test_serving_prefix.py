@@ -220,3 +220,20 @@ def test_on_demand_with_preemption_and_the_cache_gives_the_tokens_of_each_alone(
     assert rows[s_cached] < rows[s_plain]
     assert cache.hits > 0 and cache.tokens_saved == 4 * cache.hits
     assert cache.blocks_in_use == 0 and cache.available == cache.num_blocks
+
+
+def test_the_oldest_request_is_not_preempted_when_later_ones_share_blocks():
+    """Two later requests share a cached prefix: each alone frees 1 block, both together 4 (their shared 2 come free
+    when both have left). The pool is looked at again after each victim, so the oldest is never preempted."""
+    def forward(batch, cache):
+        return torch.zeros(len(batch.tokens), 16)  # greedy: token 0 every time
+
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]
+    oldest = Request("A", list(range(20, 56)), 1)  # 36 prompt tokens: 9 blocks of 4, in chunks of 12
+    requests = [oldest, Request("B", shared + [9], 6), Request("C", shared + [10], 6, arrival=1)]
+    scheduler = PrefixScheduler(PrefixCachingKVCache(10, 4, 1, 2), max_batch_tokens=30, chunk=12, policy="on_demand")
+    for r in requests:
+        scheduler.submit(r)
+    out = scheduler.run(forward, max_steps=500)
+    assert scheduler.preemptions > 0 and oldest.preemptions == 0
+    assert {rid: len(tokens) for rid, tokens in out.items()} == {"A": 1, "B": 6, "C": 6}

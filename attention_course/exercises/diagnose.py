@@ -301,8 +301,11 @@ def describe(exercise: Exercise, cases: list, got: list[Outcome], want: list[Out
     kept = [j for j in wrong if got[j].error is None and got[j].value is not None]
     if len(kept) > 1 and all(same(got[j].value, got[kept[0]].value, 0.0) for j in kept) and not all(
             same(want[j].value, want[kept[0]].value, 0.0) for j in kept):  # the same whatever the input: written in
-        words.append(f"it returns the same result on all {len(kept)} cases it gets wrong, whatever their inputs: is "
-                     f"that result written in (the chapter's example?), where it should be computed from them?")
+        value = got[kept[0]].value
+        empty = value.numel() == 0 if isinstance(value, torch.Tensor) else hasattr(value, "__len__") and not len(value)
+        words.append(f"it returns the same result on all {len(kept)} cases it gets wrong, whatever their inputs: " + (
+            "does a return fire before the work is done?" if empty else
+            "is that result written in (the chapter's example?), where it should be computed from them?"))
     failed = [j for j in wrong if got[j].error is not None]
     if failed and got[i].error is None:  # and an exception elsewhere: said too
         words.append(f"{on(cases[failed[0]])}, " + exception(exercise, got[failed[0]].error, cases[failed[0]]))

@@ -131,8 +131,13 @@ class StepBatch:
     key_index: tuple | None = None  # filled by the first attention layer: the slots, positions, owners of the keys
     scores: list = field(default_factory=lambda: [0, 0])  # (computed, needed) scores, summed over the layers
 
+    decodes: int | None = None  # rows that feed a request's last generated token (set by the scheduler)
+
     @property
     def decode_tokens(self) -> int:
+        """Decode rows: as the scheduler counted them, else every request with one row (a one-token chunk too)."""
+        if self.decodes is not None:
+            return self.decodes
         return sum(int(self.cu[i + 1] - self.cu[i]) == 1 for i in range(len(self.requests)))
 
 
@@ -206,8 +211,8 @@ class Scheduler:
         return admitted
 
     def _admit_on_demand(self, plan: list, budget: int) -> list:
-        """Under "on_demand": admit, preempted requests first (in the order they left), then in arrival order,
-        while the budget lasts and the pool has the blocks of each one's first chunk; plan that chunk."""
+        """Under "on_demand": admit, preempted requests first (the earliest admitted of them first), then in arrival
+        order, while the budget lasts and the pool has the blocks of each one's first chunk; plan that chunk."""
         admitted = []
         for r in sorted(self.waiting, key=lambda r: (r.preemptions == 0, r.arrival if r.preemptions == 0 else 0)):
             full = self.max_running is not None and len(self.running) >= self.max_running
@@ -255,14 +260,15 @@ class Scheduler:
         """Preempt (:func:`choose_victims`) until the pool has the blocks of ``r``'s next n tokens. False: ``r``
         preempted itself."""
         need = self._new_blocks(r, n)
-        while self.cache.available < need:
+        while self.cache.available < need:  # one victim at a time, the pool looked at again after each (as vLLM V1):
+            # a block two victims share is counted for neither, but comes free when both have left
             running = [(q.rid, sum(self.cache.refs[b] == 1 for b in self.cache.tables[q.rid])) for q in self.running]
-            for rid in choose_victims(running, r.rid, self.cache.available, need):
-                victim = next(q for q in self.running if q.rid == rid)
-                self._preempt(victim, plan)
-                preempted.append(rid)
-                if victim is r:
-                    return False
+            rid = choose_victims(running, r.rid, self.cache.available, need)[0]
+            victim = next(q for q in self.running if q.rid == rid)
+            self._preempt(victim, plan)
+            preempted.append(rid)
+            if victim is r:
+                return False
         return True
 
     def schedule(self) -> StepBatch | None:
@@ -288,6 +294,7 @@ class Scheduler:
         if not plan:
             return None
         tokens, positions, slots, sample = [], [], [], {}
+        decodes = sum(bool(r.generated) and r.pending == 1 for r, _, _ in plan)  # its last generated token alone
         for r, n, taken in plan:
             P = len(r.prompt)
             ids = r.prompt[r.fed:r.fed + n] + r.generated[max(r.fed - P, 0):max(r.fed + n - P, 0)]
@@ -298,7 +305,7 @@ class Scheduler:
             if r.fed == len(r.prompt) + len(r.generated):  # its last known token: its logits give the next token
                 sample[r.rid] = len(tokens) - 1
         return StepBatch([r.rid for r, _, _ in plan], torch.tensor(tokens), torch.cat(positions), torch.cat(slots),
-                         cu_seqlens([n for _, n, _ in plan]), sample)
+                         cu_seqlens([n for _, n, _ in plan]), sample, decodes=decodes)
 
     def _record(self, plan: list, preempted: list) -> None:
         """The step's ``stats`` (see the class docstring), once its slots are taken (fed not yet advanced)."""
