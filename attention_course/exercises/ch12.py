@@ -292,7 +292,9 @@ def _victims(running, asking, available, need, order="latest", at_asking="stop",
         queue.sort(key=lambda x: -x[1][1])
     elif isinstance(order, list):  # these rids alone
         queue = [x for x in queue if x[1][0] in order]
-    out, free = [], available if base else 0
+    if base == "first" and enough(available, need):  # looked at once, then forgotten
+        return []
+    out, free = [], available if base is True else 0
     for index, (rid, blocks) in queue[:most]:
         if enough(free, need) and not (first and not out):
             break
@@ -393,6 +395,9 @@ CHOOSE_VICTIMS = Exercise(
                 _v(freed=False)),
         Mistake("available ignored", "counts only the blocks its victims free and IGNORES `available`: those blocks "
                 "are free already; stop when available plus the freed blocks reach need.", _v(base=False)),
+        Mistake("available forgotten", "looks at `available` once, to return [] when it is enough, then counts only "
+                "the blocks its victims free, from 0: they add to `available`; stop when available plus the freed "
+                "blocks reach need.", _v(base="first")),
         Mistake("admission order", "lists its victims in ADMISSION ORDER: list them in the order they are "
                 "preempted, the latest admitted first.", _v(listed="reversed")),
         Mistake("positions", "returns POSITIONS in `running`, not rids: return running[i][0].",

@@ -183,6 +183,22 @@ def victims_loop(running, asking, available, need):
     return victims
 
 
+def victims_available_forgotten(running, asking, available, need):
+    """Looks at available once, then counts the freed blocks from 0."""
+    _validate(running, asking, available, need)
+    if available >= need:
+        return []
+    victims, freed = [], 0
+    for rid, blocks in reversed(running):
+        if freed >= need:
+            break
+        victims.append(rid)
+        if rid == asking:
+            break
+        freed += blocks
+    return victims
+
+
 def victims_pop_a_copy(running, asking, available, need):
     """vLLM's style: pop the tail of a copy of the running list."""
     _validate(running, asking, available, need)
@@ -388,6 +404,7 @@ CATALOGUES = [
         Mutant("unchecked", victims_unchecked, ("raise", "ValueError")),
         Mutant("pops running", victims_popping, ("POPS", "running")),
         Mutant("freed not counted", victims_not_freed, "FREES"),
+        Mutant("available forgotten", victims_available_forgotten, "looks at `available` once"),
     ]),
     Catalogue(ch12.check_block_keys, {"loop": keys_loop, "accumulate": keys_accumulate, "while": keys_while}, [
         Mutant("stub", stub, "NotImplementedError"),
