@@ -30,12 +30,19 @@ def test_scheduler_on_a_llama_matches_generate_batch():
         out = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=(
             continuous_batching_config(page_size=4, num_blocks=16, max_batch_tokens=16)))
         model.set_attn_implementation("sdpa")
-        forward = serve_llama(swap_into_llama(model))
-        scheduler = Scheduler(PagedKVCache(12, 4, 2, 8, num_layers=2), max_batch_tokens=6, chunk=3)
-        for i, p in enumerate(prompts):
-            scheduler.submit(Request(i, p, new, arrival=i))
-        ours = scheduler.run(forward)
-    assert [out[f"req_{i}"].generated_tokens for i in range(3)] == alone == [ours[i] for i in range(3)]
+        swap_into_llama(model)
+        with pytest.raises(TypeError, match="varlen must be True or False"):
+            serve_llama(model, varlen=1)
+        ours, scores = {}, []
+        for varlen in (False, True):  # one mask over the step's keys; each query its own request's keys
+            forward = serve_llama(model, varlen=varlen)
+            scheduler = Scheduler(PagedKVCache(12, 4, 2, 8, num_layers=2), max_batch_tokens=6, chunk=3)
+            for i, p in enumerate(prompts):
+                scheduler.submit(Request(i, p, new, arrival=i))
+            ours[varlen] = scheduler.run(forward, lambda s, batch: scores.append(batch.scores) if varlen else None)
+    for varlen in (False, True):
+        assert [out[f"req_{i}"].generated_tokens for i in range(3)] == alone == [ours[varlen][i] for i in range(3)]
+    assert scores and all(0 < needed <= computed for computed, needed in scores)
 
 
 def test_continuous_batching_config_names_the_page_size_as_the_installed_release_does(monkeypatch):

@@ -131,34 +131,6 @@ def test_varlen_refuses_bad_input():
         varlen_attention(torch.randn(4, 4, 4, dtype=DT), k[:, :5], v[:, :5], batch)
 
 
-@pytest.mark.slow  # imports transformers
-def test_serve_llama_with_varlen_matches_generate():
-    transformers = pytest.importorskip("transformers")
-    from attention_course.llama import swap_into_llama
-    from attention_course.serving import serve_llama
-
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(1)
-    config = transformers.LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      attn_implementation="sdpa")
-    model = transformers.LlamaForCausalLM(config).eval()
-    prompts, new = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5, 8, 9, 7]], 6
-    greedy = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    with torch.no_grad():
-        alone = [model.generate(torch.tensor([p]), generation_config=greedy)[0, len(p):].tolist() for p in prompts]
-        with pytest.raises(TypeError, match="varlen must be True or False"):
-            serve_llama(swap_into_llama(model), varlen=1)
-        forward = serve_llama(swap_into_llama(model), varlen=True)
-        scheduler = Scheduler(PagedKVCache(12, 4, 2, 8, num_layers=2), max_batch_tokens=6, chunk=3)
-        for i, p in enumerate(prompts):
-            scheduler.submit(Request(i, p, new, arrival=i))
-        scores = []
-        ours = scheduler.run(forward, lambda s, batch: scores.append(batch.scores))
-    assert [ours[i] for i in range(3)] == alone
-    assert all(0 < needed <= computed for computed, needed in scores)
-
-
 def test_step_keys_reads_the_slots_slots_of_gives_and_refuses_a_freed_block():
     cache = PagedKVCache(10, 3, 1, 2, dtype=DT)
     for request, n in (("a", 7), ("b", 2), ("c", 3)):
