@@ -1,0 +1,74 @@
+"""One term per concept in the Chinese edition: the variants the glossary settled against never appear in a msgstr.
+
+Reads the catalogs only (no build). Each concept has the term of book/locale/glossary.md and the spellings a
+translator might write instead; a variant is searched for in the prose of every translation, with inline code,
+math, roles and link targets taken out (so `torch.bool` or `-> bool` in code is not prose). Single characters that
+are a legitimate term of another concept (块 for a block, 段, 池 for the cache's pool), or a word of another
+sense (平铺: `repeat` tiles the heads), are never a variant here:
+each variant is a string that means the settled concept and nothing else in this book.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CATALOGS = sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES").rglob("*.po"))
+
+# concept -> (the term, forbidden variants as regular expressions)
+TERMS = {
+    "parity check": ("对照检查", [r"一致性检验", r"一致性测试", r"一致性检查", r"对照断言", r"奇偶校验", r"等价性检验"]),
+    "the package": ("课程包", [r"(?<![基样版文根资成脚剧书日账课])本包(?![含括])", r"本软件包", r"课程软件包"]),
+    "key/value heads": ("键值头", [r"键/值头", r"键-值头", r"键和值头", r"键与值头"]),
+    "running max / running sum": ("累计最大值 / 累计和", [r"运行最大值", r"运行归一化因子", r"运行总和", r"运行和 ?§",
+                                                   r"运行中的 ?softmax", r"滑动最大值"]),
+    "interleaved (RoPE pairs)": ("交错（配对）", [r"相邻配对", r"相邻成对"]),
+    "hidden state": ("隐藏状态", [r"隐状态", r"隐含状态", r"隐层状态"]),
+    "bool": ("布尔", [r"(?<![\w.])[Bb]ool(?:ean)?(?!\w)", r"布林"]),
+    "hatching": ("阴影线", [r"斜线", r"花纹", r"网纹", r"斜纹", r"剖面线"]),
+    "pooling": ("池化", [r"汇聚(?!点)"]),
+    "attention sink": ("汇聚点", [r"注意力沉降", r"注意力下沉", r"注意力槽", r"(?<!聚)汇点", r"池化点"]),
+    "pad (a pad position or token)": ("填充位", [r"填充词元", r"填充标记", r"填充令牌", r"填充符"]),
+    "chunk (of tokens fed at one step)": ("片段", [r"预填充块", r"预填充段", r"由多个词元组成的一块"]),
+    "tile (a block of queries against a block of keys)": ("分块", [r"(?<!分)块（tiles?）", r"瓦片", r"图块"]),
+    "property test": ("属性测试", [r"性质测试", r"特性测试"]),
+}
+
+# Inline code, math, roles and link targets are markup, not prose: each becomes one marker '§'.
+MARKUP = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|<[^>]*>", re.S)
+
+
+def prose(msgstr: str) -> str:
+    return MARKUP.sub("§", msgstr)
+
+
+def messages():
+    import polib
+
+    for path in CATALOGS:
+        for entry in polib.pofile(str(path)):
+            if not entry.obsolete and entry.msgstr and entry.msgid:
+                yield path.relative_to(ROOT).as_posix(), entry
+
+
+def test_the_rule_spares_code_and_legitimate_neighbours():
+    bool_rule = TERMS["bool"][1][0]
+    assert not re.search(bool_rule, prose("`torch.bool` 掩码，`(b, h) -> bool`")), "code is not prose"
+    assert re.search(bool_rule, prose("bool 掩码")), "a bool in prose is found"
+    package = TERMS["the package"][1][0]
+    assert not re.search(package, "基本包括三个部分") and re.search(package, "本包的 §")
+    assert not re.search(TERMS["pooling"][1][0], "注意力汇聚点（attention sink）")
+    assert not re.search(TERMS["attention sink"][1][3], "汇聚点")
+    assert re.search(TERMS["running max / running sum"][1][3], prose("经过重新缩放的运行和 $a$"))
+    for concept, (term, variants) in TERMS.items():
+        assert not any(re.search(v, term) for v in variants), f"{concept}: a variant matches the term {term!r} itself"
+
+
+@pytest.mark.parametrize("concept", sorted(TERMS))
+def test_one_term_per_concept(concept):
+    term, variants = TERMS[concept]
+    found = [f"{file}: {variant!r} in the message {entry.msgid[:70]!r}: {hit.group()!r}"
+             for file, entry in messages() for variant in variants
+             for hit in [re.search(variant, prose(entry.msgstr))] if hit]
+    assert not found, f"{concept} is {term!r} (book/locale/glossary.md), written otherwise:\n" + "\n".join(found)
