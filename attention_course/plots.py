@@ -9,12 +9,16 @@ Colour never carries a distinction alone: blocked (masked) cells are hatched as 
 
 ``record_text_sizes`` (switched on by the book's build alone, see its docstring) writes into the PNG of every
 figure a notebook shows the smallest text it was drawn with, so that the site's tests can tell whether that text is
-legible at the size the page shows the picture.
+legible at the size the page shows the picture; it also writes the strings drawn (``STRINGS_KEY``), and keeps the
+figure itself, pickled, in the output's metadata (``FIGURE_KEY``), from which the Chinese edition draws the figure
+again with its words translated (book/_ext/zh_figures.py) without running the chapter again.
 """
 from __future__ import annotations
 
 import base64
+import json
 import os
+import pickle
 import struct
 import zlib
 from contextlib import contextmanager
@@ -268,27 +272,50 @@ def plot_bars(series: dict, categories, ax=None, title=None, horizontal: bool = 
 # ---------------------------------------------------------------------------------------------- text sizes in PNGs
 TEXT_PT_KEY = "attention-course:smallest-text-pt"  # tEXt chunk: the smallest font size drawn, in points
 DPI_KEY = "attention-course:dpi"  # tEXt chunk: the dots per inch it was drawn at (pixels per point = dpi / 72)
+STRINGS_KEY = "attention-course:strings"  # tEXt chunk: the strings drawn, a JSON list (ASCII)
+FIGURE_KEY = "attention-course/figure"  # the output's metadata (image/png): the figure, pickled (pickled_figure)
 RECORD_ENV = "ATTENTION_COURSE_RECORD_TEXT_SIZES"  # "1": record_text_sizes() runs when this package is imported
 
 
 @contextmanager
-def drawn_text_sizes():
-    """Collect (font size in points, dpi) of every non-empty text matplotlib's Agg renderer draws meanwhile: tick
-    labels, titles, legends, annotations, mathtext; texts that are hidden or outside the drawn area never reach it."""
+def drawn_texts():
+    """Collect (font size in points, dpi, the string of the text artist drawn) of every non-empty text matplotlib's Agg
+    renderer draws meanwhile: tick labels, titles, legends, annotations, mathtext; texts that are hidden or outside the
+    drawn area never reach it. A text of several lines is drawn line by line: each line counts, with the whole
+    string."""
     from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.text import Text
 
-    sizes, draw_text = [], RendererAgg.draw_text
+    found, draw_text, draw_artist, drawing = [], RendererAgg.draw_text, Text.draw, []
 
     def recording(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
         if str(s).strip():
-            sizes.append((prop.get_size_in_points(), self.dpi))
+            whole = drawing[-1].get_text() if drawing else str(s)
+            found.append((prop.get_size_in_points(), self.dpi, whole))
         return draw_text(self, gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
 
-    RendererAgg.draw_text = recording
+    def draw(self, renderer):
+        drawing.append(self)
+        try:
+            return draw_artist(self, renderer)
+        finally:
+            drawing.pop()
+
+    RendererAgg.draw_text, Text.draw = recording, draw
     try:
-        yield sizes
+        yield found
     finally:
-        RendererAgg.draw_text = draw_text
+        RendererAgg.draw_text, Text.draw = draw_text, draw_artist
+
+
+@contextmanager
+def drawn_text_sizes():
+    """Collect (font size in points, dpi) of every non-empty text matplotlib's Agg renderer draws meanwhile (see
+    ``drawn_texts``)."""
+    sizes = []
+    with drawn_texts() as found:
+        yield sizes
+    sizes += [(points, dpi) for points, dpi, _ in found]
 
 
 def png_text(png: bytes) -> dict:
@@ -316,30 +343,60 @@ def with_png_text(png: bytes, items: dict) -> bytes:
     return png[:end_of_header] + chunks + png[end_of_header:]
 
 
+def text_chunks(found: list, dpi) -> dict:
+    """The tEXt chunks of a picture whose texts ``drawn_texts`` found: its smallest text and dpi, its strings (JSON, in
+    ASCII: a tEXt chunk is Latin-1), in the order first drawn."""
+    points, dpi = min(found, key=lambda text: text[0] * text[1])[:2] if found else ("none", dpi)
+    strings = list(dict.fromkeys(text for _, _, text in found))
+    return {TEXT_PT_KEY: f"{points:g}" if found else points, DPI_KEY: f"{dpi:g}", STRINGS_KEY: json.dumps(strings)}
+
+
+def pickled_figure(fig) -> str | None:
+    """``fig`` pickled, compressed and in base64 (for a notebook's JSON), or None where it cannot be pickled (an artist
+    holding a lambda, say); ``figure_from`` makes it a Figure again."""
+    try:
+        return base64.b64encode(zlib.compress(pickle.dumps(fig), 9)).decode("ascii")
+    except Exception:  # noqa: BLE001 - pickle raises what the unpicklable object raises
+        return None
+
+
+def figure_from(record: str):
+    """The Figure ``pickled_figure`` made ``record`` of. Only for records this project's own build wrote: unpickling
+    runs whatever the record names."""
+    return pickle.loads(zlib.decompress(base64.b64decode(record)))
+
+
 def _recording_formatter(original):
-    """A PNG formatter for Figures: ``original``'s picture, with the smallest text drawn in it recorded."""
+    """A PNG formatter for Figures: ``original``'s picture, with its smallest text and its strings recorded in it
+    (``text_chunks``), and the figure itself, pickled, in the output's metadata (``FIGURE_KEY``)."""
     def formatter(fig):
-        with drawn_text_sizes() as sizes:
+        with drawn_texts() as found:
             data = original(fig)
         if not data:
             return data
-        points, dpi = min(sizes, key=lambda size: size[0] * size[1]) if sizes else ("none", fig.dpi)
+        data, metadata = data if isinstance(data, tuple) else (data, {})
         raw = base64.b64decode(data) if isinstance(data, str) else data
-        raw = with_png_text(raw, {TEXT_PT_KEY: f"{points:g}" if sizes else points, DPI_KEY: f"{dpi:g}"})
-        return base64.b64encode(raw).decode("ascii") if isinstance(data, str) else raw
+        raw = with_png_text(raw, text_chunks(found, fig.dpi))
+        data = base64.b64encode(raw).decode("ascii") if isinstance(data, str) else raw
+        record = pickled_figure(fig)
+        if record is None:
+            return (data, metadata) if metadata else data
+        return data, {**(metadata or {}), FIGURE_KEY: record}
 
     formatter.records_text_sizes = True
     return formatter
 
 
 def record_text_sizes(shell=None) -> bool:
-    """In an IPython kernel: every matplotlib figure it shows as a PNG carries two tEXt chunks, ``TEXT_PT_KEY``
-    (the smallest font size drawn in it, in points, or "none" when it has no text) and ``DPI_KEY``. Returns whether
-    it is on.
+    """In an IPython kernel: every matplotlib figure it shows as a PNG carries three tEXt chunks, ``TEXT_PT_KEY``
+    (the smallest font size drawn in it, in points, or "none" when it has no text), ``DPI_KEY`` and ``STRINGS_KEY``
+    (the strings drawn), and its output's metadata holds the figure, pickled (``FIGURE_KEY``). Returns whether it is
+    on.
 
     The book's build switches it on (book/_ext/legibility.py sets $ATTENTION_COURSE_RECORD_TEXT_SIZES=1 for the
     kernels it starts; this package calls it when imported there); a learner's kernel is left as it is unless they
-    call it. The pictures themselves are unchanged: the chunks are metadata that viewers ignore.
+    call it. The pictures themselves are unchanged: the chunks are metadata that viewers ignore. The pickled figure
+    stays in the build's execution cache: the notebooks a reader downloads are the sources, without outputs.
     """
     if shell is None:
         try:

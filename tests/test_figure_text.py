@@ -1,5 +1,6 @@
 """Figures record their smallest text (attention_course.plots.record_text_sizes), for the site's legibility test."""
 import base64
+import json
 import importlib
 from functools import partial
 
@@ -46,6 +47,7 @@ class FakeShell:
 
     def show(self, fig) -> dict:
         data = self.display_formatter.formatters["image/png"](fig)
+        data = data[0] if isinstance(data, tuple) else data  # (picture, metadata): the recording formatter's
         return png_text(base64.b64decode(data))
 
 
@@ -83,7 +85,7 @@ def test_a_shown_figure_carries_its_smallest_text_and_dpi():
     assert shell.display_formatter.formatters["image/png"](plt.figure()) is None  # nothing drawn, nothing shown
     bare = PNGFormatter()  # bytes instead of base64 text
     bare.for_type(Figure, plots._recording_formatter(partial(print_figure, fmt="png")))
-    assert png_text(bare(figure(8)))[TEXT_PT_KEY] == "8"
+    assert png_text(bare(figure(8))[0])[TEXT_PT_KEY] == "8"  # (picture, metadata with the pickled figure)
 
 
 def test_the_wrapper_survives_the_inline_backend_loading_later():
@@ -117,3 +119,17 @@ def test_off_outside_ipython_and_on_only_when_asked(monkeypatch):
     finally:
         monkeypatch.delenv(plots.RECORD_ENV)
         importlib.reload(plots)
+
+
+def test_the_strings_drawn_are_recorded_whole_and_the_figure_kept():
+    shell = FakeShell()
+    record_text_sizes(shell)
+    fig = figure(10)
+    fig.axes[0].set_title("two\nlines")
+    fig.axes[0].text(0, 0, "hidden", visible=False)
+    data, metadata = shell.display_formatter.formatters["image/png"](fig)
+    drawn = json.loads(png_text(base64.b64decode(data))[plots.STRINGS_KEY])
+    assert drawn == ["text 0", "two\nlines"]  # a title of two lines drawn line by line, recorded once, whole
+    again = plots.figure_from(metadata[plots.FIGURE_KEY])
+    assert again.axes[0].get_title() == "two\nlines" and [t.get_text() for t in again.axes[0].texts] == [
+        "text 0", "hidden"]
