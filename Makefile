@@ -59,8 +59,8 @@ help:
 	@echo "make clean  remove _build/ (keeps .venv/ and .venv-grader/)"
 
 # What make cannot install is looked for before anything is installed, built or run (tests/prerequisites.py): `make
-# book` needs npm (once: the site's offline assets), `make test` also Chromium, a font with Chinese characters and
-# bubblewrap. Each missing piece is named with the command that installs it, and make stops; `make test
+# book` needs npm (once: the site's offline assets) and a font with Chinese characters (the Chinese edition's
+# figures), `make test` also Chromium and bubblewrap. Each missing piece is named with the command that installs it, and make stops; `make test
 # ALLOW_MISSING=1` runs what it can instead (no npm: no site built), skipping the tests that need a missing piece
 # and listing them at the end. `make check` needs none of them.
 PREREQUISITES_FOR := $(firstword $(filter test,$(MAKECMDGOALS)) $(filter book book-en book-zh student,$(MAKECMDGOALS)))

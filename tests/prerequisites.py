@@ -63,8 +63,9 @@ PIECES = {
     "chromium": (_chromium, ("test",), "the browser tests (every page as a reader sees it, accessibility, widgets)",
                  "sudo apt-get install chromium   (or point CHROMIUM at another Chromium or Chrome: "
                  "make test CHROMIUM=/path/to/chrome)"),
-    "font": (_font, ("test",), "the Chinese pages in the browser: without a font with Chinese characters they are "
-             "drawn as empty boxes", "sudo apt-get install fonts-wqy-microhei   (or fonts-noto-cjk)"),
+    "font": (_font, ("book", "test"), "the Chinese edition's figures (matplotlib draws their words with it: "
+             "book/_ext/zh_figures.py) and the Chinese pages in the browser: without a font with Chinese characters "
+             "they are drawn as empty boxes", "sudo apt-get install fonts-wqy-microhei   (or fonts-noto-cjk)"),
     "bwrap": (_bwrap, ("test",), "the grading tests: submissions and check servers run in bubblewrap's sandbox",
               "sudo apt-get install bubblewrap"),
 }

@@ -29,6 +29,8 @@ shared execution cache, so code and outputs are the English build's (tests/test_
    as in the English index.
 7. A page the English build read again (a notebook executed again) is read again by the translated build, so that
    both show the same run's outputs.
+8. The figures: drawn again in the page's language from the English run's record (book/_ext/zh_figures.py, its
+   catalog ``figures.po``), nothing executed again.
 """
 from __future__ import annotations
 
@@ -553,6 +555,7 @@ def defaults_computed_once() -> None:
 
 def setup(app):
     defaults_computed_once()
+    app.setup_extension("zh_figures")  # the figures' words in the page's language
     app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)

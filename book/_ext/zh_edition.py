@@ -11,7 +11,8 @@
     python book/_ext/zh_edition.py translations [--check]   extract the messages of every page (Sphinx's gettext
         builder into _build/gettext), update the catalogs of book/locale with sphinx-intl (a changed English sentence
         becomes a new, untranslated message, or a fuzzy one where gettext finds the old one close), and list per file
-        what needs translating. --check: only the list, exit status 1 when anything does.
+        what needs translating; and the figures' catalog from the English build's execution cache (figures.po,
+        book/_ext/zh_figures.py). --check: only the list, exit status 1 when anything does.
 """
 from __future__ import annotations
 
@@ -162,6 +163,11 @@ def translations(check: bool) -> int:
         subprocess.run([sys.executable, "-m", "sphinx_intl", "update", "-p", str(pot), "-l", LANGUAGE,
                         "-d", str(LOCALE), "-w", "0"], check=True, stdout=subprocess.DEVNULL)
         filled = fill_code_only()
+        if (BUILD / ".jupyter_cache").exists():  # the figures' words, from the English build's run (zh_figures.py)
+            from zh_figures import CATALOG, extract
+
+            added, gone = extract()
+            print(f"{CATALOG.relative_to(ROOT)}: {added} new messages, {gone} obsolete")
         print(f"catalogs updated in {time.perf_counter() - start:.0f} s ({filled} messages of code or math alone "
               "copied as their own translation)")
     rows = counts()
