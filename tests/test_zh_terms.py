@@ -52,6 +52,14 @@ def messages():
                 yield path.relative_to(ROOT).as_posix(), entry
 
 
+def test_the_figures_catalog_is_read_too():
+    """The words drawn in the figures (figures.po, book/_ext/zh_figures.py) follow the glossary as the prose does."""
+    figures = ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES" / "figures.po"
+    assert figures in CATALOGS
+    assert any(file == "book/locale/zh_CN/LC_MESSAGES/figures.po" and "阴影线" in entry.msgstr
+               for file, entry in messages()), "the figures' hatching is drawn as 阴影线"
+
+
 def test_the_rule_spares_code_and_legitimate_neighbours():
     bool_rule = TERMS["bool"][1][0]
     assert not re.search(bool_rule, prose("`torch.bool` 掩码，`(b, h) -> bool`")), "code is not prose"
