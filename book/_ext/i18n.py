@@ -63,7 +63,8 @@ WORDS = {
         "Launch on Colab": "在 Colab 中打开",  # the launch button's tooltip (sphinx-book-theme: "Launch on" + " Colab")
         "the attention-course authors": "attention-course 项目组",  # _config.yml's author, in the footer
         " (student edition)": "（学生版）",
-        "outputs_note": ("关于本中文版：正文、练习、定理和图的说明都已译成中文；代码与英文版完全相同，"
+        "outputs_note": ("关于本中文版：正文、练习、定理、图的说明和图中的文字都已译成中文"
+                         "（图中作为模型输入的英文词元和句子保持原样）；代码与英文版完全相同，"
                          "代码运行时打印的内容（检查器的消息、打印出的表格）目前仍是英文。"
                          "搜索中文时，可以直接输入词语，如“掩码”或“填充掩码”；词语之间用空格隔开也可以。"),
     },
