@@ -10,7 +10,8 @@ formatters), and the figure is drawn again as the inline backend draws it (``pri
 a font with Chinese characters beside matplotlib's own, with the text-size and string chunks written as in English.
 The PNG keeps the file name of its English original (the hash of the English picture's bytes), so that the two
 editions' outputs are the same HTML, and each page depends on the catalog: a changed translation is drawn by the next
-Chinese build, without executing anything (and only the figures whose words changed are drawn again: ``drawn_once``).
+Chinese build, without executing anything (and only the figures whose words changed are drawn again: ``drawn_once``;
+the figures missing from that store are drawn before the pages are read, one process per core: ``draw_ahead``).
 
     python book/_ext/zh_figures.py extract   the catalog made or updated from the English build's execution cache:
         every string drawn in a figure of a chapter that holds a word (``has_words``) is a message, with the
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +34,7 @@ ROOT = HERE.parents[1]
 LANGUAGE = "zh_CN"
 CATALOG = ROOT / "book" / "locale" / LANGUAGE / "LC_MESSAGES" / "figures.po"
 CACHE = ROOT / "_build" / ".jupyter_cache"
+STORE = ROOT / "_build" / "zh" / "figures"  # the Chinese pictures drawn so far, by digest (drawn_once): both editions'
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -120,23 +124,28 @@ def render(fig) -> bytes:
     return with_png_text(png, text_chunks(found, fig.dpi))
 
 
-def drawn_once(record: str, strings: list[str], words: dict[str, str], store: Path | None) -> bytes:
-    """``translated_png``, kept in ``store`` under a digest of all it depends on (the record, the translations of the
-    strings the English figure draws, matplotlib's version): a Chinese build reads every chapter with figures again
-    when the catalog changes, and draws again only the figures whose words changed (drawing is most of its cost)."""
+def digest(record: str, strings: list[str], words: dict[str, str]) -> str:
+    """What a figure drawn in Chinese depends on: its record, the translations of the strings it draws, matplotlib."""
     import hashlib
 
     import matplotlib
 
+    key = json.dumps([record, {s: words.get(s) for s in strings}, matplotlib.__version__], ensure_ascii=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def drawn_once(record: str, strings: list[str], words: dict[str, str], store: Path | None) -> bytes:
+    """``translated_png``, kept in ``store`` under a digest of all it depends on (the record, the translations of the
+    strings the English figure draws, matplotlib's version): a Chinese build reads every chapter with figures again
+    when the catalog changes, and draws again only the figures whose words changed (drawing is most of its cost)."""
     if store is None:
         return translated_png(record, words)
-    key = json.dumps([record, {s: words.get(s) for s in strings}, matplotlib.__version__], ensure_ascii=True)
-    kept = store / f"{hashlib.sha256(key.encode()).hexdigest()}.png"
+    kept = store / f"{digest(record, strings, words)}.png"
     if kept.exists():
         return kept.read_bytes()
     png = translated_png(record, words)
     store.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_suffix(".part")
+    partial = kept.with_name(f"{kept.stem}.{os.getpid()}.part")  # the two Chinese editions may build at once
     partial.write_bytes(png)
     partial.replace(kept)  # whole or absent, whatever stops the build
     return png
@@ -171,7 +180,6 @@ def draw_in_language(app) -> None:
     from attention_course.plots import FIGURE_KEY, STRINGS_KEY, png_text
 
     words = catalog()
-    store = Path(app.outdir).parent / "figures"  # _build/zh/figures: the Chinese pictures drawn so far
     english = NbElementRenderer.render_image
     if getattr(english, "draws_in_language", False):
         return
@@ -188,11 +196,66 @@ def draw_in_language(app) -> None:
 
         strings = json.loads(png_text(base64.b64decode(data.content)).get(STRINGS_KEY, "[]"))
         # the English picture's name (the hash of its bytes), the Chinese picture's bytes
-        self.write_file([Path(made[0]["uri"]).name], drawn_once(record, strings, words, store), overwrite=True)
+        self.write_file([Path(made[0]["uri"]).name], drawn_once(record, strings, words, STORE), overwrite=True)
         return made
 
     render_image.draws_in_language = True
     NbElementRenderer.render_image = render_image
+
+
+def _draw(record: str, strings: list[str], words: dict[str, str]) -> None:
+    """In a pool process: one figure drawn into the store."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    drawn_once(record, strings, words, STORE)
+
+
+def draw_ahead(app, env, docnames) -> None:
+    """Before a translated build reads its pages: the figures of the notebooks it will read that the store lacks are
+    drawn in a pool of processes, one per core (myst-nb reads the pages one after the other); each page then finds
+    its figures drawn. A figure that fails here is drawn again as its page is read, which reports the failure."""
+    from i18n import language
+
+    if language(app) == "en" or app.builder.name == "gettext" or env.mystnb_config.execution_mode != "cache":
+        return
+    import base64
+    from concurrent.futures import ProcessPoolExecutor
+
+    from jupyter_cache import get_cache
+    from myst_nb.core.read import create_nb_reader
+
+    from attention_course.plots import FIGURE_KEY, STRINGS_KEY, png_text
+
+    cache, words, todo = get_cache(env.mystnb_config.execution_cache_path or str(CACHE)), catalog(), []
+    for docname in docnames:
+        path = str(env.doc2path(docname))
+        if not path.endswith(".ipynb"):
+            continue
+        text = Path(path).read_text(encoding="utf8")
+        notebook = create_nb_reader(path, env.myst_config, env.mystnb_config, text).read(text)
+        try:
+            executed = cache.get_cache_bundle(cache.match_cache_notebook(notebook).pk).nb
+        except KeyError:
+            continue
+        for cell in executed.cells:
+            for output in cell.get("outputs", []):
+                record = output.get("metadata", {}).get("image/png", {}).get(FIGURE_KEY)
+                if record is None:
+                    continue
+                strings = json.loads(png_text(base64.b64decode(output["data"]["image/png"])).get(STRINGS_KEY, "[]"))
+                if not (STORE / f"{digest(record, strings, words)}.png").exists():
+                    todo.append((record, strings))
+    if len(todo) < 2:
+        return
+    from sphinx.util import logging
+
+    workers = min(len(todo), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    logging.getLogger(__name__).info("drawing %d figures in Chinese, %d at a time", len(todo), workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for run in [pool.submit(_draw, record, strings, words) for record, strings in todo]:
+            try:
+                run.result()
+            except Exception:  # noqa: BLE001 - drawn again, and reported, as its page is read
+                pass
 
 
 # ---------------------------------------------------------------------------------------------- the catalog
@@ -264,6 +327,7 @@ def extract(cache_path: Path = CACHE, path: Path = CATALOG) -> tuple[int, int]:
 
 def setup(app):
     app.connect("builder-inited", draw_in_language)
+    app.connect("env-before-read-docs", draw_ahead)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
