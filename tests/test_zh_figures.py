@@ -113,6 +113,15 @@ def test_in_chinese_every_word_is_drawn_in_chinese_with_every_glyph_at_the_same_
     assert png_text(chinese)[TEXT_PT_KEY] == english[TEXT_PT_KEY] and png_text(chinese)[DPI_KEY] == english[DPI_KEY]
 
 
+@pytest.mark.needs("font")
+def test_a_character_no_font_has_stops_the_drawing():
+    png, metadata = shown(every_kind_of_text())
+    with pytest.raises(zh_figures.GlyphMissing, match="empty boxes"):
+        zh_figures.translated_png(metadata[FIGURE_KEY], {"key": "\U000f0000 键"})
+    with pytest.raises(zh_figures.GlyphMissing, match="glyph"):  # mathtext's words around the math
+        zh_figures.translated_png(metadata[FIGURE_KEY], {"fused": "\U000f0000 $x$"})
+
+
 def test_a_figure_that_cannot_be_pickled_is_shown_without_a_record():
     fig, ax = plt.subplots()
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, pos: f"{x:g} s"))

@@ -102,13 +102,16 @@ def translate_figure(fig, words: dict[str, str]) -> None:
 
 def render(fig) -> bytes:
     """``fig`` as a PNG, as the inline backend shows it, its words in any script (matplotlib's font first, the Chinese
-    one for the characters it lacks), with the chunks the English build writes (attention_course.plots)."""
+    one for the characters it lacks), with the chunks the English build writes (attention_course.plots). A character
+    no font has (drawn as an empty box) stops it: ``GlyphMissing``."""
+    import logging
+    import warnings
+
     import matplotlib.pyplot as plt
     from IPython.core.pylabtools import print_figure
+    from matplotlib.text import Text
 
     from attention_course.plots import drawn_texts, text_chunks, with_png_text
-
-    from matplotlib.text import Text
 
     cjk = cjk_family()
     for text in fig.findobj(Text):
@@ -119,9 +122,37 @@ def render(fig) -> bytes:
             text.set_fontfamily([cjk, *family])
         else:  # each text's fonts first, the Chinese one for the glyphs they lack
             text.set_fontfamily([*family, cjk])
-    with plt.rc_context({"font.family": [*plt.rcParams["font.family"], cjk]}), drawn_texts() as found:
-        png = print_figure(fig, "png", bbox_inches="tight")  # (the rc: for tick labels made while drawing)
+    missing = MissingGlyphs()
+    mathtext = logging.getLogger("matplotlib.mathtext")  # mathtext logs a missing glyph; text warns
+    mathtext.addHandler(missing)
+    try:
+        with warnings.catch_warnings(record=True) as caught, drawn_texts() as found, \
+                plt.rc_context({"font.family": [*plt.rcParams["font.family"], cjk]}):  # tick labels made in drawing
+            warnings.simplefilter("always")
+            png = print_figure(fig, "png", bbox_inches="tight")
+    finally:
+        mathtext.removeHandler(missing)
+    boxes = missing.found + [str(w.message) for w in caught if "missing from font" in str(w.message)]
+    if boxes:
+        raise GlyphMissing(f"characters no font has, drawn as empty boxes: {'; '.join(dict.fromkeys(boxes))}")
     return with_png_text(png, text_chunks(found, fig.dpi))
+
+
+class GlyphMissing(RuntimeError):
+    """A figure drawn in Chinese would show a character as an empty box."""
+
+
+class MissingGlyphs:
+    """A logging handler that keeps mathtext's messages of a glyph it lacks."""
+
+    level = 0
+
+    def __init__(self):
+        self.found = []
+
+    def handle(self, record):
+        if "glyph" in record.getMessage():
+            self.found.append(record.getMessage())
 
 
 def digest(record: str, strings: list[str], words: dict[str, str]) -> str:
