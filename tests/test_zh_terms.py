@@ -15,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGS = sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES").rglob("*.po"))
+# the widgets' words (attention_course/widgets/*.js), shipped with the package: the same terms
+CATALOGS.append(ROOT / "attention_course" / "widgets" / "locale" / "zh_CN.po")
 
 # concept -> (the term, forbidden variants as regular expressions)
 TERMS = {
@@ -48,8 +50,15 @@ def messages():
 
     for path in CATALOGS:
         for entry in polib.pofile(str(path)):
+            if entry.msgid_plural:  # a message with a count (the widgets'): its forms, read as one translation
+                entry.msgstr = " ".join(entry.msgstr_plural.values())
             if not entry.obsolete and entry.msgstr and entry.msgid:
                 yield path.relative_to(ROOT).as_posix(), entry
+
+
+def test_the_widgets_catalog_is_read():
+    read = [entry for file, entry in messages() if file == "attention_course/widgets/locale/zh_CN.po"]
+    assert len(read) > 200 and any(entry.msgid_plural for entry in read)
 
 
 def test_the_rule_spares_code_and_legitimate_neighbours():

@@ -180,7 +180,7 @@ function draw(p, st) {
                                                  { list: spans(st.key_positions) }), reads: readWords }) })),
     `</div>`);
   out.push(`<div class="ac-panel"><h4>${tr("2. What the new query reads, head by head: {heads} over {kv}, query head j " +
-                                           "reads KV head j // {r}", { heads: queryHeads(h), kv: kvHeadsWord(hkv), r: nRep })}` +
+                                           "reads KV head j div {r}", { heads: queryHeads(h), kv: kvHeadsWord(hkv), r: nRep })}` +
            `</h4><div class="ac-multiples">`,
     ...range(hkv).map((g) => {
       const heads = queriesOf(g, nRep);

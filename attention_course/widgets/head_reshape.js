@@ -54,7 +54,7 @@ function tables(st) {
   const { B, L, D, h, d } = st.shape;
   const features = range(d).map((e) => tr("feature {e}", { e }));
   const out = [table(
-    tr("x (B, L, D) = ({B}, {L}, {D}): each token's {D} features; feature f goes to head f // d, d = {d}", { B, L, D, d }),
+    tr("x (B, L, D) = ({B}, {L}, {D}): each token's {D} features; feature f goes to head f div d, d = {d}", { B, L, D, d }),
     [tr("token"), ...range(D).map((f) => `f${f} (h${Math.floor(f / d)})`)],
     st.x.flatMap((s, b) => s.map((row, l) => ({ head: `s${b} t${l}`, cells: row.map(String) }))))];
   out.push(`<p>${tr("Steps 2 and 3 hold these numbers regrouped: step 3's [b, head] is the right reshape's row b·h + head.")}</p>`);
