@@ -38,7 +38,8 @@ def english_words(text: str) -> list[str]:
 
 def test_english_words_tells_code_from_words():
     assert english_words("批量大小 B，s0 的长度，h_kv = 2，k0 q1 kv1，float32，True = 不可关注") == []
-    assert english_words("masked_fill(mask, −∞) 之后的分数；x.reshape(B·h, L, d)，nn.MultiheadAttention") == []
+    assert english_words("masked_fill(mask, −∞) 之后的分数；x.reshape(B·h, L, d)") == []
+    assert english_words("与 nn.MultiheadAttention 相同；多查询注意力（MQA）") == []
     assert english_words("第 2 步，previous step，window W") == ["previous", "step", "window"]
     assert english_words("head 0") == ["head"]
 
@@ -96,6 +97,17 @@ def test_the_tokenizer_finds_messages_however_they_are_written():
     assert _messages.loose_words(src) == ["left", "alone"]
     with pytest.raises(ValueError, match="no string literal"):
         _messages.calls("tr(label)")
+    with pytest.raises(ValueError, match="has no plural"):
+        _messages.calls('trn("{n} head")')
+    with pytest.raises(ValueError, match="plural is not a string literal"):
+        _messages.calls('trn("{n} head", plural, n)')
+
+
+def test_the_template_holds_every_message():
+    """``python -m attention_course.widgets._messages``: the .pot a translator merges into the catalog."""
+    polib = pytest.importorskip("polib")
+    entries = [e for e in polib.pofile(_messages.pot()) if e.msgid]
+    assert [(e.msgid, e.msgid_plural or None) for e in entries] == _messages.messages()
 
 
 def test_the_reader_agrees_with_polib():
@@ -131,8 +143,14 @@ def test_the_language_is_chosen_by_argument_variable_then_notebook(tmp_path, mon
     monkeypatch.setenv("ATTENTION_COURSE_LANGUAGE", "zh-CN")
     assert DecodeCacheWidget().language == "zh_CN"  # the variable over the notebook
     assert DecodeCacheWidget(language="en").language == "en"  # the argument over both
-    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "gone.ipynb"))
     monkeypatch.delenv("ATTENTION_COURSE_LANGUAGE")
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text("{ not json")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(broken))
+    assert MaskBroadcastWidget().language == ""  # a notebook that cannot be read: the page decides
+    monkeypatch.setenv("JPY_SESSION_NAME", notebook(tmp_path, {"attention_course": {"language": "fr"}}))
+    assert MaskBroadcastWidget().language == ""  # a language the widgets do not speak: the page decides
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "gone.ipynb"))
     assert MaskBroadcastWidget().language == ""  # a path that is not there: the page decides
 
 
@@ -184,7 +202,8 @@ WIDGET_TEXT = """(el) => {
   const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
   for (let n = walker.nextNode(); n; n = walker.nextNode()) if (n.textContent.trim()) out.push(n.textContent.trim());
   for (const node of el.querySelectorAll('[aria-label], [title], [alt], [aria-valuetext]'))
-    for (const a of ['aria-label', 'title', 'alt', 'aria-valuetext']) if (node.getAttribute(a)) out.push(node.getAttribute(a));
+    for (const a of ['aria-label', 'title', 'alt', 'aria-valuetext'])
+      if (node.getAttribute(a)) out.push(node.getAttribute(a));
   return out;
 }"""
 

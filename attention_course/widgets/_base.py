@@ -24,7 +24,8 @@ def esm(name: str) -> str:
     """The ES module ``name`` beside this file, after the helpers of ``_common.js`` and the translations of their
     messages, CATALOGS (read once, at import)."""
     wanted = {singular for singular, _ in _messages.messages(("_common.js", name))}
-    catalogs = {lang: {k: v for k, v in catalog.items() if k in wanted} for lang, catalog in _messages.catalogs().items()}
+    catalogs = {lang: {k: v for k, v in catalog.items() if k in wanted}
+                for lang, catalog in _messages.catalogs().items()}
     return (f"const CATALOGS = {json.dumps(catalogs, ensure_ascii=False, sort_keys=True)};\n"
             + (HERE / "_common.js").read_text() + "\n" + (HERE / name).read_text())
 
@@ -41,8 +42,8 @@ def normalise_language(value) -> str:
                                f"page's language), got {value!r}.")
 
 
-@functools.lru_cache(maxsize=8)
-def _metadata_language(path: str, mtime: float) -> str:
+@functools.lru_cache(maxsize=8)  # read again only when the file changed (its mtime_ns and size are in the key)
+def _metadata_language(path: str, mtime_ns: int, size: int) -> str:
     try:
         metadata = json.loads(Path(path).read_text(encoding="utf-8")).get("metadata", {})
     except (OSError, ValueError, AttributeError):
@@ -59,7 +60,8 @@ def notebook_language() -> str:
     if not path.endswith(".ipynb") or not os.path.isfile(path):
         return ""
     try:
-        return _metadata_language(path, os.path.getmtime(path))
+        stat = os.stat(path)
+        return _metadata_language(path, stat.st_mtime_ns, stat.st_size)
     except traitlets.TraitError:
         return ""
 

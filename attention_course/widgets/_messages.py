@@ -12,6 +12,7 @@ requirements).
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -134,7 +135,9 @@ def calls(src: str) -> tuple[list[tuple[str, str | None]], set[int]]:
     toks = tokens(src) + [("end", "")] * 3
     found, used = [], set()
     for k, (kind, text) in enumerate(toks):
-        if kind == "name" and text in ("tr", "trn") and toks[k + 1] == ("punct", "(") and toks[k - 1] != ("name", "function"):
+        if kind != "name" or text not in ("tr", "trn"):
+            continue
+        if toks[k + 1] == ("punct", "(") and toks[k - 1] != ("name", "function"):  # a call, not the definition
             singular, after = _string_at(toks, k + 2)
             if singular is None:
                 raise ValueError(f"{text}() called with no string literal first, after {toks[k - 3:k]}: its message "
@@ -152,11 +155,16 @@ def calls(src: str) -> tuple[list[tuple[str, str | None]], set[int]]:
     return found, used
 
 
+@functools.lru_cache(maxsize=None)  # each module is read once, whichever widgets ask (_base.esm at import)
+def _module_messages(name: str) -> tuple[tuple[str, str | None], ...]:
+    return tuple(calls((HERE / name).read_text())[0])
+
+
 def messages(names=MODULES) -> list[tuple[str, str | None]]:
     """Every message of the ES modules ``names``, each once, in the order of first use."""
     seen: dict[tuple[str, str | None], None] = {}
     for name in names:
-        for message in calls((HERE / name).read_text())[0]:
+        for message in _module_messages(name):
             seen.setdefault(message)
     return list(seen)
 

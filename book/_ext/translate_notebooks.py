@@ -96,7 +96,8 @@ def translate_notebook(notebook: dict, catalog: dict[str, str], language: str = 
     The copy's metadata says its language, ``"attention_course": {"language": "zh_CN"}``: the course's widgets read it
     in Jupyter (attention_course/widgets/_base.py, notebook_language) and draw their words in it."""
     new, placed = copy.deepcopy(notebook), set()
-    new.setdefault("metadata", {})["attention_course"] = {**new["metadata"].get("attention_course", {}), "language": language}
+    metadata = new.setdefault("metadata", {})
+    metadata["attention_course"] = {**metadata.get("attention_course", {}), "language": language}
     for cell in new["cells"]:
         if cell["cell_type"] == "markdown":
             text, found = translate_text(_text(cell), catalog)
