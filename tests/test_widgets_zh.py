@@ -182,6 +182,31 @@ def test_the_chinese_notebooks_say_their_language():
     assert translated["cells"] == source["cells"] and "attention_course" not in source["metadata"]
 
 
+@pytest.mark.slow  # two Python processes, each importing torch
+def test_a_kernel_jupyter_server_starts_for_a_chinese_notebook_draws_chinese(tmp_path):
+    """The whole chain in Jupyter (JupyterLab, Notebook 7): the Chinese notebook as the build writes it, the
+    environment Jupyter Server gives the kernel it starts for that notebook, and a widget made in that kernel."""
+    import subprocess
+    import sys
+
+    sessions = pytest.importorskip("jupyter_server.services.sessions.sessionmanager")
+    kernels = pytest.importorskip("jupyter_server.services.kernels.kernelmanager")
+    sys.path.insert(0, str(_messages.HERE.parents[1] / "book" / "_ext"))
+    import translate_notebooks
+
+    (tmp_path / "notebooks").mkdir()
+    source = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    for name, nb in [("zh.ipynb", translate_notebooks.translate_notebook(source, {})[0]), ("en.ipynb", source)]:
+        (tmp_path / "notebooks" / name).write_text(json.dumps(nb))
+    manager = sessions.SessionManager(kernel_manager=kernels.MappingKernelManager(root_dir=str(tmp_path)))
+    for name, expected in [("zh.ipynb", "zh_CN"), ("en.ipynb", "en")]:
+        env = {k: v for k, v in manager.get_kernel_env(f"notebooks/{name}", name).items()
+               if k != "ATTENTION_COURSE_LANGUAGE"}
+        run = subprocess.run([sys.executable, "-c", "from attention_course.widgets import MaskBroadcastWidget; "
+                              "print(MaskBroadcastWidget().language)"], env=env, capture_output=True, text=True)
+        assert run.stdout.strip() == expected, run.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- the ES modules in Chromium, in each language
 @pytest.fixture(scope="module")
 def tab():
