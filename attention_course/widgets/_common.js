@@ -180,6 +180,10 @@ function spans(numbers) {
 // ["a", "b", "c"] -> "a, b and c"
 const listing = (items) => (items.length < 2 ? items.join("")
   : tr("{items} and {last}", { items: items.slice(0, -1).join(tr(", ")), last: items.at(-1) }));
+// Clauses listed: "a, b and c" in English as well; in Chinese each clause apart ("a；b；c"), not joined by 和.
+const clauses = (items) => (items.length < 2 ? items.join("")
+  : tr("{clauses} and {last}", { last: items.at(-1), clauses: items.slice(0, -1)
+    .map((clause, i, head) => (i < head.length - 1 ? tr("{clause}, ", { clause }) : clause)).join("") }));
 
 // A status line that screen readers read out, politely, when its text changes; not shown (the picture shows it).
 function liveRegion() {

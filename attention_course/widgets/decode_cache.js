@@ -77,7 +77,7 @@ function sharingWords(p) {
     : tr("grouped-query attention");
   if (hkv === h) return tr("{heads} with a KV head each ({kind}).", { heads: queryHeads(h), kind });
   return tr("{heads} share {kv}, {r} each ({kind}): {who}.", { heads: queryHeads(h), kv: kvHeadsWord(hkv), r: nRep, kind,
-    who: listing(range(hkv).map((g) => trn("{heads} reads KV head {g}", "{heads} read KV head {g}", nRep,
+    who: clauses(range(hkv).map((g) => trn("{heads} reads KV head {g}", "{heads} read KV head {g}", nRep,
                                            { heads: headsWord(queriesOf(g, nRep)), g }))) });
 }
 
