@@ -740,8 +740,9 @@ FOCUS_RING = """() => {
 
 def focus_ring_problems(tab, widget, mode: str) -> list[str]:
     """Tab through every control of ``widget`` (a locator): each shows a ring >= 2 px wide at >= 3:1 against both
-    sides of it. The first control is focused directly, the rest by Tab, as a keyboard user moves."""
-    controls = widget.locator("input:visible, button:visible, summary:visible, [tabindex]:visible")
+    sides of it. The first control is focused directly, the rest by Tab, as a keyboard user moves (a disabled control,
+    such as the decode widget's "previous step" at step 0, is not in the Tab order)."""
+    controls = widget.locator(":is(input, button, summary, [tabindex]):visible:not(:disabled)")
     count = controls.count()
     problems = []
     controls.first.focus()

@@ -1113,29 +1113,47 @@ def hatched_cells(widget) -> int:
 
 @pytest.mark.parametrize("key", ["Enter", "Space", "click"])
 def test_decode_step_buttons_keep_the_focus(page, key):
+    """A step button that cannot act is disabled (the attribute, and so the accessible state a screen reader says);
+    the one that stepped keeps the focus, and when it becomes disabled the focus goes to the other, not the page."""
     widget = render(page, DecodeCacheWidget(steps=3))  # step 2, the last
     previous, following = (widget.locator(f"button[name=step][value={v}]") for v in ("previous", "next"))
-    assert following.get_attribute("aria-disabled") == "true" and previous.get_attribute("aria-disabled") == "false"
+    assert following.is_disabled() and previous.is_enabled()
 
     def press(button):
         before = widget.locator(".ac-picture").inner_html()
         if key == "click":
-            button.click(force=True)  # force: Playwright takes aria-disabled for disabled, and would wait
+            button.click()
         else:
             button.focus()
             page.keyboard.press(key)
         return widget.locator(".ac-picture").inner_html() != before
 
-    for expected in (1, 0):
-        assert press(previous)
-        assert page.evaluate("window.traits")["step"] == expected
-        assert page.evaluate("[document.activeElement.name, document.activeElement.value]") == ["step", "previous"]
-    assert previous.get_attribute("aria-disabled") == "true"
-    assert not press(previous)  # at step 0: nothing to go back to, and the focus stays
-    assert page.evaluate("window.traits")["step"] == 0 and page.evaluate("document.activeElement.value") == "previous"
+    assert press(previous) and page.evaluate("window.traits")["step"] == 1
+    assert page.evaluate("[document.activeElement.name, document.activeElement.value]") == ["step", "previous"]
+    assert following.is_enabled()
+    assert press(previous) and page.evaluate("window.traits")["step"] == 0
+    assert previous.is_disabled() and previous.get_attribute("disabled") is not None
+    # at step 0 "previous" cannot act: disabled, out of the Tab order, and the focus it held moved to "next"
+    assert page.evaluate("[document.activeElement.name, document.activeElement.value]") == ["step", "next"]
     assert press(following) and page.evaluate("window.traits")["step"] == 1
+    assert previous.is_enabled() and following.is_enabled()
     assert widget.locator("input[name=step]").input_value() == "1"
     assert_same_state(js_state(page), decode_widget_of(page).state)
+
+
+def test_decode_step_buttons_disabled_in_the_accessibility_tree(page):
+    """What a screen reader hears: "previous step", unavailable at step 0; available after one step forward."""
+    render(page, DecodeCacheWidget(steps=4, step=0))
+
+    def states():  # get_by_role matches the accessible state, as the accessibility tree holds it
+        return {name: page.get_by_role("button", name=f"{name} step", disabled=True).count() == 1
+                for name in ("previous", "next")}
+
+    assert states() == {"previous": True, "next": False}
+    assert page.locator("button[name=step][value=previous]").get_attribute("disabled") is not None
+    page.locator("button[name=step][value=next]").click()
+    assert states() == {"previous": False, "next": False}
+    assert page.get_by_role("button", name="previous step", disabled=False).count() == 1
 
 
 def test_decode_heads_slider_keeps_kv_heads_dividing(page):

@@ -15,6 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGS = sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES").rglob("*.po"))
+# the widgets' words (attention_course/widgets/*.js), shipped with the package: the same terms
+CATALOGS.append(ROOT / "attention_course" / "widgets" / "locale" / "zh_CN.po")
 
 # concept -> (the term, forbidden variants as regular expressions)
 TERMS = {
@@ -48,6 +50,8 @@ def messages():
 
     for path in CATALOGS:
         for entry in polib.pofile(str(path)):
+            if entry.msgid_plural:  # a message with a count (the widgets'): its forms, read as one translation
+                entry.msgstr = " ".join(entry.msgstr_plural.values())
             if not entry.obsolete and entry.msgstr and entry.msgid:
                 yield path.relative_to(ROOT).as_posix(), entry
 
@@ -58,6 +62,11 @@ def test_the_figures_catalog_is_read_too():
     assert figures in CATALOGS
     assert any(file == "book/locale/zh_CN/LC_MESSAGES/figures.po" and "阴影线" in entry.msgstr
                for file, entry in messages()), "the figures' hatching is drawn as 阴影线"
+
+
+def test_the_widgets_catalog_is_read():
+    read = [entry for file, entry in messages() if file == "attention_course/widgets/locale/zh_CN.po"]
+    assert len(read) > 200 and any(entry.msgid_plural for entry in read)
 
 
 def test_the_rule_spares_code_and_legitimate_neighbours():

@@ -13,6 +13,13 @@ a static matplotlib picture of the current settings.
 
 Change settings with ``w.update(...)`` (or one trait at a time, ``w.causal = False``), not ``w.set_state(...)``:
 that is ipywidgets' handler for messages from the browser, and on ipywidgets 7 (Colab) it never redraws.
+
+The words a widget draws and says are English or Chinese (``locale/zh_CN.po``), fixed when it is drawn: the
+``language`` argument (``MaskBroadcastWidget(language="zh_CN")``), else $ATTENTION_COURSE_LANGUAGE, else the
+notebook's metadata (the Chinese edition's notebooks say ``"attention_course": {"language": "zh_CN"}``; JupyterLab and
+Notebook 7 tell the kernel the notebook's path in $JPY_SESSION_NAME), else the page's language (the website's Chinese
+pages). Colab does not let the kernel read the notebook: there, ``%env ATTENTION_COURSE_LANGUAGE=zh_CN`` before the
+widgets are made, or the argument. What Python raises or prints stays English.
 """
 from .decode_cache import DecodeCacheWidget
 from .head_reshape import HeadReshapeWidget

@@ -2,6 +2,33 @@
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
 
+// ---- language. Every word a widget draws or says goes through tr() or trn(): the English text is the message id,
+// and CATALOGS (put in front of this file by _base.esm(), from locale/<language>.po) holds its translations, by
+// language. {name} in a message is filled from args. The language is the model's `language` trait where Python set
+// it (an argument, $ATTENTION_COURSE_LANGUAGE, the notebook's metadata), else the page's: <html lang="zh-CN"> on the
+// Chinese site, whose widget states come from the English run. LANG is set by each widget before it draws (a page
+// may hold widgets in two languages).
+let LANG = "en";
+function chooseLanguage(model, el) {
+  const asked = model.get("language") || el.parentElement?.closest("[lang]")?.getAttribute("lang") || "en";
+  const lang = /^zh/i.test(asked) ? "zh_CN" : "en";
+  el.setAttribute("lang", lang === "en" ? "en" : "zh-CN");  // screen readers read the widget in its language
+  return lang;
+}
+// fn, run with LANG = lang (a redraw, a handler that writes text)
+const speaking = (lang, fn) => (...args) => { LANG = lang; return fn(...args); };
+const fillIn = (text, args) => text.replace(/\{(\w+)\}/g, (all, key) => (key in args ? String(args[key]) : all));
+function tr(msgid, args = {}) {
+  return fillIn((LANG !== "en" && CATALOGS[LANG]?.[msgid]) || msgid, args);
+}
+// A message with a count n (args.n): English has a singular and a plural, Chinese one form.
+function trn(singular, plural, n, args = {}) {
+  const forms = LANG !== "en" && CATALOGS[LANG]?.[singular];
+  return fillIn(forms ? forms[0] : n === 1 ? singular : plural, { n, ...args });
+}
+// The width of a line of text at font size px, about: a Chinese character is a square, a Latin glyph 0.6 of one.
+const textWidth = (text, px) => [...String(text)].reduce((w, c) => w + (/[\u2e80-\u9fff\uff00-\uffef]/.test(c) ? 1 : 0.6), 0) * px;
+
 // A DOM element: make("label", { class: "x" }, "text", child, ...)
 function make(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -147,12 +174,16 @@ function spans(numbers) {
     const last = runs[runs.length - 1];
     if (last && n === last[1] + 1) last[1] = n; else runs.push([n, n]);
   }
-  return runs.length ? listing(runs.map(([a, b]) => (a === b ? `${a}` : b === a + 1 ? `${a} and ${b}` : `${a} to ${b}`)))
-    : "none";
+  return runs.length ? listing(runs.map(([a, b]) => (a === b ? `${a}` : b === a + 1 ? tr("{a} and {b}", { a, b })
+    : tr("{a} to {b}", { a, b })))) : tr("none");
 }
 // ["a", "b", "c"] -> "a, b and c"
-const listing = (items) => (items.length < 2 ? items.join("") : `${items.slice(0, -1).join(", ")} and ${items.at(-1)}`);
-const plural = (n, word, many = `${word}s`) => `${n} ${n === 1 ? word : many}`;
+const listing = (items) => (items.length < 2 ? items.join("")
+  : tr("{items} and {last}", { items: items.slice(0, -1).join(tr(", ")), last: items.at(-1) }));
+// Clauses listed: "a, b and c" in English as well; in Chinese each clause apart ("a；b；c"), not joined by 和.
+const clauses = (items) => (items.length < 2 ? items.join("")
+  : tr("{clauses} and {last}", { last: items.at(-1), clauses: items.slice(0, -1)
+    .map((clause, i, head) => (i < head.length - 1 ? tr("{clause}, ", { clause }) : clause)).join("") }));
 
 // A status line that screen readers read out, politely, when its text changes; not shown (the picture shows it).
 function liveRegion() {
@@ -191,15 +222,17 @@ function tablesBox(summary) {
 // that say why they are masked.
 // A cell's title is its tooltip, on the whole cell: the square and the text drawn on it.
 function grid(rows, cols, cell, opt = {}) {
-  if (!opt.label) throw new Error("grid(): every picture needs opt.label, its text alternative");
+  if (!opt.label) throw new Error("grid(): every picture needs opt.label, its text alternative");  // a programming error, never shown
   const s = opt.size ?? 16, font = opt.font ?? Math.round(s * 0.42), gap = opt.group ? 5 : 0, axis = 11;
   const side = opt.yTitle ? axis + 3 : 0;
-  const left = side + (opt.rowLabels ? (opt.labelWidth ?? 22) : 0);
+  const left = side + (opt.rowLabels ? Math.max(opt.labelWidth ?? 22, ...opt.rowLabels.map((r) => textWidth(r, font) + 5)) : 0);
   const top = (opt.xTitle ? axis + 3 : 0) + (opt.colLabels ? 14 : 0);
   const x = (j) => left + j * s + (opt.group ? Math.floor(j / opt.group) * gap : 0);
-  const yTitleLength = opt.yTitle ? opt.yTitle.length * axis * 0.6 : 0;  // about: the font's average glyph width
-  const width = Math.max(x(cols - 1) + s + (opt.right ? (opt.rightWidth ?? 40) : 0),
-                         opt.xTitle ? left + opt.xTitle.length * axis * 0.6 : 0) + 1;
+  const yTitleLength = opt.yTitle ? textWidth(opt.yTitle, axis) : 0;
+  const rightWidth = opt.right ? Math.max(opt.rightWidth ?? 40, ...range(rows).map((i) => textWidth(opt.right(i), font) + 6))
+    : 0;
+  const width = Math.max(x(cols - 1) + s + rightWidth,
+                         opt.xTitle ? left + textWidth(opt.xTitle, axis) : 0) + 1;
   const height = Math.max(top + rows * s, top + yTitleLength) + 1;
   const out = [`<svg class="ac-grid" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img"` +
                ` aria-label="${esc(opt.label)}" style="font-size:${font}px">`];

@@ -52,77 +52,98 @@ function hatch(svg) {
 }
 
 // ---- the picture in words: every grid's label, the live summary, the summary lines and the tables
-const bytes = (n) => `${n.toLocaleString("en-US")} bytes`;
-const positionsWord = (ps) => (ps.length === 1 ? `position ${ps[0]}` : `positions ${spans(ps)}`);
+const bytes = (n) => trn("{count} byte", "{count} bytes", n, { count: n.toLocaleString("en-US") });
+const positionsWord = (ps) => trn("position {list}", "positions {list}", ps.length, { list: spans(ps) });
 const queriesOf = (g, nRep) => range(nRep).map((i) => g * nRep + i);
 const cap = (text) => text[0].toUpperCase() + text.slice(1);
-const headsWord = (js) => (js.length === 1 ? `query head ${js[0]}` : `query heads ${spans(js)}`);
+const headsWord = (js) => trn("query head {list}", "query heads {list}", js.length, { list: spans(js) });
+const queryHeads = (n) => trn("{n} query head", "{n} query heads", n);
+const kvHeadsWord = (n) => trn("{n} KV head", "{n} KV heads", n);
 
 function windowWords(p, st) {
   const out = st.key_positions.filter((j) => st.ignore_mask[0][j]);
-  if (p.window === null) return "No window: it reads every cached key, and the cache grows by one entry a step.";
-  return `Sliding window W = ${p.window}: it reads ${positionsWord(st.read_positions)}` +
-    (out.length ? `; ${positionsWord(out)} ${out.length === 1 ? "is" : "are"} outside the window, and a rolling ` +
-                  `cache of ${p.window} entries has dropped ${out.length === 1 ? "it" : "them"}.`
-                : `, the whole cache: nothing is outside the window yet.`);
+  if (p.window === null) return tr("No window: it reads every cached key, and the cache grows by one entry a step.");
+  const args = { W: p.window, read: positionsWord(st.read_positions), out: positionsWord(out) };
+  return out.length ? trn("Sliding window W = {W}: it reads {read}; {out} is outside the window, and a rolling cache of " +
+                          "{W} entries has dropped it.",
+                          "Sliding window W = {W}: it reads {read}; {out} are outside the window, and a rolling cache " +
+                          "of {W} entries has dropped them.", out.length, args)
+    : tr("Sliding window W = {W}: it reads {read}, the whole cache: nothing is outside the window yet.", args);
 }
 
 function sharingWords(p) {
   const { num_heads: h, num_kv_heads: hkv } = p, nRep = h / hkv;
-  const kind = hkv === 1 ? "multi-query attention" : hkv === h ? "multi-head attention, no sharing"
-    : "grouped-query attention";
-  if (hkv === h) return `${plural(h, "query head")} with a KV head each (${kind}).`;
-  return `${plural(h, "query head")} share ${plural(hkv, "KV head")}, ${nRep} each (${kind}): ` +
-    listing(range(hkv).map((g) => `${headsWord(queriesOf(g, nRep))} read${nRep === 1 ? "s" : ""} KV head ${g}`)) + ".";
+  const kind = hkv === 1 ? tr("multi-query attention") : hkv === h ? tr("multi-head attention, no sharing")
+    : tr("grouped-query attention");
+  if (hkv === h) return tr("{heads} with a KV head each ({kind}).", { heads: queryHeads(h), kind });
+  return tr("{heads} share {kv}, {r} each ({kind}): {who}.", { heads: queryHeads(h), kv: kvHeadsWord(hkv), r: nRep, kind,
+    who: clauses(range(hkv).map((g) => trn("{heads} reads KV head {g}", "{heads} read KV head {g}", nRep,
+                                           { heads: headsWord(queriesOf(g, nRep)), g }))) });
 }
 
 function computeWords(p, st) {
   const P = p.prompt, t = p.step;
-  if (t < P) return `Prefill: the ${plural(P, "prompt token")} (${positionsWord(range(P))}) go through in one pass, ` +
-    `which computes the keys and values of all of them at once; query ${t} reads ${positionsWord(st.key_positions)}.`;
-  return `Decode step: only position ${t}'s key and value are computed now; ${positionsWord(st.reused_positions)} ` +
-    `${st.reused_positions.length === 1 ? "is" : "are"} reused from the cache, not recomputed ` +
-    `(${P === 1 ? "position 0 at step 0" : `positions ${spans(range(P))} at the prefill`}, each later one at its own step).`;
+  if (t < P) return trn("Prefill: the {n} prompt token ({which}) goes through in one pass, which computes its key and " +
+                        "value; query {t} reads {reads}.",
+                        "Prefill: the {n} prompt tokens ({which}) go through in one pass, which computes the keys " +
+                        "and values of all of them at once; query {t} reads {reads}.", P,
+                        { which: positionsWord(range(P)), t, reads: positionsWord(st.key_positions) });
+  const args = { t, reused: positionsWord(st.reused_positions), P: spans(range(P)) };
+  const when = P === 1 ? tr("position 0 at step 0, each later one at its own step")
+    : tr("positions {P} at the prefill, each later one at its own step", args);
+  return trn("Decode step: only position {t}'s key and value are computed now; {reused} is reused from the cache, not " +
+             "recomputed ({when}).",
+             "Decode step: only position {t}'s key and value are computed now; {reused} are reused from the cache, not " +
+             "recomputed ({when}).", st.reused_positions.length, { ...args, when });
 }
 
 function describe(p, st) {
   const t = p.step;
-  return `Step t = ${t} (of 0 to ${p.steps - 1}): the new token at position ${t} has added its key and value, ` +
-    `so the cache holds ${plural(t + 1, "position")} per KV head (${positionsWord(st.key_positions)}). ` +
-    `${computeWords(p, st)} ` +
-    `${sharingWords(p)} ${windowWords(p, st)} Cache per layer: ${bytes(st.cache_bytes)}` +
-    (p.window === null ? "." : `; rolling cache: ${bytes(st.rolling_bytes)}.`);
+  return trn("Step t = {t} (of 0 to {last}): the new token at position {t} has added its key and value, so the cache " +
+             "holds {n} position per KV head ({which}).",
+             "Step t = {t} (of 0 to {last}): the new token at position {t} has added its key and value, so the cache " +
+             "holds {n} positions per KV head ({which}).", t + 1,
+             { t, last: p.steps - 1, which: positionsWord(st.key_positions) }) +
+    ` ${computeWords(p, st)} ${sharingWords(p)} ${windowWords(p, st)} ` +
+    (p.window === null ? tr("Cache per layer: {bytes}.", { bytes: bytes(st.cache_bytes) })
+      : tr("Cache per layer: {bytes}; rolling cache: {rolling}.", { bytes: bytes(st.cache_bytes),
+                                                                    rolling: bytes(st.rolling_bytes) }));
 }
 
 function summary(p, st) {
   const { num_heads: h, num_kv_heads: hkv, head_dim: d, dtype } = p, size = ITEMSIZE[dtype], S = st.cache_entries;
   const formula = (heads, n) => `2 · ${heads} · ${d} · ${n} · ${size} = ${bytes(2 * heads * d * n * size)}`;
   return [
-    `<div><b>Cache entries held:</b> ${S} per KV head (${positionsWord(st.key_positions)}), for each of the ` +
-    `${plural(hkv, "KV head")}: ${hkv * S} keys and as many values.` +
-    (p.window === null ? " No window: every step adds one."
-      : ` <b>A rolling cache</b> of W = ${p.window} keeps ${st.rolling_entries} (${positionsWord(st.rolling_positions)}), ` +
-        `and never more than ${p.window}.`) + `</div>`,
-    `<div><b>Bytes per layer</b>, batch of one, head_dim d = ${d}, ${dtype} (${size} bytes): K and V = 2 · h_kv · d · ` +
-    `S · bytes = ${formula(hkv, S)}` + (p.window === null ? "" : `; rolling: ${formula(hkv, st.rolling_entries)}`) +
-    (hkv < h ? `. Without sharing (${h} KV heads): ${formula(h, S)}, ${h / hkv} times as much.` : ".") + `</div>`,
+    `<div>${tr("<b>Cache entries held:</b> {S} per KV head ({which}), for each of the {kv}: {keys} keys and as many values.",
+               { S, which: positionsWord(st.key_positions), kv: kvHeadsWord(hkv), keys: hkv * S })}` +
+    (p.window === null ? tr(" No window: every step adds one.")
+      : tr(" <b>A rolling cache</b> of W = {W} keeps {n} ({which}), and never more than {W}.",
+           { W: p.window, n: st.rolling_entries, which: positionsWord(st.rolling_positions) })) + `</div>`,
+    `<div>${trn("<b>Bytes per layer</b>, batch of one, head_dim d = {d}, {dtype} ({n} byte): K and V = " +
+                "2 · h_kv · d · S · bytes = {formula}",
+                "<b>Bytes per layer</b>, batch of one, head_dim d = {d}, {dtype} ({n} bytes): K and V = " +
+                "2 · h_kv · d · S · bytes = {formula}", size, { d, dtype, formula: formula(hkv, S) })}` +
+    (p.window === null ? "" : tr("; rolling: {formula}", { formula: formula(hkv, st.rolling_entries) })) +
+    (hkv < h ? tr(". Without sharing ({h} KV heads): {formula}, {r} times as much.", { h, formula: formula(h, S), r: h / hkv })
+      : ".") + `</div>`,
   ].join("");
 }
 
 function tables(p, st) {
-  const t = p.step, cols = st.key_positions.map((j) => `key ${j}`);
-  const out = [table(`Step ${t}: what each query head of the new token reads (the key positions in the cache)`,
-    ["query head", "reads KV head", ...cols],
+  const t = p.step, cols = st.key_positions.map((j) => tr("key {j}", { j }));
+  const out = [table(tr("Step {t}: what each query head of the new token reads (the key positions in the cache)", { t }),
+    [tr("query head"), tr("reads KV head"), ...cols],
     range(p.num_heads).map((j) => ({
       head: `q${j}`, cells: [`kv${st.kv_head_of_query[j]}`,
-                             ...st.ignore_mask[j].map((no) => (no ? "not read (outside the window)" : "read"))] })))];
+                             ...st.ignore_mask[j].map((no) => (no ? tr("not read (outside the window)") : tr("read")))] })))];
   const rolling = p.window !== null;
-  out.push(table(`Cache size after each step, one layer, batch of one: ${bytes(st.bytes_per_position)} a position ` +
-                 `(K and V, ${plural(p.num_kv_heads, "KV head")}, d = ${p.head_dim}, ${p.dtype})`,
-    ["step", "full cache: entries", "full cache: bytes",
-     ...(rolling ? [`rolling cache (W = ${p.window}): entries`, "rolling cache: bytes"] : [])],
+  out.push(table(tr("Cache size after each step, one layer, batch of one: {bytes} a position (K and V, {kv}, d = {d}, " +
+                    "{dtype})", { bytes: bytes(st.bytes_per_position), kv: kvHeadsWord(p.num_kv_heads), d: p.head_dim,
+                                  dtype: p.dtype }),
+    [tr("step"), tr("full cache: entries"), tr("full cache: bytes"),
+     ...(rolling ? [tr("rolling cache (W = {W}): entries", { W: p.window }), tr("rolling cache: bytes")] : [])],
     st.entries_by_step.map(([full, held], s) => ({
-      head: s === t ? `${s} (shown)` : `${s}`,
+      head: s === t ? tr("{s} (shown)", { s }) : `${s}`,
       cells: [String(full), bytes(full * st.bytes_per_position),
               ...(rolling ? [String(held), bytes(held * st.bytes_per_position)] : [])] }))));
   return out.join("");
@@ -132,55 +153,63 @@ function draw(p, st) {
   const { step: t, num_heads: h, num_kv_heads: hkv } = p, nRep = h / hkv, S = t + 1;
   const outside = (j) => st.ignore_mask[0][j];
   const positions = st.key_positions.map(String);
-  const made = (j) => (st.new_positions.includes(j) ? (p.step < p.prompt ? "computed now, in the prefill's pass"
-    : "computed now") : `reused from the cache (computed ${st.computed_at[j] === "prefill" ? "in the prefill"
-    : `at ${st.computed_at[j]}`}), not recomputed`);
+  const made = (j) => (st.new_positions.includes(j) ? (p.step < p.prompt ? tr("computed now, in the prefill's pass")
+    : tr("computed now")) : j < p.prompt ? tr("reused from the cache (computed in the prefill), not recomputed")
+    : tr("reused from the cache (computed at step {j}), not recomputed", { j }));
   const cell = (g, j, who) => (outside(j)
-    ? { cls: "ac-out", fill: OUTSIDE, title: `${who}, position ${j}: outside the window, not read` +
-                                              "; a rolling cache has dropped it" }
+    ? { cls: "ac-out", fill: OUTSIDE,
+        title: tr("{who}, position {j}: outside the window, not read; a rolling cache has dropped it", { who, j }) }
     : { cls: st.new_positions.includes(j) ? "ac-kv ac-new" : "ac-kv", fill: kvFill(g),
-        text: st.new_positions.includes(j) ? `${j}*` : String(j), title: `${who}, position ${j}: read; ${made(j)}` });
-  const readWords = (st.read_positions.length === S ? (S === 1 ? "position 0, the whole cache" : `all ${S} positions`)
-    : positionsWord(st.read_positions)) +
-    (st.read_positions.length < S ? `, not ${positionsWord(st.key_positions.filter(outside))} (hatched: outside ` +
-                                   `the window)` : "");
+        text: st.new_positions.includes(j) ? `${j}*` : String(j),
+        title: tr("{who}, position {j}: read; {made}", { who, j, made: made(j) }) });
+  const notRead = st.key_positions.filter(outside);
+  const readWords = st.read_positions.length < S
+    ? tr("{read}, not {out} (hatched: outside the window)", { read: positionsWord(st.read_positions),
+                                                              out: positionsWord(notRead) })
+    : S === 1 ? tr("position 0, the whole cache") : tr("all {S} positions", { S });
   const out = [];
-  out.push(`<div class="ac-panel"><h4>1. The cache after step t = ${t}: the new token (position ${t}) has added ` +
-           `its key and value; keys (B, h_kv, S, d) = (1, ${hkv}, ${S}, ${p.head_dim})</h4>`,
-    hatch(grid(hkv, S, (g, j) => cell(g, j, `KV head ${g}`), {
+  out.push(`<div class="ac-panel"><h4>${tr("1. The cache after step t = {t}: the new token (position {t}) has added " +
+                                           "its key and value; keys (B, h_kv, S, d) = (1, {hkv}, {S}, {d})",
+                                           { t, hkv, S, d: p.head_dim })}</h4>`,
+    hatch(grid(hkv, S, (g, j) => cell(g, j, tr("KV head {g}", { g })), {
       size: 22, font: 9, rowLabels: range(hkv).map((g) => `kv${g}`), colLabels: positions,
       right: (g) => `→ q${g * nRep}${nRep > 1 ? `–q${(g + 1) * nRep - 1}` : ""}`, rightWidth: 60,
-      xTitle: "key positions", yTitle: "KV heads",
-      label: `The cache's keys after step ${t}: ${plural(hkv, "KV head")} (rows) by ${plural(S, "key position")}, ` +
-             `${spans(st.key_positions)} (columns). The new query reads ${readWords}.` })),
+      xTitle: tr("key positions"), yTitle: tr("KV heads"),
+      label: tr("The cache's keys after step {t}: {kv} (rows) by {S} (columns). The new query reads {reads}.",
+                { t, kv: kvHeadsWord(hkv), S: trn("{n} key position, {list}", "{n} key positions, {list}", S,
+                                                 { list: spans(st.key_positions) }), reads: readWords }) })),
     `</div>`);
-  out.push(`<div class="ac-panel"><h4>2. What the new query reads, head by head: ${plural(h, "query head")} over ` +
-           `${plural(hkv, "KV head")}, query head j reads KV head j div ${nRep}</h4><div class="ac-multiples">`,
+  out.push(`<div class="ac-panel"><h4>${tr("2. What the new query reads, head by head: {heads} over {kv}, query head j " +
+                                           "reads KV head j div {r}", { heads: queryHeads(h), kv: kvHeadsWord(hkv), r: nRep })}` +
+           `</h4><div class="ac-multiples">`,
     ...range(hkv).map((g) => {
       const heads = queriesOf(g, nRep);
-      return fig(hatch(grid(nRep, S, (i, j) => cell(g, j, `query head ${heads[i]} (KV head ${g})`), {
+      return fig(hatch(grid(nRep, S, (i, j) => cell(g, j, tr("query head {j} (KV head {g})", { j: heads[i], g })), {
         size: 22, font: 9, rowLabels: heads.map((j) => `q${j}`), colLabels: positions,
-        xTitle: `KV head ${g}'s keys`, yTitle: "query heads",
-        label: `${cap(headsWord(heads))} (rows) ${nRep === 1 ? "reads" : "each read"} the keys of KV head ${g} ` +
-               `(columns, ${positionsWord(st.key_positions)}): ` +
-               `${readWords}.` })), `KV head ${g}: ${headsWord(heads)}`);
+        xTitle: tr("KV head {g}'s keys", { g }), yTitle: tr("query heads"),
+        label: trn("{heads} (rows) reads the keys of KV head {g} (columns, {which}): {reads}.",
+                   "{heads} (rows) each read the keys of KV head {g} (columns, {which}): {reads}.", nRep,
+                   { heads: cap(headsWord(heads)), g, which: positionsWord(st.key_positions), reads: readWords }) })),
+        tr("KV head {g}: {heads}", { g, heads: headsWord(heads) }));
     }),
     `</div></div>`);
-  out.push(`<div class="ac-legend ac-summary"><div><b>Computed at this step:</b> ${computeWords(p, st)}</div>`,
+  out.push(`<div class="ac-legend ac-summary"><div>${tr("<b>Computed at this step:</b> {what}",
+                                                        { what: computeWords(p, st) })}</div>`,
            summary(p, st), `</div>`);
   out.push(`<div class="ac-legend">`,
     ...range(hkv).map((g) => `<span><i class="ac-sw" style="background: ${css(kvFill(g))}"></i>` +
-                             `KV head ${g}'s keys, read by ${headsWord(queriesOf(g, nRep))}</span>`),
+                             `${tr("KV head {g}'s keys, read by {heads}", { g, heads: headsWord(queriesOf(g, nRep)) })}</span>`),
     p.window === null ? ""
-      : `<span><i class="ac-sw ac-out"></i>grey and hatched: outside the window, not read (a rolling cache has ` +
-        `dropped it)</span>`,
-    `<div>The number in a cell is the key's position; a star (*) marks a key computed at this step, the others are ` +
-    `reused from the cache. Polarity of the masks: <b>True = may NOT attend</b>.</div>`,
+      : `<span><i class="ac-sw ac-out"></i>${tr("grey and hatched: outside the window, not read (a rolling cache has " +
+                                                "dropped it)")}</span>`,
+    `<div>${tr("The number in a cell is the key's position; a star (*) marks a key computed at this step, the others " +
+               "are reused from the cache. Polarity of the masks: <b>True = may NOT attend</b>.")}</div>`,
     `</div>`);
   return out.join("");
 }
 
 function render({ model, el }) {
+  LANG = chooseLanguage(model, el);
   el.classList.add("ac-widget");
   el.dataset.acWidget = "decode-cache";
   const names = ["step", "steps", "num_heads", "num_kv_heads", "window", "head_dim", "dtype", "prompt"];
@@ -211,27 +240,25 @@ function render({ model, el }) {
     const parts = by < 0 ? [make("span", { "aria-hidden": "true" }, arrow), ` ${text}`]
       : [`${text} `, make("span", { "aria-hidden": "true" }, arrow)];
     const button = make("button", { type: "button", name: "step", value: by < 0 ? "previous" : "next" }, ...parts);
-    button.addEventListener("click", () => {
-      if (button.getAttribute("aria-disabled") !== "true") setStep(get().step + by);
-    });
+    button.addEventListener("click", () => setStep(get().step + by));  // a disabled button is never clicked
     return button;
   };
-  const previous = stepButton(-1, "previous step", "◀"), next = stepButton(1, "next step", "▶");
+  const previous = stepButton(-1, tr("previous step"), "◀"), next = stepButton(1, tr("next step"), "▶");
   const controls = {
-    step: slider("step t", "step", setStep),
-    steps: slider("steps T", "steps", setSteps),
-    num_heads: slider("query heads h", "num_heads", setHeads),
-    window_on: checkbox("sliding window", "window_on", setWindowOn),
-    window: slider("window W", "window", (W) => { asked.window = W; commit(model, { window: W }); }),
-    prompt: slider("prompt P", "prompt", (P) => { asked.prompt = P; commit(model, { prompt: P }); }),
+    step: slider(tr("step t"), "step", setStep),
+    steps: slider(tr("steps T"), "steps", setSteps),
+    num_heads: slider(tr("query heads h"), "num_heads", setHeads),
+    window_on: checkbox(tr("sliding window"), "window_on", setWindowOn),
+    window: slider(tr("window W"), "window", (W) => { asked.window = W; commit(model, { window: W }); }),
+    prompt: slider(tr("prompt P"), "prompt", (P) => { asked.prompt = P; commit(model, { prompt: P }); }),
   };
-  const kvHeads = choices("KV heads h_kv (divides h)", "num_kv_heads", (k) => {
+  const kvHeads = choices(tr("KV heads h_kv (divides h)"), "num_kv_heads", (k) => {
     moved = null;
     commit(model, { num_kv_heads: k });
   });
   const notice = make("output", { class: "ac-notice", role: "status", "aria-live": "polite" });
   const picture = make("div", { class: "ac-picture" });
-  const numbers = tablesBox("Show what each head reads, and the cache size step by step, as tables");
+  const numbers = tablesBox(tr("Show what each head reads, and the cache size step by step, as tables"));
   const status = liveRegion();
   el.replaceChildren(
     make("div", { class: "ac-controls" }, make("span", { class: "ac-choices ac-stepper" }, previous, controls.step, next),
@@ -239,7 +266,7 @@ function render({ model, el }) {
     make("div", { class: "ac-controls" }, controls.num_heads, kvHeads, controls.window_on, controls.window, notice),
     picture, numbers, status);
 
-  const redraw = () => {
+  const redraw = speaking(LANG, () => {
     // Settings made consistent first (trait changes may arrive one message at a time): never draw a step past the
     // last, a window longer than the generation, or a KV head count that does not divide h.
     const p = get();
@@ -252,15 +279,21 @@ function render({ model, el }) {
     p.prompt = Math.min(Math.max(p.prompt ?? 1, 1), p.steps);
     const clamped = [["window", p.window], ["prompt", p.prompt]]
       .filter(([name, shown]) => asked[name] !== null && shown !== null && asked[name] > shown)
-      .map(([name, shown]) => `${name} ${asked[name]} is longer than the ${plural(p.steps, "token")} generated: it ` +
-                              `shows as ${shown} until steps is ${asked[name]} or more again`);
+      .map(([name, shown]) => trn("{name} {asked} is longer than the {n} token generated: it shows as {shown} until " +
+                                  "steps is {asked} or more again",
+                                  "{name} {asked} is longer than the {n} tokens generated: it shows as {shown} until " +
+                                  "steps is {asked} or more again", p.steps,
+                                  { name: name === "window" ? tr("window") : tr("prompt"), asked: asked[name], shown }));
     if (moved && (moved.h !== p.num_heads || moved.hkv !== p.num_kv_heads)) moved = null;
-    notice.textContent = [moved ? `h_kv = ${moved.from} does not divide h = ${moved.h}: h_kv is now ${moved.hkv}, ` +
-                                  "the largest KV head count below it that does." : "", ...clamped].filter(Boolean)
-      .join("; ");
+    notice.textContent = [moved ? tr("h_kv = {from} does not divide h = {h}: h_kv is now {hkv}, the largest KV head " +
+                                     "count below it that does.", moved) : "", ...clamped].filter(Boolean).join(tr("; "));
     controls.step.update(p.step, 0, p.steps - 1);
-    previous.setAttribute("aria-disabled", String(p.step === 0));
-    next.setAttribute("aria-disabled", String(p.step === p.steps - 1));
+    // A step button that cannot act is disabled (a screen reader says "unavailable"); if it held the keyboard's
+    // focus, the focus moves to the other one, which can act, so it is not lost to the page.
+    const focused = [previous, next].find((b) => b === el.ownerDocument.activeElement);
+    previous.disabled = p.step === 0;
+    next.disabled = p.step === p.steps - 1;
+    if (focused?.disabled) (focused === previous ? next : previous).focus();
     controls.steps.update(p.steps, 1, MAX_STEPS);
     controls.num_heads.update(p.num_heads, 1, MAX_HEADS);
     controls.window_on.update(p.window !== null);
@@ -273,7 +306,7 @@ function render({ model, el }) {
     numbers.show(tables(p, st));
     status.say(describe(p, st));
     el.dataset.state = JSON.stringify(st);
-  };
+  });
   watch(model, names, redraw);
 }
 

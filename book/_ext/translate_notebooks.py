@@ -9,7 +9,8 @@ white space (line breaks, indentation) between its words, and only where it fill
 start (after indentation, a list or quote marker, a heading's #s, a directive's fence and name, a table's |) to the
 end of a line or cell. Longer messages are placed first; no two overlap. A theorem's title, whose message
 sphinx-proof makes "(title)", is placed after its directive's name (``{prf:theorem} title``), without the
-parentheses. Code cells are never touched; alt texts in cell metadata (``mystnb.image.alt``) are translated whole.
+parentheses. Code cells are never touched; alt texts in cell metadata (``mystnb.image.alt``) are translated whole. The
+notebook's metadata gets its language, for the widgets.
 
     python book/_ext/translate_notebooks.py [OUT]    writes every chapter, translated, into OUT (default
                                                      _build/zh/notebooks) and lists the messages not placed
@@ -89,9 +90,14 @@ def _text(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-def translate_notebook(notebook: dict, catalog: dict[str, str]) -> tuple[dict, set[str]]:
-    """(a translated copy of ``notebook``, the msgids of ``catalog`` found nowhere in it)."""
+def translate_notebook(notebook: dict, catalog: dict[str, str], language: str = "zh_CN") -> tuple[dict, set[str]]:
+    """(a translated copy of ``notebook``, the msgids of ``catalog`` found nowhere in it).
+
+    The copy's metadata says its language, ``"attention_course": {"language": "zh_CN"}``: the course's widgets read it
+    in Jupyter (attention_course/widgets/_base.py, notebook_language) and draw their words in it."""
     new, placed = copy.deepcopy(notebook), set()
+    metadata = new.setdefault("metadata", {})
+    metadata["attention_course"] = {**metadata.get("attention_course", {}), "language": language}
     for cell in new["cells"]:
         if cell["cell_type"] == "markdown":
             text, found = translate_text(_text(cell), catalog)
