@@ -134,7 +134,7 @@ book-zh: book-en
 	$(BIN)/python book/_ext/zh_edition.py build || { rm -rf _build/html; echo "The Chinese build failed: _build/html removed."; exit 1; }
 
 # The same after a change of the locked versions (make lock): the notebooks run again with what is installed.
-_build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css') $(VENV)/.installed
+_build/.package-stamp: $(shell find attention_course -name '*.py' -o -name '*.js' -o -name '*.css' -o -name '*.po') $(VENV)/.installed
 	rm -rf _build/.jupyter_cache _build/.doctrees
 	$(PYTHON) -m compileall -q attention_course >/dev/null
 	mkdir -p _build && touch $@
