@@ -26,7 +26,10 @@ shared execution cache, so code and outputs are the English build's (tests/test_
 6. Chinese search: Sphinx indexes Chinese with jieba (a dev requirement); a query typed without spaces is cut
    here, in the browser, into the longest words the index holds (``splitQuery`` below), so "填充掩码的形状" finds
    what "填充 掩码 形状" finds. jieba cuts the Chinese text alone: Latin words (``perf_counter``) are indexed whole,
-   as in the English index.
+   as in the English index. jieba is taught the book's terms (``course_words``: the glossary's, and the words of
+   the chapters' headings), so that 因果掩码 or 环形注意力 is a word of the index, not only 因果 and 掩码; and the
+   glossary's one-character terms (键, 值, 头) are kept, where Sphinx drops every word of one character. The search
+   page ranks sections (book/_ext/search_sections.py).
 7. A page the English build read again (a notebook executed again) is read again by the translated build, so that
    both show the same run's outputs.
 8. The figures: drawn again in the page's language from the English run's record (book/_ext/zh_figures.py, its
@@ -34,6 +37,7 @@ shared execution cache, so code and outputs are the English build's (tests/test_
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -510,6 +514,15 @@ def chinese_search_language():
         def init(self, options):
             super().init(options)
             self.latin_terms = set()
+            if JIEBA:
+                import jieba
+
+                for word in sorted(course_words()):
+                    jieba.add_word(word)  # a frequency of jieba's choosing: one that keeps the word whole
+            self.single = {word for word in course_words() if len(word) == 1}
+
+        def word_filter(self, stemmed_word: str) -> bool:
+            return super().word_filter(stemmed_word) or stemmed_word in self.single
 
         def split(self, input: str) -> list[str]:
             chinese = [word for run in HAN_RUN.findall(input) for word in jieba_cut(run)] if JIEBA else []
@@ -520,10 +533,55 @@ def chinese_search_language():
     return SearchChineseCourse
 
 
+GLOSSARY = ROOT / LOCALE_DIR / "glossary.md"
+TERM_SEPARATORS = re.compile(r"[^\u4e00-\u9fff]+")  # the glossary writes alternatives with / 、（） and Latin
+
+
+@functools.cache
+def course_words(lang: str = "zh_CN") -> frozenset[str]:
+    """The book's Chinese terms: each run of Chinese characters of the glossary's second column (键值缓存（KV
+    cache）gives 键值缓存; 查询 / 键 / 值 and 查询、键和值 give 查询, 键, 值), and of the chapters' headings as translated, those of 2 to
+    6 characters (分页缓存, 写时复制; a longer run is a phrase, which jieba cuts into its words)."""
+    glossary = set()
+    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and not set(cells[1]) <= set("-: "):
+            glossary.update(word for run in TERM_SEPARATORS.split(cells[1]) for word in JOINED.split(run) if word)
+    from translate_notebooks import catalog_for
+
+    headings = set()
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        catalog = catalog_for(f"notebooks/{notebook.stem}", lang, ROOT / LOCALE_DIR)
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "markdown":
+                continue
+            for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", "".join(cell["source"]), re.M):
+                headings.update(HAN_RUN.findall(catalog.get(heading, "")))
+    # a heading's run is a term when it has no particle or preposition in it (not 填充的代价, 为什么要除以), holds no
+    # longer glossary term (not 自注意力模块, which would hide 自注意力 from the index), and is not a one-character
+    # term run into a word
+    single = {term for term in glossary if len(term) == 1}
+    terms = {run for run in headings if 2 <= len(run) <= 6 and not PHRASE.search(run)
+             and not any(len(term) >= 3 and term in run and term != run for term in glossary)
+             and run[0] not in single and run[-1] not in single}  # not 值模式, of 查询-键-值模式
+    return frozenset(glossary | terms)
+
+
+JOINED = re.compile("[和与或及]")  # 查询、键和值: the terms 查询, 键 and 值
+PHRASE = re.compile("[的与和或及从把为被时在是不按要之以再先让给对向于而也都就能会吗呢]")
+
+
 def jieba_cut(text: str) -> list[str]:
+    """jieba's words for search, and the dictionary's words inside each word it guessed (its HMM joins characters
+    it does not know: 键和值 is one such word, and 键 and 值 are in it)."""
     import jieba
 
-    return list(jieba.cut_for_search(text))
+    words = []
+    for word in jieba.cut_for_search(text):
+        words.append(word)
+        if len(word) > 1 and not jieba.dt.FREQ.get(word):
+            words.extend(piece for piece in jieba.cut(word, HMM=False) if piece != word)
+    return words
 
 
 def defaults_computed_once() -> None:
