@@ -112,6 +112,34 @@ def test_code_and_outputs_are_the_english_editions(page):
         assert zh_alts == [catalog.get(a, a) for a in alts], f"{page}, code cell {n}: alt texts {zh_alts}"
 
 
+def formulas(page_soup) -> list[str]:
+    """The LaTeX of every display formula of a page, its number apart."""
+    found = []
+    for div in page_soup.select("div.math"):
+        div = copy.copy(div)
+        for number in div.select(".eqno"):
+            number.decompose()
+        found.append(div.get_text().strip())
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_formulas_of_a_chinese_page_are_the_english_ones_translated(page):
+    """A display formula shows its catalog's translation (the words of its \text{...}) and otherwise the English
+    page's LaTeX: Sphinx's Locale turned each translated formula into "::" (the Markdown parser reads the literal
+    block it builds as a paragraph), book/_ext/i18n.py's FormulasTranslated puts the translation in place."""
+    en, zh = built(page)
+    translated = {msgid.strip(): msgstr.strip() for msgid, msgstr in translate_notebooks.catalog_for(page).items()
+                  if msgid != msgstr and msgid.strip()}
+    expected = []
+    for formula in formulas(en):
+        for msgid, msgstr in translated.items():
+            if msgid in formula:
+                formula = formula.replace(msgid, msgstr)
+        expected.append(formula)
+    assert formulas(zh) == expected, f"zh/{page}.html: its formulas differ from the English ones translated"
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_switches_to_the_other_language_and_back(page):
     en, zh = built(page)
