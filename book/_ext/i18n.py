@@ -289,7 +289,9 @@ class FormulasTranslated(SphinxTransform):
     reStructuredText's literal block ("::" and the text indented), which the Markdown parser reads as a paragraph
     "::" followed by another: the formula became "::"."""
 
-    default_priority = 18  # Locale is 20
+    # after MessagesShownInEnglish, which reads the messages (the same priority, added after it: docutils keeps their
+    # order), before Locale (20)
+    default_priority = 19
 
     def apply(self):
         if language(self.config) == "en" or self.app.builder.name == "gettext":
