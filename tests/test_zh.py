@@ -8,6 +8,7 @@
   page's text (article, sidebars, header, footer), outside code (a program's output quoted in code font), math,
   keyboard keys, outputs, links to API
   documentation and the names in NAMES; no control, picture or sidebar caption named in English (english_names);
+- spacing: no space between two Chinese characters in a msgstr (a word replaced in bulk once left some);
 - math: no English word in a formula's \\text{...} (a symbol's one-word label, $n_\\text{layers}$, and names of
   code apart): the words of a formula are translated as the prose around it;
 - the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
@@ -379,6 +380,27 @@ def test_no_english_word_in_a_formula(catalog):
     left = [f"{hit} in {entry.msgid[:60]!r}" for entry in polib.pofile(str(catalog))
             if not entry.obsolete and entry.msgstr for hit in english_in_math(entry.msgstr)]
     assert not left, f"{catalog.name}: {len(left)} English words in formulas:\n" + "\n".join(left)
+
+
+# Markup of a msgstr, each replaced by one mark: inline code, roles, math, link targets, HTML.
+MSG_MARKUP = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|<[^>]*>", re.S)
+SPACE_IN_CHINESE = re.compile(r"[\u4e00-\u9fff][ \u3000]+[\u4e00-\u9fff]")
+
+
+def test_the_spacing_rule_finds_a_space_inside_chinese():
+    assert SPACE_IN_CHINESE.search(MSG_MARKUP.sub("§", "这个层只为 布尔掩码而写"))
+    assert not SPACE_IN_CHINESE.search(MSG_MARKUP.sub("§", "批量大小为 8 的张量，`x` 的形状，$h$ 个头"))
+
+
+@pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())
+def test_no_space_between_two_chinese_characters(catalog):
+    """TRANSLATING.md: a space between Chinese and Latin letters or numbers, none inside Chinese. A space between two
+    Chinese characters shows on the page as a gap (a word replaced in bulk, "只为 布尔掩码", left one)."""
+    import polib
+
+    left = [f"{hit.group()!r} in {entry.msgid[:50]!r}" for entry in polib.pofile(str(catalog))
+            if not entry.obsolete and entry.msgstr for hit in SPACE_IN_CHINESE.finditer(MSG_MARKUP.sub("§", entry.msgstr))]
+    assert not left, f"{catalog.name}: spaces inside Chinese:\n" + "\n".join(left)
 
 
 @pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())
