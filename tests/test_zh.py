@@ -5,8 +5,12 @@
 - catalogs: no message untranslated or fuzzy (this fails while translators are at work: ``make translations`` lists
   what is left);
 - prose: no English sentence left in a Chinese page: a run of MIN_ENGLISH_WORDS or more Latin-script words in the
-  page's text (article, sidebars, header, footer), outside code, math, keyboard keys, outputs, links to API
+  page's text (article, sidebars, header, footer), outside code (a program's output quoted in code font), math,
+  keyboard keys, outputs, links to API
   documentation and the names in NAMES; no control, picture or sidebar caption named in English (english_names);
+- spacing: no space between two Chinese characters in a msgstr (a word replaced in bulk once left some);
+- math: no English word in a formula's \\text{...} (a symbol's one-word label, $n_\\text{layers}$, and names of
+  code apart): the words of a formula are translated as the prose around it;
 - the switch: every page links to the same page in the other edition, both ways, and says its language (``lang``);
 - drift: a changed English sentence becomes an untranslated message, and the Chinese page shows the new English
   sentence (never the stale translation) until the catalog is updated (a scratch book, built here);
@@ -42,7 +46,8 @@ CATALOGS = sorted((ROOT / "book" / "locale" / "zh_CN" / "LC_MESSAGES").rglob("*.
 MIN_ENGLISH_WORDS = 4
 # Names that stay as they are in Chinese text (titles of works, products): a short list, not a way around the rule.
 NAMES = ["Attention Is All You Need", "Dive into Deep Learning", "Jupyter Book", "Google Colab", "JupyterLab",
-         "PyTorch", "Flash Attention", "FlashAttention"]
+         "PyTorch", "Flash Attention", "FlashAttention", "Online normalizer calculation for softmax",
+         "Self-attention does not need memory"]  # the last: the title chapter 8 cites, its $O(n^2)$ skipped as math
 SKIPPED = "pre, code, kbd, samp, script, style, .math, mjx-container, .cell_output, .cell_input"
 bs4 = pytest.importorskip("bs4")
 
@@ -107,6 +112,34 @@ def test_code_and_outputs_are_the_english_editions(page):
         assert zh_code == code, f"{page}, code cell {n}: the Chinese edition's code differs"
         assert zh_out == out, f"{page}, code cell {n}: the Chinese edition's outputs differ"
         assert zh_alts == [catalog.get(a, a) for a in alts], f"{page}, code cell {n}: alt texts {zh_alts}"
+
+
+def formulas(page_soup) -> list[str]:
+    """The LaTeX of every display formula of a page, its number apart."""
+    found = []
+    for div in page_soup.select("div.math"):
+        div = copy.copy(div)
+        for number in div.select(".eqno"):
+            number.decompose()
+        found.append(div.get_text().strip())
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_formulas_of_a_chinese_page_are_the_english_ones_translated(page):
+    """A display formula shows its catalog's translation (the words of its \text{...}) and otherwise the English
+    page's LaTeX: Sphinx's Locale turned each translated formula into "::" (the Markdown parser reads the literal
+    block it builds as a paragraph), book/_ext/i18n.py's FormulasTranslated puts the translation in place."""
+    en, zh = built(page)
+    translated = {msgid.strip(): msgstr.strip() for msgid, msgstr in translate_notebooks.catalog_for(page).items()
+                  if msgid != msgstr and msgid.strip()}
+    expected = []
+    for formula in formulas(en):
+        for msgid, msgstr in translated.items():
+            if msgid in formula:
+                formula = formula.replace(msgid, msgstr)
+        expected.append(formula)
+    assert formulas(zh) == expected, f"zh/{page}.html: its formulas differ from the English ones translated"
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -269,6 +302,29 @@ def test_the_english_rule_finds_english_and_spares_code_math_and_names():
     assert english_runs(page) == ["This sentence was left in English"]
 
 
+def test_the_english_rule_spares_quoted_program_output_and_flags_english_prose():
+    """A message a program prints, quoted in code font (inline code, or the {samp} role whose italics stand for a
+    value: Sphinx writes both as <code>, each word in a span), is the program's output, quoted as it prints it (the
+    instructors' page quotes the grader so, with a gloss beside): the rule lets it be, however many English words it
+    has. The same words as prose, or between Chinese quotation marks without code font, are still an English
+    sentence left in the page."""
+    def code(words, role=""):
+        spans = " ".join(f'<span class="pre">{w}</span>' if w != "WHY" else '<em><span class="pre">why</span></em>'
+                         for w in words.split())
+        return f'<code class="{role}docutils literal notranslate">{spans}</code>'
+
+    page = bs4.BeautifulSoup(
+        "<article>"
+        f"<p>超时的练习得 0 分，并写明 {code('timed out (the check ran over 120 s)')}（检查超过了 120 秒）。</p>"
+        f"<p>未评分的文件写明原因：{code('not graded: WHY', 'samp ')}（未评分：原因）。</p>"
+        f"<p>该行写明 {code('held for review by hand: the check passed, but the solution uses os, _exit', 'samp ')}"
+        "（留待手工审阅）。</p>"
+        "<p>The check passed, but the solution uses os, so it is held for review.</p>"
+        "<p>该行写明“held for review by hand”。</p></article>", "html.parser")
+    assert english_runs(page) == ["The check passed, but the solution uses os, so it is held for review",
+                                  "held for review by hand"]
+
+
 def test_the_english_rule_reads_the_whole_page_and_the_names_of_its_controls():
     """What the Chinese pages once showed around their article: the sidebar's captions and the theme's buttons."""
     page = bs4.BeautifulSoup(
@@ -280,6 +336,71 @@ def test_the_english_rule_reads_the_whole_page_and_the_names_of_its_controls():
     assert english_runs(page) == ["Chapters Teaching with the course Colab", "the attention-course project team"]
     assert english_names(page) == ['title="Toggle primary sidebar"', 'aria-label="Color mode"', 'alt="Colab logo"',
                                    "caption 'Chapters'", "caption 'Teaching with the course'"]
+
+
+# Words of a formula: \text{...} (and its kin) in a msgstr's math.
+MATH_TEXT = re.compile(r"\\(?:text|textrm|textit|textbf|mbox)\{([^{}]*)\}")
+# Names that stay as they are inside \text{}: values and arguments of the code (NaN, None, the forward's query, key and
+# value, RoPE's base, BERT's dense and BertAttention) and lse, the log-sum-exp the chapter names so.
+MATH_NAMES = {"NaN", "None", "query", "key", "value", "base", "lse", "dense", "BertAttention"}
+
+
+def english_in_math(msgstr: str) -> list[str]:
+    r"""The \text{...} of a message that hold an English word: not a one-word label of a symbol ($n_\text{layers}$,
+    $d_{\text{model}}$), not a name in MATH_NAMES, not an identifier (out\_proj, float32)."""
+    found = []
+    for match in MATH_TEXT.finditer(msgstr):
+        body, before = match.group(1), msgstr[:match.start()]
+        if (before.endswith(("_", "^")) or before.endswith(("_{", "^{"))) and re.fullmatch(r"\s*[A-Za-z]+\s*", body):
+            continue
+        words = re.findall(r"[A-Za-z][\w'’]*", re.sub(r"[\w\\]*\\_[\w\\]*", " ", body))
+        if any(word not in MATH_NAMES for word in words if len(word) > 1 and not re.search(r"[\d_]", word)):
+            found.append(match.group(0))
+    return found
+
+
+def test_the_math_rule_finds_english_words_in_a_formula():
+    assert english_in_math(r"&\text{with } W_q \in \mathbb{R}^{D} \text{ and } b_q") == [r"\text{with }",
+                                                                                     r"\text{ and }"]
+    assert english_in_math(r"\text{cache bytes} = 2 \cdot n_\text{layers} \cdot d_{\text{model}}") == [
+        r"\text{cache bytes}"]
+    assert english_in_math(r"\text{缓存字节数} = 2 \cdot n_\text{layers} \cdot 0 \cdot \text{NaN}") == []
+    assert english_in_math(r"\underbrace{x}_{\text{课程的层，out\_proj = dense}}\Big)}_{\text{BertAttention}}") == []
+    assert english_in_math(r"\underbrace{x}_{\text{course's layer, out\_proj = dense}}") != []
+    assert english_in_math(r"2 \cdot B h L S \cdot 4 \text{ 字节（float32）}") == []
+
+
+@pytest.mark.parametrize("catalog", [c for c in CATALOGS if c.parent.name in ("notebooks", "book")],
+                         ids=lambda p: p.relative_to(p.parents[2]).as_posix())
+def test_no_english_word_in_a_formula(catalog):
+    r"""A formula's words (\text{...}) are translated with the message: "with", "where", "bytes per number" read in
+    Chinese as the sentence around them; MathJax sets Chinese inside \text in the page's font."""
+    import polib
+
+    left = [f"{hit} in {entry.msgid[:60]!r}" for entry in polib.pofile(str(catalog))
+            if not entry.obsolete and entry.msgstr for hit in english_in_math(entry.msgstr)]
+    assert not left, f"{catalog.name}: {len(left)} English words in formulas:\n" + "\n".join(left)
+
+
+# Markup of a msgstr, each replaced by one mark: inline code, roles, math, link targets, HTML.
+MSG_MARKUP = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|<[^>]*>", re.S)
+SPACE_IN_CHINESE = re.compile(r"[\u4e00-\u9fff][ \u3000]+[\u4e00-\u9fff]")
+
+
+def test_the_spacing_rule_finds_a_space_inside_chinese():
+    assert SPACE_IN_CHINESE.search(MSG_MARKUP.sub("§", "这个层只为 布尔掩码而写"))
+    assert not SPACE_IN_CHINESE.search(MSG_MARKUP.sub("§", "批量大小为 8 的张量，`x` 的形状，$h$ 个头"))
+
+
+@pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())
+def test_no_space_between_two_chinese_characters(catalog):
+    """TRANSLATING.md: a space between Chinese and Latin letters or numbers, none inside Chinese. A space between two
+    Chinese characters shows on the page as a gap (a word replaced in bulk, "只为 布尔掩码", left one)."""
+    import polib
+
+    left = [f"{hit.group()!r} in {entry.msgid[:50]!r}" for entry in polib.pofile(str(catalog))
+            if not entry.obsolete and entry.msgstr for hit in SPACE_IN_CHINESE.finditer(MSG_MARKUP.sub("§", entry.msgstr))]
+    assert not left, f"{catalog.name}: spaces inside Chinese:\n" + "\n".join(left)
 
 
 @pytest.mark.parametrize("catalog", CATALOGS, ids=lambda p: p.relative_to(p.parents[2]).as_posix())

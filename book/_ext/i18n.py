@@ -290,6 +290,30 @@ class MessagesShownInEnglish(SphinxTransform):
         self.env.ac_untranslated[self.env.docname] = list(dict.fromkeys(left))
 
 
+class FormulasTranslated(SphinxTransform):
+    """In a translated build, before Locale: a display formula whose catalog translates it (the words of its
+    ``\\text{...}``) takes the translation as its LaTeX. Locale hands a formula's translation to the parser as
+    reStructuredText's literal block ("::" and the text indented), which the Markdown parser reads as a paragraph
+    "::" followed by another: the formula became "::"."""
+
+    # after MessagesShownInEnglish, which reads the messages (the same priority, added after it: docutils keeps their
+    # order), before Locale (20)
+    default_priority = 19
+
+    def apply(self):
+        if language(self.config) == "en" or self.app.builder.name == "gettext":
+            return
+        from sphinx.util.nodes import extract_messages
+        from translate_notebooks import catalog_for
+
+        catalog = catalog_for(self.env.docname, language(self.config), ROOT / LOCALE_DIR)
+        for node, msg in list(extract_messages(self.document)):
+            if isinstance(node, nodes.math_block) and catalog.get(msg, msg) != msg:
+                node.children = [nodes.Text(catalog[msg])]
+                node.rawsource = catalog[msg]
+                node["translated"] = True  # Locale leaves it
+
+
 def report_untranslated(app, exception) -> None:
     if exception or language(app) == "en" or app.builder.name == "gettext":
         return
@@ -619,6 +643,7 @@ def setup(app):
     app.add_transform(ProofLabelOut)
     app.add_transform(ProofLabelIn)
     app.add_transform(MessagesShownInEnglish)
+    app.add_transform(FormulasTranslated)
     app.add_transform(ExercisesAsTranslated)
     app.connect("build-finished", report_untranslated)
     app.connect("doctree-read", edition_note)
