@@ -24,7 +24,7 @@ TERMS = {
     "the package": ("课程包", [r"(?<![基样版文根资成脚剧书日账课])本包(?![含括])", r"本软件包", r"课程软件包"]),
     "key/value heads": ("键值头", [r"键/值头", r"键-值头", r"键和值头", r"键与值头"]),
     "running max / running sum": ("累计最大值 / 累计和", [r"运行最大值", r"运行归一化因子", r"运行总和", r"运行和 ?§",
-                                                   r"运行中的 ?softmax", r"滑动最大值"]),
+                                                   r"运行中的 ?softmax", r"滑动最大值", r"运行状态"]),
     "interleaved (RoPE pairs)": ("交错（配对）", [r"相邻配对", r"相邻成对"]),
     "hidden state": ("隐藏状态", [r"隐状态", r"隐含状态", r"隐层状态"]),
     "bool": ("布尔", [r"(?<![\w.])[Bb]ool(?:ean)?(?!\w)", r"布林"]),
@@ -35,10 +35,15 @@ TERMS = {
     "chunk (of tokens fed at one step)": ("片段", [r"预填充块", r"预填充段", r"由多个词元组成的一块"]),
     "tile (a block of queries against a block of keys)": ("分块", [r"(?<!分)块（tiles?）", r"瓦片", r"图块"]),
     "property test": ("属性测试", [r"性质测试", r"特性测试"]),
+    "pad position": ("填充位", [r"填充位置"]),
+    "float (in prose, not a dtype's name)": ("浮点", [r"(?<![\w.])float(?![\w])"]),
+    "eval mode": ("评估模式", [r"eval ?模式", r"评价模式", r"推断模式"]),
+    "dtype (in prose)": ("数据类型", [r"(?<![\w.])dtype(?![\w])"]),
 }
 
-# Inline code, math, roles and link targets are markup, not prose: each becomes one marker '§'.
-MARKUP = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|<[^>]*>", re.S)
+# Inline code, math, roles, link targets and the widgets' placeholders ({dtype}) are markup, not prose: each becomes
+# one marker '§'.
+MARKUP = re.compile(r"\{[\w:-]+\}`[^`]*`|\{\w+\}|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|<[^>]*>", re.S)
 
 
 def prose(msgstr: str) -> str:
@@ -73,6 +78,10 @@ def test_the_rule_spares_code_and_legitimate_neighbours():
     bool_rule = TERMS["bool"][1][0]
     assert not re.search(bool_rule, prose("`torch.bool` 掩码，`(b, h) -> bool`")), "code is not prose"
     assert re.search(bool_rule, prose("bool 掩码")), "a bool in prose is found"
+    float_rule = TERMS["float (in prose, not a dtype's name)"][1][0]
+    assert not re.search(float_rule, prose("`float32` 张量，float16 的精度")), "a dtype's name is not the word float"
+    assert re.search(float_rule, prose("float 掩码")), "a float in prose is found"
+    assert not re.search(TERMS["dtype (in prose)"][1][0], prose("{dtype} 的字节数")), "a widget's placeholder is code"
     package = TERMS["the package"][1][0]
     assert not re.search(package, "基本包括三个部分") and re.search(package, "本包的 §")
     assert not re.search(TERMS["pooling"][1][0], "注意力汇聚点（attention sink）")
