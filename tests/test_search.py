@@ -48,7 +48,7 @@ ENGLISH = [
     ("online softmax", ch(8), "online-softmax"),              # 2 (1)
     ("KV cache", ch(10), "the-kv-cache"),                     # 4 (1)
     ("paged attention", ch(12), "a-paged-cache"),             # - (1)
-    ("padding mask", ch(3), "padding-masks-for-one-sentence-then-a-batch"),  # - (3)
+    ("padding mask", ch(3), ""),  # - (3); names the chapter (Padding and masks): its top, by the rule above
     ("self-attention", ch(4), ""),                            # 6 (6)
     ("multi-head attention", ch(6), ""),                      # 5 (5)
     ("tensor parallelism", ch(11), "heads-over-workers-tensor-parallelism"),     # - (1)

@@ -290,6 +290,22 @@ def test_notices_speak_the_page_language(tab):
     assert not tab.errors
 
 
+def test_a_view_drawn_before_it_is_in_the_page_speaks_the_page_language(tab):
+    """A front end may draw a view into an element it puts in the page afterwards (on the site, now and then): the
+    page's language is then the document's, as the element has no parent to ask yet."""
+    detached = RENDER.replace("document.body.append(el);\n  module.default.render({ model, el });",
+                              "module.default.render({ model, el });\n  document.body.append(el);")
+    assert detached != RENDER
+    widget = MaskBroadcastWidget()
+    traits = {n: getattr(widget, n) for n in widget.trait_names(sync=True) if not n.startswith("_")}
+    traits = {k: v for k, v in traits.items() if isinstance(v, (int, bool, list, str, type(None)))}
+    tab.set_content('<!doctype html><html lang="zh-CN"><body></body></html>')
+    tab.evaluate(detached, [widget._esm, widget._css, traits])
+    view = tab.locator(".ac-widget")
+    assert view.get_attribute("lang") == "zh-CN" and "批量大小 B" in view.inner_text()
+    assert not tab.errors
+
+
 def test_the_model_language_wins_over_the_page(tab):
     """Python's choice (an argument, the variable, the notebook's metadata) over the page's language."""
     view = show(tab, MaskBroadcastWidget(language="zh_CN"), "en")

@@ -10,7 +10,9 @@ const range = (n) => Array.from({ length: n }, (_, i) => i);
 // may hold widgets in two languages).
 let LANG = "en";
 function chooseLanguage(model, el) {
-  const asked = model.get("language") || el.parentElement?.closest("[lang]")?.getAttribute("lang") || "en";
+  // (a view may be drawn before it is put in the page: then the page's own language)
+  const asked = model.get("language") || el.parentElement?.closest("[lang]")?.getAttribute("lang")
+    || document.documentElement.getAttribute("lang") || "en";
   const lang = /^zh/i.test(asked) ? "zh_CN" : "en";
   el.setAttribute("lang", lang === "en" ? "en" : "zh-CN");  // screen readers read the widget in its language
   return lang;
