@@ -98,3 +98,35 @@ def test_one_term_per_concept(concept):
              for file, entry in messages() for variant in variants
              for hit in [re.search(variant, prose(entry.msgstr))] if hit]
     assert not found, f"{concept} is {term!r} (book/locale/glossary.md), written otherwise:\n" + "\n".join(found)
+
+
+# The English verbs of a mask, one Chinese verb each (book/locale/glossary.md): "masked" is 掩蔽, "blocked" (a key, a
+# cell) is 屏蔽, "hide" 遮住. A message whose English says one of them alone writes that one's verb and not another's
+# (掩蔽 beside a "blocked" may be the verb "masks", which this rule cannot tell from the noun: only 遮住 is a slip there).
+MASK_VERBS = {
+    "masked": (re.compile(r"\bmasked\b", re.I), "掩蔽", re.compile("屏蔽|遮住")),
+    "blocked": (re.compile(r"\b(?:un)?block(?:ed|s|ing)?\b", re.I), "屏蔽", re.compile("遮住")),
+}
+ENGLISH_VERBS = re.compile(r"\b(masked)\b|\b(?:un)?(block)(?:ed|s|ing)?\b|\b(hid)(?:e|es|den|ing)\b", re.I)
+FAMILY = {"masked": "masked", "block": "blocked", "hid": "hide"}
+
+
+def mask_verb_slips(english: str, chinese: str) -> list[str]:
+    said = {FAMILY["".join(groups).lower()] for groups in ENGLISH_VERBS.findall(prose(english))}
+    return [f"{word!r} is {verb}, not {hit.group()!r}" for word, (pattern, verb, others) in MASK_VERBS.items()
+            if pattern.search(prose(english)) and said <= {word} for hit in [others.search(prose(chinese))] if hit]
+
+
+def test_the_mask_verb_rule_finds_a_slip_and_spares_the_rest():
+    assert mask_verb_slips("{n} of {all} cells masked", "{all} 个格子中 {n} 个被屏蔽")
+    assert mask_verb_slips("blocked cells grey", "被遮住的单元格为灰色")
+    assert not mask_verb_slips("{n} of {all} cells masked", "{all} 个格子中 {n} 个被掩蔽")
+    assert not mask_verb_slips("{keys} blocked in every query row", "{keys} 在每个查询行中被屏蔽")
+    assert not mask_verb_slips("$-\\infty$ added hides a key; a blocked score", "遮住一个键；被屏蔽的分数")
+    assert not mask_verb_slips("`masked_fill` fills", "`masked_fill` 填入屏蔽值"), "code is not prose"
+
+
+def test_one_chinese_verb_for_each_english_verb_of_a_mask():
+    found = [f"{file}: {slip} in the message {entry.msgid[:70]!r}" for file, entry in messages()
+             for slip in mask_verb_slips(entry.msgid + " " + (entry.msgid_plural or ""), entry.msgstr)]
+    assert not found, "\n".join(found)
