@@ -273,6 +273,19 @@ def test_a_widget_speaks_the_page_language(tab, widget, lang):
     assert not tab.errors
 
 
+@pytest.mark.parametrize("lang", ["zh-CN", "en"])
+def test_the_live_summary_joins_its_sentences_as_the_language_does(tab, lang):
+    """The decode widget's live region says several sentences: in Chinese each ends in 。 and the next follows with no
+    space; in English, one space."""
+    view = show(tab, DecodeCacheWidget(num_heads=4, num_kv_heads=2, window=4, steps=10, step=7), lang)
+    said = view.locator("[aria-live=polite].ac-sr").text_content()
+    if lang == "en":
+        assert ". " in said and "  " not in said, said
+    else:
+        assert said.count("。") >= 3 and not re.search(r"。\s", said), said
+    assert not tab.errors
+
+
 def test_notices_speak_the_page_language(tab):
     """The notices a control writes (a head count moved, a window clamped), in Chinese on a Chinese page."""
     view = show(tab, HeadReshapeWidget(embed_dim=8, num_heads=4), "zh-CN")

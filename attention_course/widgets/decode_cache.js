@@ -99,15 +99,16 @@ function computeWords(p, st) {
 
 function describe(p, st) {
   const t = p.step;
-  return trn("Step t = {t} (of 0 to {last}): the new token at position {t} has added its key and value, so the cache " +
+  const gap = LANG === "en" ? " " : "";  // Chinese sentences end in 。 and are joined with no space
+  return [trn("Step t = {t} (of 0 to {last}): the new token at position {t} has added its key and value, so the cache " +
              "holds {n} position per KV head ({which}).",
              "Step t = {t} (of 0 to {last}): the new token at position {t} has added its key and value, so the cache " +
              "holds {n} positions per KV head ({which}).", t + 1,
-             { t, last: p.steps - 1, which: positionsWord(st.key_positions) }) +
-    ` ${computeWords(p, st)} ${sharingWords(p)} ${windowWords(p, st)} ` +
+             { t, last: p.steps - 1, which: positionsWord(st.key_positions) }),
+    computeWords(p, st), sharingWords(p), windowWords(p, st),
     (p.window === null ? tr("Cache per layer: {bytes}.", { bytes: bytes(st.cache_bytes) })
       : tr("Cache per layer: {bytes}; rolling cache: {rolling}.", { bytes: bytes(st.cache_bytes),
-                                                                    rolling: bytes(st.rolling_bytes) }));
+                                                                    rolling: bytes(st.rolling_bytes) }))].join(gap);
 }
 
 function summary(p, st) {
