@@ -498,6 +498,15 @@ var splitQuery = (query) => {
   const terms = (typeof Search !== "undefined" && Search._index) ? Search._index.terms : {};
   const known = (w) => Object.prototype.hasOwnProperty.call(terms, w);
   const out = [];
+  // a term of Chinese and Latin words (掩蔽 softmax, 在线 softmax) is also one term of the index, written with or
+  // without the space: the longest end of the Chinese run that makes one with the Latin word after it is searched for
+  // as well as its words (search_sections.js ranks with it, and asks no page to hold it)
+  for (const [, han, latin] of query.matchAll(/(\p{Script=Han}+)\s*([A-Za-z]+)/gu)) {
+    for (let k = han.length; k >= 1; k--) {
+      const term = han.slice(-k) + latin.toLowerCase();
+      if (known(term)) { out.push(term); break; }
+    }
+  }
   for (const part of query.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu)) {
     for (const run of part.split(/(\p{Script=Han}+)/u)) {
       if (!run) continue;
@@ -552,7 +561,9 @@ def chinese_search_language():
             chinese = [word for run in HAN_RUN.findall(input) for word in jieba_cut(run)] if JIEBA else []
             latin = [term.strip() for term in self.latin1_letters.findall(input)]
             self.latin_terms.update(latin)
-            return chinese + latin
+            mixed = mixed_terms()
+            whole = [re.sub(r"\s+", "", found).lower() for found in mixed.findall(input)] if mixed else []
+            return chinese + latin + whole
 
     return SearchChineseCourse
 
@@ -589,6 +600,20 @@ def course_words(lang: str = "zh_CN") -> frozenset[str]:
              and not any(len(term) >= 3 and term in run and term != run for term in glossary)
              and run[0] not in single and run[-1] not in single}  # not 值模式, of 查询-键-值模式
     return frozenset(glossary | terms)
+
+
+@functools.cache
+def mixed_terms(lang: str = "zh_CN") -> re.Pattern | None:
+    """The glossary's terms of a Chinese and a Latin word (掩蔽 softmax, 在线 softmax, 汇聚点 logit): the index holds
+    each whole as well (掩蔽softmax), so that a query of the term finds the page that writes it, not every page that
+    writes its two words (the search page's splitQuery joins them in a query the same way)."""
+    terms = set()
+    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2:
+            terms.update(re.findall(r"[\u4e00-\u9fff]+ [A-Za-z]+(?![\w（(])", cells[1]))
+    patterns = [r"\s*".join(map(re.escape, term.split())) for term in sorted(terms)]
+    return re.compile("|".join(patterns), re.I) if patterns else None
 
 
 JOINED = re.compile("[和与或及]")  # 查询、键和值: the terms 查询, 键 and 值

@@ -6,6 +6,7 @@
   if (typeof Search === "undefined") return;
   const TITLE = 4;   // a term in the section's heading, times the share of the heading the query covers
   const PAGE = 1;    // a term in the page's title (the chapter a query names), for each of its sections
+  const BOLD = 2;    // a term the section sets in bold: where the book introduces it (search_sections.py)
   const K1 = 1.2, B = 0.5;  // BM25's constants: a count saturates; a long section's counts weigh less
   const HAN = /\p{Script=Han}/u;
   const SUB = 0.5;  // a subsection's words, in the section around it
@@ -13,22 +14,40 @@
   const PER_PAGE = 3;  // the best sections of a page shown (each result shown fetches its page for the summary)
   const has = (object, key) => object !== undefined && Object.prototype.hasOwnProperty.call(object, key);
   const pageTerms = Search.performTermsSearch;
+  // A word the book writes otherwise: "multihead" (as in nn.MultiheadAttention) is the book's multi-head, whose
+  // hyphen the index splits
+  const SYNONYMS = { multihead: ["multi", "head"] };
+
+  // TeX as the page shows it (√d, not \(\sqrt{d}\)), in the summaries; search_sections.py's untex, the same rules
+  const TEX_WORDS = { infty: "∞", top: "⊤", times: "×", cdot: "·", le: "≤", leq: "≤", ge: "≥", geq: "≥", neq: "≠",
+                      to: "→", in: "∈", ldots: "…", dots: "…", approx: "≈", lfloor: "⌊", rfloor: "⌋", bmod: "mod",
+                      mid: "|", sum: "Σ" };
+  const untex = (text) => (!text.includes("\\") ? text : text
+    .replace(/\\[()[\]]/g, "")
+    .replace(/\\(?:text|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}/g, "$1")
+    .replace(/\\sqrt\s*(?:\{([^{}]*)\}|(\w))/g, (_, group, letter) => "√" + (group || letter))
+    .replace(/\\([A-Za-z]+)/g, (_, name) => (has(TEX_WORDS, name) ? TEX_WORDS[name] : name))
+    .replace(/\\[,;!: ]/g, " ").replace(/[{}]/g, ""));
+  const toText = Search.htmlToText;  // a page's text: only its math (\( \), \[ \]) is TeX
+  Search.htmlToText = (htmlText, anchor) => toText(htmlText, anchor)
+    .replace(/\\\(([\s\S]*?)\\\)|\\\[([\s\S]*?)\\\]/g, (_, inline, display) => untex(inline ?? display));
 
   // The sections holding `word` (or, for a word of 3 letters or more that no section holds, a word containing it,
   // as Sphinx matches partial terms): {section: count in its text}, and the set of sections with it in their heading.
   const postings = (word, index) => {
-    const text = new Map(), title = new Set();
+    const text = new Map(), title = new Set(), bold = new Set();
     const add = (term, weight) => {
       const list = index.terms[term] || [];
       for (let i = 0; i < list.length; i += 2) text.set(list[i], (text.get(list[i]) || 0) + list[i + 1] * weight);
       (index.titleterms[term] || []).forEach((s) => title.add(s));
+      ((index.bold || {})[term] || []).forEach((s) => bold.add(s));
     };
     if (has(index.terms, word) || has(index.titleterms, word) || word.length < 3) add(word, 1);
     else {
       const escaped = new RegExp(word.replace(/[.*+\-?^${}()|[\]\\]/g, "\\$&"));
       Object.keys(index.terms).forEach((term) => { if (escaped.test(term)) add(term, 0.5); });
     }
-    return { text, title };
+    return { text, title, bold };
   };
 
   Search.performTermsSearch = (searchTerms, excludedTerms) => {
@@ -36,13 +55,17 @@
     if (!index || !searchTerms.size) return pageTerms(searchTerms, excludedTerms);
     const { docnames, filenames, titles, titleterms } = Search._index;
     const sections = index.sections;
-    const words = [...searchTerms];
+    const words = [...new Set([...searchTerms].flatMap((word) => SYNONYMS[word] || [word]))];
     const found = words.map((word) => postings(word, index));
     const fileOf = (s) => sections[s][0];
     // every term somewhere on the page; no excluded term on it
     const pagesWith = (p) => new Set([...p.text.keys(), ...p.title].map(fileOf));
     let pages = null;
-    for (const p of found) {
+    // a term of Chinese and Latin words (掩蔽softmax: i18n.py's splitQuery adds it beside its words) ranks, and
+    // asks no page to hold it
+    const whole = (word) => HAN.test(word) && /[a-z]/.test(word);
+    for (const [i, p] of found.entries()) {
+      if (whole(words[i])) continue;
       const these = pagesWith(p);
       pages = pages === null ? these : new Set([...pages].filter((f) => these.has(f)));
     }
@@ -83,12 +106,12 @@
       words.forEach((w, i) => {
         const count = counts[i][s];
         score += weight[i] * (saturated(count, s) + (found[i].title.has(s) ? TITLE * (0.5 + share) : 0)
-                              + (inPageTitle[i].has(file) ? PAGE : 0));
+                              + (inPageTitle[i].has(file) ? PAGE : 0) + (found[i].bold.has(s) ? BOLD : 0));
       });
       if (!score) return;
       if (secondary.has(s)) score *= SECONDARY;
       const page = titles[file];
-      const shown = !anchor || title === page ? page : `${page} > ${title}`;
+      const shown = untex(!anchor || title === page ? page : `${page} > ${title}`);
       results.push([docnames[file], shown, anchor ? "#" + anchor : "", null, Math.round(100 * score), filenames[file]]);
     });
     const shownOf = new Map();
