@@ -665,3 +665,45 @@ def test_a_document_from_defaults_parsed_once_is_the_one_myst_makes():
     run = subprocess.run([sys.executable, "-c", script, str(ROOT / "book" / "_ext")], capture_output=True, text=True,
                          timeout=120)
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_a_catalog_is_compiled_whole_or_not_at_all(tmp_path, monkeypatch):
+    """While a build compiles a catalog, another build reading its .mo finds the whole previous file (i18n.py,
+    catalogs_written_whole): a .mo read half-written is no translation at all, which once made every page of a
+    Chinese edition English (the two Chinese builds of `make test`, on a fresh clone)."""
+    import gettext
+
+    import i18n
+    from babel.messages import mofile
+    from sphinx.util import i18n as sphinx_i18n
+
+    i18n.catalogs_written_whole()
+    folder = tmp_path / "zh_CN" / "LC_MESSAGES"
+    folder.mkdir(parents=True)
+    po = folder / "page.po"
+
+    def catalog(word):
+        po.write_text(f'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "mask"\n'
+                      f'msgstr "{word}"\n')
+
+    def read():
+        return gettext.GNUTranslations(open(folder / "page.mo", "rb")).gettext("mask")
+
+    info = sphinx_i18n.CatalogInfo(str(folder), "page", "utf-8")
+    catalog("掩码")
+    info.write_mo("zh_CN")
+    assert read() == "掩码"
+    seen, write = [], mofile.write_mo
+
+    def watched(file, po, use_fuzzy=False):
+        seen.append(read())  # what another build would read now
+        write(file, po, use_fuzzy)
+        file.flush()
+        seen.append(read())
+
+    monkeypatch.setattr(mofile, "write_mo", watched)
+    monkeypatch.setattr(sphinx_i18n, "write_mo", watched, raising=False)
+    catalog("遮罩")
+    info.write_mo("zh_CN")
+    assert seen == ["掩码", "掩码"] and read() == "遮罩"
+    assert sorted(p.name for p in folder.iterdir()) == ["page.mo", "page.po"]  # no partial file left beside

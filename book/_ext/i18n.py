@@ -661,8 +661,38 @@ def defaults_computed_once() -> None:
     base.make_document = make_document
 
 
+def catalogs_written_whole() -> None:
+    """Sphinx compiles each outdated catalog (.po) into its .mo as a build starts, writing the .mo in place, and reads a
+    .mo it cannot parse as no translation at all (``sphinx.locale.init`` passes over any error). `make test` builds
+    the Chinese edition and its student edition at once: on a fresh clone, where no .mo exists, one build read the
+    .mo files the other was writing and made every page English. Each .mo is written beside, then renamed into place,
+    so that a reader finds the whole file or none (and then compiles it itself)."""
+    import os
+    import tempfile
+
+    from babel.messages import mofile
+    from babel.messages.pofile import read_po
+    from sphinx.util.i18n import CatalogInfo
+
+    def write_whole(self, locale: str, use_fuzzy: bool = False) -> None:
+        with open(self.po_path, encoding=self.charset) as po_file:
+            po = read_po(po_file, locale)
+        handle, partial = tempfile.mkstemp(prefix=f".{Path(self.mo_path).name}.", dir=Path(self.mo_path).parent)
+        try:
+            with os.fdopen(handle, "wb") as mo_file:
+                mofile.write_mo(mo_file, po, use_fuzzy)
+            os.chmod(partial, 0o644)
+            os.replace(partial, self.mo_path)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
+
+    CatalogInfo.write_mo = write_whole
+
+
 def setup(app):
     defaults_computed_once()
+    catalogs_written_whole()
     app.setup_extension("zh_figures")  # the figures' words in the page's language
     app.connect("config-inited", configure, priority=100)  # before sphinx-togglebutton reads its hints (500)
     app.add_transform(ProofLabelOut)
