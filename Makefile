@@ -214,7 +214,7 @@ check: venv
 LOCK_FLAGS := --universal --python-version $(firstword $(PYTHONS_TESTED)) --generate-hashes --quiet \
 	--no-emit-package rfc3987-syntax --no-emit-package lark
 CUDA_OF_TORCH = $$($(UV) pip compile $(1) --universal --python-version $(firstword $(PYTHONS_TESTED)) --quiet \
-	--no-header --no-annotate -c $(VENV)/torch-pin.txt | grep -oE '^(nvidia-[a-z0-9-]+|cuda-[a-z-]+|triton)' | sort -u \
+	--no-header --no-annotate -c $(VENV)/torch-pin.txt | grep -oE '^(nvidia-[a-z0-9-]+|cuda-[a-z-]+)' | sort -u \
 	| sed 's/^/--no-emit-package /')
 lock: $(VENV)/.installed
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
