@@ -42,6 +42,18 @@ call, and up to the last token (``generate_batch``'s ``record_timestamps``), whi
 garbage collection included, took longer than the generation itself in the runs made here). It runs on one CPU
 thread unless ``--serving-threads`` says otherwise (the setting is restored after), and is skipped, with a line
 saying so, where transformers is not installed.
+
+The kernel section (``--section kernel``) times chapter 13's Triton FlashAttention
+(:func:`~attention_course.kernels.flash_attention`), forward and forward+backward in float16, against SDPA restricted
+to its flash backend (the reference of the ratios), chapter 8's tiled attention and the explicit version, at L from
+512 to 16384 and d of 64 and 128, causal and not, each run the same work (B h L d = 2^25: h = 2048 / d, B = 16384 / L,
+FlashAttention-2's benchmark). Outputs and gradients are checked against SDPA's first; the kernel runs at three tile
+sizes and the fastest is shown, named; the explicit version (and tiled attention's backward) is skipped where its
+L x L matrices would not fit, tiled attention beyond L = 8192. Beside the median times (CUDA events): the ratio to
+SDPA, TFLOP/s as FlashAttention's papers count them (4 B h L^2 d forward, halved when causal, 3.5 times that
+forward+backward) and the share of the card's dense float16 peak; then the targets at L = 4096, d = 64 (forward
+<= 1.25x SDPA's time, forward+backward <= 1.6x) and whether each is met. Where the kernels are interpreted (no CUDA
+GPU), it prints one correctness line instead: the interpreter's time says nothing about a GPU kernel.
 """
 from __future__ import annotations
 
@@ -49,6 +61,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import statistics
 import sys
 import textwrap
@@ -667,6 +680,345 @@ def _check_serving_tokens(theirs: list, ours: list, new_tokens: int) -> None:
             + "; ".join(wrong) + ". Speeds of different outputs are not compared: nothing was timed.")
 
 
+# ------------------------------------------------------------------------------ chapter 13's kernel, on a CUDA GPU
+KERNEL_NAMES = ("SDPA", "Triton", "tiled (ch. 8)", "explicit")
+KERNEL_MODES = ("forward", "fwd+bwd")
+KERNEL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+KERNEL_DIMS = (64, 128)
+KERNEL_TILES = ((64, 32), (128, 64), (128, 32))  # (block_m, block_n) pairs timed; the table shows the fastest
+KERNEL_WORK = 2**25  # B * h * L * d of every run: 16384 tokens of hidden size 2048, as FlashAttention-2's benchmark
+KERNEL_TARGETS = {"forward": 1.25, "fwd+bwd": 1.6}  # Triton's time over SDPA's, at most, at (L, d) = KERNEL_AT
+KERNEL_AT = (4096, 64)
+KERNEL_TOLERANCE = 2e-2  # float16 outputs and gradients, against SDPA's (atol and rtol)
+# Dense float16 tensor-core peaks in TFLOP/s, by a pattern of the name torch.cuda.get_device_name gives (first match)
+PEAKS = (
+    ("H100 PCIe", r"H100.*PCIe", 756),
+    ("H100 SXM", r"H100.*(SXM|HBM3)", 989),  # the SXM card calls itself "NVIDIA H100 80GB HBM3"
+    ("H200", r"H200(?!.*NVL)", 989),
+    ("A100", r"A100", 312),
+    ("L4", r"\bL4\b", 121),  # not the L40
+    ("T4", r"\bT4\b", 65),
+)
+KERNEL_HEADER = f"{'L':>6} {'mask':<7}{'implementation':<20}{'ms':>9}{'x SDPA':>8}{'TFLOP/s':>9}{'of peak':>8}"
+
+
+def attention_flops(B: int, h: int, L: int, S: int, d: int, causal: bool = False, backward: bool = False) -> float:
+    """Floating-point operations of attention as FlashAttention's papers count them: 4 B h L S d for the forward
+    pass (two matrix products of 2 B h L S d), halved when causal; the backward pass 2.5 times the forward (five
+    products), so forward+backward 3.5 times."""
+    flops = 4 * B * h * L * S * d / (2 if causal else 1)
+    return 3.5 * flops if backward else flops
+
+
+def peak_tflops(device_name: str) -> tuple[str, float] | None:
+    """(the card, its dense float16 peak in TFLOP/s) from PEAKS, or None for a card not there."""
+    for card, pattern, peak in PEAKS:
+        if re.search(pattern, device_name):
+            return card, peak
+    return None
+
+
+def kernel_shape(L: int, d: int, work: int = KERNEL_WORK, width: int = 2048) -> tuple[int, int]:
+    """(B, h) for a run of length L and head size d: h = width / d heads (a model of that width) and B sentences of
+    L tokens, so that B h L d = ``work`` (at least one sentence)."""
+    h = max(1, width // d)
+    return max(1, work // (h * L * d)), h
+
+
+def kernel_skip(name: str, backward: bool, B: int, h: int, L: int, element: int, free: int,
+                tiled_longest: int = 8192) -> str | None:
+    """Why ``name`` is not timed at this size, or None. The explicit version holds (B, h, L, L) matrices: about 3
+    of them alive at once in its forward pass, 4 with the backward; tiled attention's backward keeps each tile's
+    probabilities for autograd, about 3. Skipped where that needs more than 90% of the ``free`` bytes. Tiled
+    attention is a Python loop over (L / 256)^2 tiles: skipped beyond L = ``tiled_longest``, too long."""
+    matrices = {("explicit", False): 3, ("explicit", True): 4, ("tiled (ch. 8)", True): 3}.get((name, backward), 0)
+    need = matrices * B * h * L * L * element
+    if need > 0.9 * free:
+        return f"skipped: ~{need / 2**30:.1f} GiB of {free / 2**30:.1f} free"
+    if name == "tiled (ch. 8)" and L > tiled_longest:
+        return f"skipped: too long (L > {tiled_longest})"
+    return None
+
+
+def _sdpa_with(backend):
+    """F.scaled_dot_product_attention restricted to one of its backends."""
+    from torch.nn.attention import sdpa_kernel
+
+    def sdpa(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return sdpa
+
+
+def sdpa_backend(device, dtype, backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")):
+    """The first of SDPA's ``backends`` that runs a small call here: the flash backend where there is one (a T4 has
+    none: sm_80 and later only)."""
+    from torch.nn.attention import SDPBackend
+
+    q = torch.zeros(1, 1, 16, 64, device=device, dtype=dtype)
+    for name in backends:
+        try:
+            with warnings.catch_warnings():  # each backend that cannot run warns why: expected here
+                warnings.simplefilter("ignore")
+                _sdpa_with(getattr(SDPBackend, name))(q, q, q, False)
+        except RuntimeError:
+            continue
+        return getattr(SDPBackend, name)
+    raise RuntimeError(f"none of SDPA's backends {backends} runs {dtype} on {device}.")
+
+
+def kernel_implementations(L: int, causal: bool, backend, tiles=KERNEL_TILES, device=None) -> dict:
+    """name -> function (q, k, v) -> output (B, h, L, d): SDPA restricted to ``backend``, chapter 13's kernel at each
+    (block_m, block_n) of ``tiles``, tiled attention, the explicit version."""
+    from .kernels import flash_attention
+
+    sdpa = _sdpa_with(backend)
+    ignore = causal_mask(L, device=device) if causal else None  # (L, S), True = blocked
+    funcs = {KERNEL_NAMES[0]: lambda q, k, v: sdpa(q, k, v, causal)}
+    for m, n in tiles:
+        funcs[f"Triton {m}x{n}"] = lambda q, k, v, m=m, n=n: flash_attention(q, k, v, causal, block_m=m, block_n=n)
+    funcs[KERNEL_NAMES[2]] = lambda q, k, v: tiled_attention(q, k, v, is_causal=causal)
+    funcs[KERNEL_NAMES[3]] = lambda q, k, v: explicit_attention(q, k, v, ignore)
+    return funcs
+
+
+def _seconds(call, device: torch.device) -> float:
+    """One call's seconds: on a GPU between two CUDA events recorded around it (the GPU's clock, waited for), else
+    the wall clock."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3  # milliseconds to seconds
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _kernel_call(f, q, k, v, grad, backward: bool):
+    """The call to time: the forward under no_grad, or the forward and the q, k, v gradients of ``grad``."""
+    if backward:
+        return lambda: torch.autograd.grad(f(q, k, v), (q, k, v), grad)
+    return lambda: f(q, k, v)
+
+
+def _too_big(error: Exception) -> bool:
+    """Whether a call failed for want of memory (torch) or of a multiprocessor's resources (Triton, a tile pair)."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or type(error).__name__ == "OutOfResources"
+
+
+def time_kernels(funcs: dict, q, k, v, grad, backward: bool, repeats: int) -> dict:
+    """name -> median seconds (or, for a call that ran out of memory, the reason), one warm-up call each, then
+    ``repeats`` rounds in which every function runs once, the one going first in turn."""
+    calls, times = {}, {}
+    with torch.set_grad_enabled(backward):
+        for name, f in funcs.items():
+            calls[name], times[name] = _kernel_call(f, q, k, v, grad, backward), []
+            try:
+                _seconds(calls[name], q.device)  # warm-up (Triton compiles here)
+            except Exception as error:
+                if not _too_big(error):
+                    raise
+                times[name] = f"skipped: {type(error).__name__}"
+                del calls[name]
+        names = list(calls)
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(_seconds(calls[name], q.device))
+    return {name: t if isinstance(t, str) else statistics.median(t) for name, t in times.items()}
+
+
+def check_kernel_parity(funcs: dict, q, k, v, grad, grads=None, tol: float = KERNEL_TOLERANCE) -> tuple[float, dict]:
+    """(the largest |output or q, k, v gradient - SDPA's|, name -> why it could not run) over the functions, the
+    first SDPA; the gradients of those in ``grads`` only (default: all). AssertionError (the report of
+    :func:`assert_close_report`) where one is not within ``tol`` (atol and rtol); a call that runs out of memory
+    is skipped, with the reason."""
+    results, failed = {}, {}
+    for name, f in funcs.items():
+        try:
+            with torch.set_grad_enabled(grads is None or name in grads):
+                out = f(q, k, v)
+                results[name] = (out.detach(), *(torch.autograd.grad(out, (q, k, v), grad) if out.requires_grad
+                                                 else ()))
+        except Exception as error:
+            if not _too_big(error):
+                raise
+            failed[name] = f"skipped: {type(error).__name__}"
+    reference, worst = results.pop(KERNEL_NAMES[0]), 0.0
+    for name, result in results.items():
+        for what, got, want in zip(("output", "grad q", "grad k", "grad v"), result, reference):
+            assert_close_report(got, want, f"{name}: {what}", atol=tol, rtol=tol)
+            worst = max(worst, (got.float() - want.float()).abs().max().item())
+    return worst, failed
+
+
+def kernel_rows(entries: dict, B: int, h: int, L: int, d: int, causal: bool, backward: bool, peak) -> list[str]:
+    """The table's rows for one length and mask: ``entries`` maps each name of KERNEL_NAMES to (label, seconds or
+    the reason it was skipped); the ratio is to SDPA's seconds, the share to ``peak`` TFLOP/s (None: unknown)."""
+    flops = attention_flops(B, h, L, L, d, causal, backward)
+    sdpa = entries[KERNEL_NAMES[0]][1]
+    rows = []
+    for name in KERNEL_NAMES:
+        label, t = entries[name]
+        head = f"{L:>6} {'causal' if causal else 'none':<7}{label:<20}"
+        if isinstance(t, str):
+            rows.append(head + t.rjust(42))
+            continue
+        tflops = flops / t / 1e12
+        share = "" if peak is None else _fit(tflops / peak, 8, ".0%", ".0e")
+        rows.append(f"{head}{_fit(1e3 * t, 9, '.3f', '.1f', '.0f')}{_fit(t / sdpa, 8, '.2f', '.0f')}"
+                    f"{_fit(tflops, 9, '.1f', '.0f')}{share}")
+    return rows
+
+
+def best_tiles(times: dict, tiles=KERNEL_TILES) -> tuple[str, float | str]:
+    """(label, seconds) of the fastest of the kernel's tile pairs in ``times`` (name -> seconds or a reason)."""
+    timed = [(times[f"Triton {m}x{n}"], f"Triton {m}x{n}") for m, n in tiles
+             if not isinstance(times[f"Triton {m}x{n}"], str)]
+    if not timed:
+        return "Triton", "skipped: no tile pair ran"
+    t, label = min(timed)
+    return f"{label} best", t
+
+
+def kernel_verdicts(results: dict, at: tuple[int, int] = KERNEL_AT) -> list[str]:
+    """The targets' lines: Triton's time over SDPA's at (L, d) = ``at``, each mode and mask, met or not (or not
+    measured)."""
+    (L, d), lines = at, []
+    for mode, most in KERNEL_TARGETS.items():
+        for mask in ("none", "causal"):
+            entry = results.get((d, L, mask, mode, "Triton"))
+            if entry is None or "ratio" not in entry:
+                verdict = "not measured"
+            else:
+                verdict = f"{entry['ratio']:.2f}x, {'met' if entry['ratio'] <= most else 'NOT met'}"
+            lines.append(f"target: Triton {mode} <= {most}x SDPA, L={L}, d={d}, {mask}: {verdict}")
+    return lines
+
+
+def _cell(t: float | str) -> str:
+    """Seconds as milliseconds, or the reason nothing was timed."""
+    return t if isinstance(t, str) else f"{_ms(t)} ms"
+
+
+def kernel_smoke() -> str:
+    """Where the kernels are interpreted: one tiny forward on the CPU against SDPA, and why nothing is timed."""
+    from .kernels import flash_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=gen) for _ in range(3))
+    worst = 0.0
+    try:
+        for causal in (False, True):
+            got = flash_attention(q, k, v, causal)
+            want = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            assert_close_report(got, want, f"kernel (causal={causal}): output", atol=1e-5, rtol=1e-5)
+            worst = max(worst, (got - want).abs().max().item())
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        return "\n".join(_wrap(f"kernel: skipped, Triton is not installed. {error}"))
+    return "\n".join(_wrap(
+        f"kernel: chapter 13's Triton kernels run here in Triton's interpreter (no CUDA GPU, or TRITON_INTERPRET=1), "
+        f"which executes them tile by tile in NumPy on the CPU: its time measures nothing about a GPU kernel's speed, "
+        f"and none is printed. Correctness only: flash_attention on q, k, v (1, 2, 48, 16) float32, tiles 64x32, "
+        f"causal and not, against F.scaled_dot_product_attention: max |difference| {worst:.1e} (atol 1e-5): ok. On a "
+        f"CUDA GPU this section times it against SDPA's flash backend."))
+
+
+def free_bytes(device: torch.device) -> int:
+    """The bytes :func:`kernel_skip` counts on: the GPU's free memory, or the memory the machine has available."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def kernel_section(args) -> str:
+    """The kernel section: timed on a CUDA GPU; where the kernels are interpreted, :func:`kernel_smoke`'s line."""
+    from .kernels import interpreted
+
+    if torch.device(args.device).type != "cuda" or interpreted():
+        return kernel_smoke()
+    return kernel_bench(args.kernel_lengths, args.kernel_dims, args.kernel_repeats, args.kernel_work,
+                        device=args.device)[0]
+
+
+def kernel_bench(lengths=KERNEL_LENGTHS, dims=KERNEL_DIMS, repeats=10, work=KERNEL_WORK, tiles=KERNEL_TILES,
+                 device=None, dtype=torch.float16, free=None, tiled_longest=8192, width=2048,
+                 at=KERNEL_AT) -> tuple[str, dict]:
+    """Chapter 13's kernel against SDPA's flash backend, tiled attention and the explicit version: the report's lines,
+    and per (d, L, mask, mode, name) a dict of what was measured (mode "forward" or "fwd+bwd"; name one of
+    KERNEL_NAMES, "Triton" the fastest tile pair, or "Triton {block_m}x{block_n}").
+
+    Meant for a CUDA GPU (:func:`kernel_section` runs it there only); it also runs on the CPU, the kernels
+    interpreted, which a test does at tiny sizes in float32, where its times mean nothing. ``free``: the bytes
+    :func:`kernel_skip` may count on (default: the GPU's free memory, or the machine's); ``at``: the (L, d) of the
+    targets."""
+    device = torch.device(device or "cpu")
+    gpu = device.type == "cuda"
+    backend = sdpa_backend(device, dtype)
+    free = free_bytes(device) if free is None else free
+    name = torch.cuda.get_device_name(device) if gpu else "the CPU"
+    card = peak_tflops(name)
+    element = torch.tensor([], dtype=dtype).element_size()
+    lines = _wrap(
+        f"kernel: chapter 13's Triton FlashAttention (flash_attention) against SDPA restricted to its "
+        f"{backend.name} backend (the reference of the ratios), chapter "
+        f"8's tiled_attention (block_size 256) and the explicit softmax(q k^T / sqrt d) v; {dtype}, on {name}, "
+        f"torch {torch.__version__}. q, k, v (B, h, L, d) with h = {width} / d heads and B = {work} / (h L d) "
+        f"sentences, so every run has B h L d = {work}; median of {repeats} interleaved runs after a warm-up, timed "
+        f"{'with CUDA events' if gpu else 'by the wall clock'}. TFLOP/s as FlashAttention's papers count: "
+        f"4 B h L^2 d forward, halved when causal, 3.5 times that for fwd+bwd (the backward 2.5 times); 'of peak': "
+        f"the share of the card's dense float16 peak, "
+        + (f"{card[1]} TFLOP/s ({card[0]})." if card else "unknown for this card: not shown.")
+        + " Triton: the tiles (block_m x block_n) " + ", ".join(f"{m}x{n}" for m, n in tiles)
+        + " each timed, the fastest shown.")
+    results, worst, at_target = {}, 0.0, []
+    for d in dims:
+        tables = {mode: [] for mode in KERNEL_MODES}
+        for L in lengths:
+            B, h = kernel_shape(L, d, work, width)
+            gen = torch.Generator().manual_seed(L + d)
+            q, k, v, grad = (torch.randn(B, h, L, d, generator=gen).to(device, dtype) for _ in range(4))
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            for causal in (False, True):
+                mask = "causal" if causal else "none"
+                funcs = kernel_implementations(L, causal, backend, tiles, device)
+                skips = {(f, b): kernel_skip(f, b, B, h, L, element, free, tiled_longest) for f in funcs
+                         for b in (False, True)}
+                diff, failed = check_kernel_parity(  # parity before speed
+                    {f: g for f, g in funcs.items() if skips[f, False] is None}, q, k, v, grad,
+                    grads={f for f in funcs if skips[f, True] is None})
+                worst = max(worst, diff)
+                for mode, backward in zip(KERNEL_MODES, (False, True)):
+                    why = {f: failed.get(f) or skips[f, backward] for f in funcs}
+                    times = time_kernels({f: g for f, g in funcs.items() if why[f] is None}, q, k, v, grad, backward,
+                                         repeats)
+                    times = {f: why[f] or times[f] for f in funcs}
+                    entries = {f: (f, times[f]) for f in KERNEL_NAMES if f != "Triton"}
+                    entries["Triton"] = best_tiles(times, tiles)
+                    flops = attention_flops(B, h, L, L, d, causal, backward)
+                    for f, t in [*times.items(), ("Triton", entries["Triton"][1])]:
+                        results[d, L, mask, mode, f] = dict(label=entries.get(f, (f,))[0], B=B, h=h, **(
+                            dict(skipped=t) if isinstance(t, str) else
+                            dict(seconds=t, ratio=t / times[KERNEL_NAMES[0]], tflops=flops / t / 1e12)))
+                    tables[mode] += kernel_rows(entries, B, h, L, d, causal, backward, card and card[1])
+                    if (L, d) == at:
+                        at_target.append(f"{mode}, {mask}: " + ", ".join(
+                            f"{m}x{n} {_cell(times[f'Triton {m}x{n}'])}" for m, n in tiles))
+        for mode in KERNEL_MODES:
+            lines += ["", f"d={d}, {mode}", KERNEL_HEADER, *tables[mode]]
+    lines += ["", *_wrap(
+        f"parity with SDPA checked before timing at every size: outputs, and q, k, v gradients where fwd+bwd runs, "
+        f"within atol = rtol = {KERNEL_TOLERANCE} (largest difference {worst:.1e}): ok")]
+    if at_target:
+        lines += _wrap(f"Triton's tiles at L={at[0]}, d={at[1]}: " + "; ".join(at_target))
+    lines += kernel_verdicts(results, at)
+    return "\n".join(lines), results
+
+
 def layer_section(args) -> str:
     """The layers: ours against nn.MultiheadAttention, forward and fwd+bwd, with and without key padding."""
     B, L, D, h, device = args.batch, args.length, args.dim, args.heads, torch.device(args.device)
@@ -698,9 +1050,11 @@ def layer_section(args) -> str:
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(prog="python -m attention_course.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=("all", "layer", "core", "decode", "serving"), default="all",
+    parser.add_argument("--section", choices=("all", "layer", "core", "decode", "serving", "kernel"), default="all",
                         help="the layers, the attention core, decoding with and without the KV cache, serving (the "
-                             "course's continuous batching against transformers' generate_batch), or all (default)")
+                             "course's continuous batching against transformers' generate_batch), chapter 13's "
+                             "Triton kernel against SDPA's flash backend (on a CUDA GPU; elsewhere a correctness "
+                             "line only), or all (default)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--dim", type=int, default=512)
@@ -732,10 +1086,18 @@ def main(argv=None) -> str:
                         help="torch.set_num_threads for the serving section (restored after); default 1")
     parser.add_argument("--serving-packed", action="store_true",
                         help="the course's packed attention path even where serve_llama has the varlen one")
+    parser.add_argument("--kernel-lengths", type=lambda s: tuple(int(n) for n in s.split(",")),
+                        default=KERNEL_LENGTHS, help="the kernel section's lengths L, comma-separated")
+    parser.add_argument("--kernel-dims", type=lambda s: tuple(int(n) for n in s.split(",")), default=KERNEL_DIMS,
+                        help="the kernel section's head sizes d, comma-separated")
+    parser.add_argument("--kernel-work", type=int, default=KERNEL_WORK,
+                        help="B h L d of every run of the kernel section (default 2^25: 16384 tokens of width 2048)")
+    parser.add_argument("--kernel-repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (layers B=2, L=64, D=64, h=4; core B=1, h=2, L=160, d=16; decode E=64, h=4, "
                              "h_kv=2, T=16,32,64; serving 6 prompts of 4-24 tokens, 5 new tokens, hidden 64, "
-                             "intermediate 128, 32 pages, 16 tokens a step) and 3 repeats")
+                             "intermediate 128, 32 pages, 16 tokens a step; kernel L=512,4096, d=64) and 3 "
+                             "repeats")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="leave out the compiled rows (and flex_attention)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled rows")
@@ -753,6 +1115,7 @@ def main(argv=None) -> str:
         args.serving_requests, args.serving_prompt_lengths, args.serving_new_tokens = 6, (4, 24), 5
         args.serving_hidden, args.serving_intermediate, args.serving_blocks = 64, 128, 32
         args.serving_batch_tokens, args.serving_repeats = 16, min(args.repeats, 3)
+        args.kernel_lengths, args.kernel_dims, args.kernel_repeats = (512, 4096), (64,), min(args.repeats, 3)
     load_before = os.getloadavg()[0]
     # float32 as torch computes it by default: inductor's hint to let matrix products round to TF32 on a GPU (which
     # would change the numbers the parity checks compare) is left out of the report
@@ -776,6 +1139,8 @@ def main(argv=None) -> str:
             max_batch_tokens=args.serving_batch_tokens, repeats=args.serving_repeats, threads=args.serving_threads,
             varlen=False if args.serving_packed else None, device=args.device,
         )[0])
+    if args.section in ("all", "kernel"):
+        sections.append(kernel_section(args))
     sections.append(
         f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after, on {os.cpu_count()} CPUs "
         f"(a load above the CPU count means other processes shared them: expect noisier ratios)"

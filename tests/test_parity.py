@@ -141,6 +141,7 @@ def test_bench_quick_runs_and_prints(capsys):
         assert name in printed
     assert "parity with nn.MultiheadAttention" in printed and "B=2, L=64, D=64" in printed
     assert "decoding: one CausalSelfAttention layer, E=64" in printed and bench.DECODE_HEADER in printed
+    assert "\n\nkernel: " in printed  # chapter 13's section: on the CPU its correctness line (tests/test_bench_kernel.py)
 
 
 def test_bench_decode_section_checks_parity_and_the_cache_size(capsys):
