@@ -809,20 +809,27 @@ def _too_big(error: Exception) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or type(error).__name__ == "OutOfResources"
 
 
+def _attempt(call):
+    """(call(), None), or (None, the reason) where it ran out of memory or of a multiprocessor's resources; any
+    other error is raised."""
+    try:
+        return call(), None
+    except Exception as error:
+        if not _too_big(error):
+            raise
+        return None, f"skipped: {type(error).__name__}"
+
+
 def time_kernels(funcs: dict, q, k, v, grad, backward: bool, repeats: int) -> dict:
     """name -> median seconds (or, for a call that ran out of memory, the reason), one warm-up call each, then
     ``repeats`` rounds in which every function runs once, the one going first in turn."""
     calls, times = {}, {}
     with torch.set_grad_enabled(backward):
         for name, f in funcs.items():
-            calls[name], times[name] = _kernel_call(f, q, k, v, grad, backward), []
-            try:
-                _seconds(calls[name], q.device)  # warm-up (Triton compiles here)
-            except Exception as error:
-                if not _too_big(error):
-                    raise
-                times[name] = f"skipped: {type(error).__name__}"
-                del calls[name]
+            call = _kernel_call(f, q, k, v, grad, backward)
+            _, times[name] = _attempt(lambda: _seconds(call, q.device))  # warm-up (Triton compiles here)
+            if times[name] is None:
+                calls[name], times[name] = call, []
         names = list(calls)
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -831,27 +838,28 @@ def time_kernels(funcs: dict, q, k, v, grad, backward: bool, repeats: int) -> di
 
 
 def check_kernel_parity(funcs: dict, q, k, v, grad, grads=None, tol: float = KERNEL_TOLERANCE) -> tuple[float, dict]:
-    """(the largest |output or q, k, v gradient - SDPA's|, name -> why it could not run) over the functions, the
-    first SDPA; the gradients of those in ``grads`` only (default: all). AssertionError (the report of
-    :func:`assert_close_report`) where one is not within ``tol`` (atol and rtol); a call that runs out of memory
-    is skipped, with the reason."""
+    """(the largest |output or q, k, v gradient - SDPA's|, (name, backward) -> why it could not run) over the
+    functions, the first SDPA; the gradients of those in ``grads`` only (default: all). AssertionError (the report
+    of :func:`assert_close_report`) where one is not within ``tol`` (atol and rtol); a forward or backward pass that
+    runs out of memory is skipped, with the reason (a forward's for both)."""
     results, failed = {}, {}
     for name, f in funcs.items():
-        try:
-            with torch.set_grad_enabled(grads is None or name in grads):
-                out = f(q, k, v)
-                results[name] = (out.detach(), *(torch.autograd.grad(out, (q, k, v), grad) if out.requires_grad
-                                                 else ()))
-        except Exception as error:
-            if not _too_big(error):
-                raise
-            failed[name] = f"skipped: {type(error).__name__}"
+        backward = grads is None or name in grads
+        with torch.set_grad_enabled(backward):
+            out, failed[name, False] = _attempt(lambda: f(q, k, v))
+        if out is None:
+            failed[name, True] = failed[name, False]
+            continue
+        results[name] = (out.detach(),)
+        if backward:
+            got, failed[name, True] = _attempt(lambda: torch.autograd.grad(out, (q, k, v), grad))
+            results[name] += got or ()
     reference, worst = results.pop(KERNEL_NAMES[0]), 0.0
     for name, result in results.items():
         for what, got, want in zip(("output", "grad q", "grad k", "grad v"), result, reference):
             assert_close_report(got, want, f"{name}: {what}", atol=tol, rtol=tol)
             worst = max(worst, (got.float() - want.float()).abs().max().item())
-    return worst, failed
+    return worst, {key: why for key, why in failed.items() if why}
 
 
 def kernel_rows(entries: dict, B: int, h: int, L: int, d: int, causal: bool, backward: bool, peak) -> list[str]:
@@ -993,7 +1001,7 @@ def kernel_bench(lengths=KERNEL_LENGTHS, dims=KERNEL_DIMS, repeats=10, work=KERN
                     grads={f for f in funcs if skips[f, True] is None})
                 worst = max(worst, diff)
                 for mode, backward in zip(KERNEL_MODES, (False, True)):
-                    why = {f: failed.get(f) or skips[f, backward] for f in funcs}
+                    why = {f: failed.get((f, backward)) or skips[f, backward] for f in funcs}
                     times = time_kernels({f: g for f, g in funcs.items() if why[f] is None}, q, k, v, grad, backward,
                                          repeats)
                     times = {f: why[f] or times[f] for f in funcs}

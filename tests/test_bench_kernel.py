@@ -159,6 +159,22 @@ def test_a_call_out_of_memory_is_a_skip_not_a_crash():
         bench.time_kernels({"SDPA": sdpa, "wrong": raises(ValueError("a real bug"))}, q, k, v, grad, False, 1)
 
 
+class BigBackward(torch.autograd.Function):
+    """The identity, whose backward pass runs out of memory."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory in the backward pass")
+
+
+def big_backward(q, k, v):
+    return BigBackward.apply(sdpa(q, k, v))
+
+
 def test_parity_before_speed_catches_a_wrong_implementation_and_skips_what_does_not_fit():
     q, k, v, grad = qkv()
     no_scale = lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v  # noqa: E731
@@ -170,8 +186,11 @@ def test_parity_before_speed_catches_a_wrong_implementation_and_skips_what_does_
                                   q, k, v, grad)
     worst, failed = bench.check_kernel_parity(  # forward only (not in grads): its output alone is compared
         {"SDPA": sdpa, "explicit": lambda q, k, v: bench.explicit_attention(q, k, v), "no k gradient": detached_grad,
-         "big": raises(torch.cuda.OutOfMemoryError("CUDA out of memory"))}, q, k, v, grad, grads={"SDPA", "explicit"})
-    assert 0 <= worst < 1e-5 and failed == {"big": "skipped: OutOfMemoryError"}
+         "big": raises(torch.cuda.OutOfMemoryError("CUDA out of memory")), "big backward": big_backward},
+        q, k, v, grad, grads={"SDPA", "explicit", "big", "big backward"})
+    assert 0 <= worst < 1e-5
+    assert failed == {("big", False): "skipped: OutOfMemoryError", ("big", True): "skipped: OutOfMemoryError",
+                      ("big backward", True): "skipped: OutOfMemoryError"}  # its forward ran, and is compared
     with pytest.raises(RuntimeError, match="a real bug"):
         bench.check_kernel_parity({"SDPA": sdpa, "wrong": raises(RuntimeError("a real bug"))}, q, k, v, grad)
 
