@@ -937,8 +937,11 @@ def kernel_smoke() -> str:
 
 
 def free_bytes(device: torch.device) -> int:
-    """The bytes :func:`kernel_skip` counts on: the GPU's free memory, or the memory the machine has available."""
+    """The bytes :func:`kernel_skip` counts on: the GPU's free memory, or the memory the machine has available. On
+    the GPU torch's allocator first hands back what it holds unused (earlier sections' blocks), which the driver
+    would not count as free."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         return torch.cuda.mem_get_info(device)[0]
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
