@@ -764,7 +764,9 @@ def sdpa_backend(device, dtype, backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTIO
         except RuntimeError:
             continue
         return getattr(SDPBackend, name)
-    raise RuntimeError(f"none of SDPA's backends {backends} runs {dtype} on {device}.")
+    raise RuntimeError(f"none of SDPA's backends {backends} runs {dtype} on {device}, so the kernel has no reference "
+                       "to be timed against here. Run the section on a CUDA GPU, or with --device cpu for its "
+                       "correctness line alone.")
 
 
 def kernel_implementations(L: int, causal: bool, backend, tiles=KERNEL_TILES, device=None) -> dict:
