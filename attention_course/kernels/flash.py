@@ -22,17 +22,25 @@ MISSING = ("chapter 13 needs Triton, which is not installed here. On Linux: pip 
            "on Colab or a Linux machine.")
 
 
-def _kernels():
-    """The kernel modules, imported on first use, in the interpreter where no CUDA GPU is."""
+def require_triton():
+    """Triton, imported for the kernels: in its interpreter where no CUDA GPU is; without it, an error that says
+    what to install (chapter 13's first cell calls it, so that a machine without Triton stops there)."""
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         _interpreting_triton()
     try:
-        from . import backward, forward
+        import triton
     except ModuleNotFoundError as error:
         if error.name != "triton":
             raise
         raise ModuleNotFoundError(MISSING, name="triton") from None
+    return triton
+
+
+def _kernels():
+    """The kernel modules, imported on first use."""
+    require_triton()
+    from . import backward, forward
     return forward, backward
 
 
