@@ -11,7 +11,6 @@ torch copy of the kernel's loop (``_forward_torch``, ``_backward_torch``): what 
 without the interpreter's cost."""
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -68,8 +67,10 @@ def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLO
     i, b = tl.program_id(0), tl.program_id(1)
     rows = i * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     dims = tl.arange(0, BLOCK_D)
-    q = tl.load(Q + (b * L + rows[:, None]) * BLOCK_D + dims[None, :], mask=rows[:, None] < L, other=0.0)
+    at = (b * L + rows[:, None]) * BLOCK_D + dims[None, :]  # Q and O: (B, L, D)
+    q = tl.load(Q + at, mask=rows[:, None] < L, other=0.0)
     n_keys = tl.load(LENGTHS + b)
+    pattern = ALLOWED + (b * L + rows[:, None]) * S  # (B, L, S): the case's own mask, 1 outside it
     m = tl.full((BLOCK_M,), float("-inf"), tl.float64)
     l = tl.zeros((BLOCK_M,), tl.float64)  # noqa: E741
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float64)
@@ -77,67 +78,51 @@ def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLO
     end = END(i, n_keys, BLOCK_M, CAUSAL)
     for start in range(0, end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        k = tl.load(K + (b * S + keys[:, None]) * BLOCK_D + dims[None, :], mask=keys[:, None] < S, other=0.0)
-        v = tl.load(V + (b * S + keys[:, None]) * BLOCK_D + dims[None, :], mask=keys[:, None] < S, other=0.0)
-        allowed = tl.load(ALLOWED + (b * L + rows[:, None]) * S + keys[None, :],
-                          mask=(rows[:, None] < L) & (keys[None, :] < S), other=1)  # the case's own pattern
+        kv = (b * S + keys[:, None]) * BLOCK_D + dims[None, :]
+        k = tl.load(K + kv, mask=keys[:, None] < S, other=0.0)
+        v = tl.load(V + kv, mask=keys[:, None] < S, other=0.0)
+        allowed = tl.load(pattern + keys[None, :], mask=(rows[:, None] < L) & (keys[None, :] < S), other=1)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
         s = tl.where(VISIBLE(rows, keys, n_keys, CAUSAL) & (allowed != 0), s, float("-inf"))
         m, l, acc = STEP(m, l, acc, s, v)  # noqa: E741
         loaded += 1
     seen = l > 0
-    tl.store(O + (b * L + rows[:, None]) * BLOCK_D + dims[None, :], acc / tl.where(seen, l, 1.0)[:, None],
-             mask=rows[:, None] < L)
+    tl.store(O + at, acc / tl.where(seen, l, 1.0)[:, None], mask=rows[:, None] < L)
     tl.store(LSE + b * L + rows, tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), 0.0), mask=rows < L)
     tl.store(TILES + b * n_tiles + i, loaded)
 
 @triton.jit
-def _tile(Q, K, V, DO, O, LSE, ALLOWED, b, rows, keys, L, S, scale, BLOCK_D: tl.constexpr, PROB: tl.constexpr,
-          GRAD: tl.constexpr):
-    """(q, k, p, ds) of one tile: P recomputed from the log-sum-exp, dS from dP."""
+def _backward(Q, K, V, DO, O, LSE, ALLOWED, DQ, DK, DV, L, S, scale, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, PROB: tl.constexpr, GRAD: tl.constexpr):
+    """One program per sentence, each tile of P recomputed once: dK and dV summed over the query tiles, dQ added
+    into DQ (zeros to start; one program writes it, so no two add at once). The chapter's kernels split this in two,
+    dK/dV and dQ, for parallelism; the tiles and the formulas are the same."""
+    b = tl.program_id(0)
     dims = tl.arange(0, BLOCK_D)
-    at, here = (b * L + rows[:, None]) * BLOCK_D + dims[None, :], rows[:, None] < L
-    q, do, o = tl.load(Q + at, mask=here, other=0.0), tl.load(DO + at, mask=here, other=0.0), \
-        tl.load(O + at, mask=here, other=0.0)
-    lse = tl.load(LSE + b * L + rows, mask=rows < L, other=0.0)
-    k = tl.load(K + (b * S + keys[:, None]) * BLOCK_D + dims[None, :], mask=keys[:, None] < S, other=0.0)
-    v = tl.load(V + (b * S + keys[:, None]) * BLOCK_D + dims[None, :], mask=keys[:, None] < S, other=0.0)
-    inside = (rows[:, None] < L) & (keys[None, :] < S)
-    allowed = tl.load(ALLOWED + (b * L + rows[:, None]) * S + keys[None, :], mask=inside, other=0)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    p = PROB(tl.where(inside & (allowed != 0), s, float("-inf")), lse)  # (BLOCK_M, BLOCK_N)
-    ds = GRAD(p, tl.dot(do, tl.trans(v), input_precision="ieee"), do, o)
-    return q, k, do, p, ds
-
-@triton.jit
-def _backward_kv(Q, K, V, DO, O, LSE, ALLOWED, DK, DV, L, S, scale, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PROB: tl.constexpr, GRAD: tl.constexpr):
-    j, b = tl.program_id(0), tl.program_id(1)
-    keys = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, BLOCK_D)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
-    for start in range(0, L, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        q, k, do, p, ds = _tile(Q, K, V, DO, O, LSE, ALLOWED, b, rows, keys, L, S, scale, BLOCK_D, PROB, GRAD)
-        dv += tl.dot(tl.trans(p), do, input_precision="ieee")
-        dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-    at = (b * S + keys[:, None]) * BLOCK_D + dims[None, :]
-    tl.store(DK + at, dk * scale, mask=keys[:, None] < S)
-    tl.store(DV + at, dv, mask=keys[:, None] < S)
-
-@triton.jit
-def _backward_q(Q, K, V, DO, O, LSE, ALLOWED, DQ, L, S, scale, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, PROB: tl.constexpr, GRAD: tl.constexpr):
-    i, b = tl.program_id(0), tl.program_id(1)
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
-    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float64)
-    for start in range(0, S, BLOCK_N):
-        keys = start + tl.arange(0, BLOCK_N)
-        q, k, do, p, ds = _tile(Q, K, V, DO, O, LSE, ALLOWED, b, rows, keys, L, S, scale, BLOCK_D, PROB, GRAD)
-        dq += tl.dot(ds, k, input_precision="ieee")
-    tl.store(DQ + (b * L + rows[:, None]) * BLOCK_D + dims[None, :], dq * scale, mask=rows[:, None] < L)
+    for j in range(0, S, BLOCK_N):
+        keys = j + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        kv = (b * S + keys[:, None]) * BLOCK_D + dims[None, :]
+        k = tl.load(K + kv, mask=keys[:, None] < S, other=0.0)
+        v = tl.load(V + kv, mask=keys[:, None] < S, other=0.0)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
+        for i in range(0, L, BLOCK_M):
+            rows = i + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+            at, here = (b * L + rows[:, None]) * BLOCK_D + dims[None, :], rows[:, None] < L
+            q, do, o = tl.load(Q + at, mask=here, other=0.0), tl.load(DO + at, mask=here, other=0.0), \
+                tl.load(O + at, mask=here, other=0.0)
+            lse = tl.load(LSE + b * L + rows, mask=rows < L, other=0.0)
+            inside = here & (keys[None, :] < S)
+            allowed = tl.load(ALLOWED + (b * L + rows[:, None]) * S + keys[None, :], mask=inside, other=0)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            p = PROB(tl.where(inside & (allowed != 0), s, float("-inf")), lse)  # (BLOCK_M, BLOCK_N)
+            ds = GRAD(p, tl.dot(do, tl.trans(v), input_precision="ieee"), do, o)
+            dv += tl.dot(tl.trans(p), do, input_precision="ieee")
+            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+            tl.store(DQ + at, tl.load(DQ + at, mask=here, other=0.0) + tl.dot(ds, k, input_precision="ieee") * scale,
+                     mask=here)
+        tl.store(DK + kv, dk * scale, mask=keys[:, None] < S)
+        tl.store(DV + kv, dv, mask=keys[:, None] < S)
 
 # Running a learner's functions in a kernel, or the catalogue's torch functions in the torch copy of its loop.
 
@@ -249,12 +234,9 @@ def _backward_kernel(prob, grad, q, k, v, do, allowed, bm, bn):
     B, L, _ = q.shape
     S = k.shape[1]
     o, lse = _exact(q, k, v, allowed)
-    common = (q, k, v, do, o, lse, allowed.to(torch.int8))
-    meta = dict(BLOCK_D=D, BLOCK_M=bm, BLOCK_N=bn, PROB=prob, GRAD=grad)
-    dk, dv = _launch(_backward_kv, (-(-S // bn), B), *common, torch.empty_like(k), torch.empty_like(v), L, S,
-                     D ** -0.5, **meta)[7:9]
-    dq = _launch(_backward_q, (-(-L // bm), B), *common, torch.empty_like(q), L, S, D ** -0.5, **meta)[7]
-    return dq, dk, dv
+    return tuple(_launch(_backward, (B,), q, k, v, do, o, lse, allowed.to(torch.int8), torch.zeros_like(q),
+                         torch.empty_like(k), torch.empty_like(v), L, S, D ** -0.5, BLOCK_D=D, BLOCK_M=bm, BLOCK_N=bn,
+                         PROB=prob, GRAD=grad)[7:10])
 
 # The cases: float64, one head, d = 16; several key tiles per row, the maximum growing in later ones.
 
@@ -287,10 +269,20 @@ def _step_case(name, B, L, S, bm, bn, seed=0, **pattern):
             marks |= {f"at the rows {words}": rows, f"at the rows {words} (O)": rows[..., None].expand(B, L, D)}
     return Case(f"{name}, L = {L}, S = {S}, tiles {bm} x {bn}", (q, k, v, allowed, bm, bn), marks)
 
+HINTS = (
+    (r"make_shape_compatible|incompatible dimensions", "two tiles whose shapes do not line up. Triton lines shapes up "
+     "from the RIGHT, as torch does: a vector of one value per row, (BLOCK_M,), meets a (BLOCK_M, n) tile as x[:, "
+     "None]; one per key, (BLOCK_N,), as x[None, :]. A square tile hides a slip here; a tile of 32 by 16 does not."),
+    (r"equal reduction dimensions|dot", "tl.dot(a, b) multiplies (M, K) by (K, N), each side at least 16: a "
+     "tl.trans missing or extra, or a vector where a tile belongs."),
+    (r"unpack|to tensor|tuple", "the kernel takes back exactly what the statement returns: a tuple of that many "
+     "tensors, in that order."),
+)
+
 # 1. online_step.
 
-def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=True, scale_acc=True, added=1,  # noqa: E741
-          divide=None, kept=False):
+def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=True,  # noqa: E741
+          scale_acc=True, added=1, divide=None, kept=False):
     """The fold of one tile, in torch; each switch off it is a classic mistake."""
     m_new = torch.maximum(m, s.amax(1)) if carry else s.amax(1)
     shift = torch.where(m_new == NEG, 0.0, m_new) if guard else m_new
@@ -367,7 +359,7 @@ STEP = Exercise(
     ],
     passed="the output and the log-sum-exp of the whole forward kernel: several key tiles per row, the maximum "
            "growing in later tiles, causal rows that see nothing in a tile, left padding, rows that see no key at all.",
-    run=_runner(_step_kernel, ("online_step",)), parts=("O", "lse"), atol=1e-7, exchange=False,
+    run=_runner(_step_kernel, ("online_step",)), parts=("O", "lse"), atol=1e-7, exchange=False, hints=HINTS,
 )
 
 def check_online_step(online_step) -> None:
@@ -439,6 +431,7 @@ MASK = Exercise(
            "and 32.",
     run=_runner(_mask_kernel, ("key_end", "visible")),
     parts=("O", "lse", "tiles loaded"), atol=1e-7, exchange=False,
+    hints=HINTS,
 )
 
 def check_tile_mask(key_end, visible) -> None:
@@ -488,7 +481,7 @@ BACKWARD = Exercise(
                 "subtracted along that row, tl.exp(s - lse[:, None]). (Square tiles hide it: 16 by 16 runs, "
                 "16 by 32 does not.)", _b(prob="row")),
         Mistake("tile maximum", "recompute P against the TILE's own maximum, not the row's log-sum-exp: P = exp(s - "
-                "lse[:, None]) is the softmax of the whole row, already normalised; the tile alone cannot normalise it.",
+                "lse[:, None]) is the softmax of the whole row, already normalised; one tile cannot normalise it.",
                 _b(prob="max")),
         Mistake("no lse", "take P = exp(s), WITHOUT THE LOG-SUM-EXP: the probabilities are exp(s - lse), each row's "
                 "lse[:, None] subtracted.", _b(prob="none")),
@@ -505,7 +498,8 @@ BACKWARD = Exercise(
     ],
     passed="dQ, dK and dV of the whole backward pass: several key tiles per row, causal and padded rows, tiles of "
            "16 by 16, 16 by 32 and 32 by 16.",
-    run=_runner(_backward_kernel, ("probabilities", "score_grad")), parts=("dq", "dk", "dv"), atol=1e-7, exchange=False,
+    run=_runner(_backward_kernel, ("probabilities", "score_grad")), parts=("dq", "dk", "dv"), atol=1e-7,
+    exchange=False, hints=HINTS,
 )
 
 def check_backward_step(probabilities, score_grad) -> None:

@@ -1,0 +1,96 @@
+"""Chapter 13's checkers: the learner's @triton.jit pieces run in the checkers' kernels (Triton's interpreter here).
+The torch copies of the kernels that run the catalogue agree with exact attention and its gradients; right answers
+in two styles pass; the catalogue's mistakes are named (every mutant of tests/mutants/ch13.py is run by
+tests/test_mutation.py); a wrong answer outside the catalogue is described, not named; the stub and a function
+without @triton.jit are told so."""
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="chapter 13's checkers need Triton (pip install -e '.[kernels]', Linux)")
+from attention_course.exercises import ExerciseError, ch13  # noqa: E402
+from attention_course.kernels import causal_tile_counts  # noqa: E402
+from mutants import ch13 as answers  # noqa: E402
+
+
+def test_the_torch_copy_of_the_forward_kernel_is_attention():
+    for case in ch13.STEP.cases:
+        q, k, v, allowed, bm, bn = case.args
+        o, lse = ch13.STEP.reference(*case.args)
+        want_o, want_lse = ch13._exact(q, k, v, allowed)
+        torch.testing.assert_close(o, want_o, atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(lse, want_lse, atol=1e-12, rtol=1e-12)
+
+
+def test_the_torch_copy_counts_the_tiles_the_package_kernel_loads():
+    case = ch13.MASK.cases[[c.name for c in ch13.MASK.cases].index("causal, L = S, L = 48, S = 48, tiles 16 x 16")]
+    assert int(ch13.MASK.reference(*case.args)[2].sum()) == causal_tile_counts(48, 16)[0] == 6
+
+
+def test_the_torch_copy_of_the_backward_kernel_is_autograd():
+    for case in ch13.BACKWARD.cases:
+        q, k, v, do, allowed, bm, bn = case.args
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad(ch13._exact(*leaves, allowed)[0], leaves, do)
+        for got, right in zip(ch13.BACKWARD.reference(*case.args), want):
+            torch.testing.assert_close(got, right, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("checker, answer", [
+    *[(ch13.check_online_step, (step,)) for step in (answers.step_stand_in, answers.step_exp2_where)],
+    *[(ch13.check_tile_mask, pair) for pair in ((answers.end_package, answers.visible_package),
+                                                (answers.end_returns, answers.visible_difference))],
+    *[(ch13.check_backward_step, pair) for pair in ((answers.prob_package, answers.grad_package),
+                                                    (answers.prob_exp2, answers.grad_expanded))],
+], ids=["step, stand-in", "step, exp2", "mask, package's", "mask, returns", "backward, package's",
+        "backward, exp2"])
+def test_a_right_answer_passes_in_each_style(checker, answer, capsys):
+    checker(*answer)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+@pytest.mark.parametrize("checker, answer, words", [
+    (ch13.check_online_step, (answers.acc_unscaled,), "adds this tile's p @ v to acc WITHOUT RESCALING acc"),
+    (ch13.check_online_step, (answers.unguarded,), "exp(-inf - -inf) = NaN"),
+    (ch13.check_tile_mask, (answers.end_past_diagonal, answers.visible_package), "load ONE TILE TOO MANY"),
+    (ch13.check_tile_mask, (answers.end_package, answers.visible_strict), "hide the diagonal"),
+    (ch13.check_backward_step, (answers.prob_lse_columns, answers.grad_package), "ALONG THE KEYS"),
+    (ch13.check_backward_step, (answers.prob_package, answers.grad_tile_delta), "sees one tile of them"),
+], ids=["acc not rescaled", "no guard", "a tile too many", "diagonal hidden", "lse[None, :]", "D from the tile"])
+def test_a_catalogue_mistake_is_named(checker, answer, words):
+    with pytest.raises(ExerciseError) as info:
+        checker(*answer)
+    assert words in str(info.value)
+
+
+def _says(exercise) -> list[str]:
+    return [m.says for m in exercise.mistakes]
+
+
+@pytest.mark.parametrize("checker, answer, exercise, words", [
+    (ch13.check_online_step, (answers.half_weights,), ch13.STEP, "your online_step's O is 0.5 times the right one"),
+    (ch13.check_tile_mask, (answers.end_package, answers.visible_transposed), ch13.MASK, "differs at"),
+    (ch13.check_backward_step, (answers.prob_package, answers.grad_misparenthesised), ch13.BACKWARD,
+     "your probabilities and score_grad's dq differs at"),
+], ids=["p halved", "mask transposed", "P * dP - D"])
+def test_a_wrong_answer_outside_the_catalogue_is_described_not_named(checker, answer, exercise, words):
+    with pytest.raises(ExerciseError) as info:
+        checker(*answer)
+    message = str(info.value)
+    assert words in message and not any(says in message for says in _says(exercise)), message
+
+
+def test_the_stub_and_a_function_without_the_decorator():
+    with pytest.raises(ExerciseError, match="still the exercise's stub"):
+        ch13.check_online_step(answers.step_stub)
+    with pytest.raises(ExerciseError, match="still the exercise's stub"):
+        ch13.check_backward_step(answers.prob_package, answers.grad_stub)
+    with pytest.raises(ExerciseError, match=r"your visible is a plain Python function.*@triton\.jit"):
+        ch13.check_tile_mask(answers.end_package, answers.visible_package.fn)
+
+
+def test_a_learner_error_inside_the_kernel_is_its_own_last_line_with_a_hint():
+    with pytest.raises(ExerciseError) as info:
+        ch13.check_online_step(answers.alpha_unbroadcast)
+    message = str(info.value)
+    assert "raised ValueError: Cannot make_shape_compatible" in message and "x[:, None]" in message
+    assert "InterpreterError" not in message and "Traceback" not in message
