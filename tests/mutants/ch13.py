@@ -20,9 +20,9 @@ def check_backward_step(pair):
 @triton.jit
 def step_stand_in(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp(-inf - 0) = 0, not NaN
+    alpha = tl.exp(m - shift)
+    p = tl.exp(s - shift[:, None])
     l = alpha * l + tl.sum(p, axis=1)  # noqa: E741
     acc = acc * alpha[:, None]
     acc += tl.dot(p, v)
@@ -39,20 +39,22 @@ def step_exp2_where(m, l, acc, s, v):  # noqa: E741
 
 
 @triton.jit
-def acc_unscaled(m, l, acc, s, v):  # noqa: E741
+def weights(m, s):
+    """(m_new, p, alpha), right: the mutants below that share them go wrong after."""
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    return m_new, tl.exp(s - safe[:, None]), tl.exp(m - safe)
+
+
+@triton.jit
+def acc_unscaled(m, l, acc, s, v):  # noqa: E741
+    m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc + tl.dot(p, v)
 
 
 @triton.jit
 def l_unscaled(m, l, acc, s, v):  # noqa: E741
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     l += tl.sum(p, 1)  # noqa: E741
     return m_new, l, acc * alpha[:, None] + tl.dot(p, v)
 
@@ -103,19 +105,13 @@ def p_old_max(m, l, acc, s, v):  # noqa: E741
 
 @triton.jit
 def no_pv(m, l, acc, s, v):  # noqa: E741
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None]
 
 
 @triton.jit
 def pv_twice(m, l, acc, s, v):  # noqa: E741
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     acc = acc * alpha[:, None] + tl.dot(p, v)
     acc += tl.dot(p, v)
     return m_new, l * alpha + tl.sum(p, 1), acc
@@ -123,40 +119,28 @@ def pv_twice(m, l, acc, s, v):  # noqa: E741
 
 @triton.jit
 def normalised_inside(m, l, acc, s, v):  # noqa: E741
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     l = l * alpha + tl.sum(p, 1)  # noqa: E741
     return m_new, l, (acc * alpha[:, None] + tl.dot(p, v)) / l[:, None]
 
 
 @triton.jit
 def old_m_returned(m, l, acc, s, v):  # noqa: E741
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     return m, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
 @triton.jit
 def alpha_unbroadcast(m, l, acc, s, v):  # noqa: E741
     """alpha (BM,) against acc (BM, D) without [:, None]: lined up from the right, along the features."""
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha + tl.dot(p, v)
 
 
 @triton.jit
 def half_weights(m, l, acc, s, v):  # noqa: E741
     """Outside the catalogue: p halved in acc only."""
-    m_new = tl.maximum(m, tl.max(s, 1))
-    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - safe[:, None])
-    alpha = tl.exp(m - safe)
+    m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p * 0.5, v)
 
 
