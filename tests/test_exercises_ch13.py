@@ -3,6 +3,11 @@ The torch copies of the kernels that run the catalogue agree with exact attentio
 in two styles pass; the catalogue's mistakes are named (every mutant of tests/mutants/ch13.py is run by
 tests/test_mutation.py); a wrong answer outside the catalogue is described, not named; the stub and a function
 without @triton.jit are told so."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -94,3 +99,36 @@ def test_a_learner_error_inside_the_kernel_is_its_own_last_line_with_a_hint():
     message = str(info.value)
     assert "raised ValueError: Cannot make_shape_compatible" in message and "x[:, None]" in message
     assert "InterpreterError" not in message and "Traceback" not in message
+
+
+STALE = '''import os
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def online_step(m, l, acc, s, v):
+    return m, l, acc
+
+
+from attention_course.exercises import ExerciseError, ch13
+
+try:
+    ch13.check_online_step(online_step)
+except ExerciseError as err:
+    print(err)
+'''
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, Triton is compiled: never imported again")
+def test_a_function_made_by_a_triton_imported_before_the_interpreter_is_told_what_to_run_again(tmp_path):
+    """Without a GPU the course imports Triton again, interpreted; a function jitted before that is not callable
+    by the kernel, and the fix is to import Triton again and define the function again, not to add @triton.jit."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "imported BEFORE the course set up Triton's interpreter" in out, out
+    assert "Put @triton.jit" not in out

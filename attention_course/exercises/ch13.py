@@ -94,9 +94,10 @@ def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLO
 @triton.jit
 def _backward(Q, K, V, DO, O, LSE, ALLOWED, DQ, DK, DV, L, S, scale, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, PROB: tl.constexpr, GRAD: tl.constexpr):
-    """One program per sentence, each tile of P recomputed once: dK and dV summed over the query tiles, dQ added
-    into DQ (zeros to start; one program writes it, so no two add at once). The chapter's kernels split this in two,
-    dK/dV and dQ, for parallelism; the tiles and the formulas are the same."""
+    """One program per sentence, each tile of P recomputed once (the interpreter's time is the checker's): dK and dV
+    summed over the query tiles, dQ added into DQ (zeros to start) as each key tile passes. The chapter's kernels
+    split this in two, dK/dV and dQ, so that programs run in parallel without adding into one place; the tiles and
+    the formulas are the same."""
     b = tl.program_id(0)
     dims = tl.arange(0, BLOCK_D)
     for j in range(0, S, BLOCK_N):
@@ -119,8 +120,7 @@ def _backward(Q, K, V, DO, O, LSE, ALLOWED, DQ, DK, DV, L, S, scale, BLOCK_D: tl
             ds = GRAD(p, tl.dot(do, tl.trans(v), input_precision="ieee"), do, o)
             dv += tl.dot(tl.trans(p), do, input_precision="ieee")
             dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-            tl.store(DQ + at, tl.load(DQ + at, mask=here, other=0.0) + tl.dot(ds, k, input_precision="ieee") * scale,
-                     mask=here)
+            tl.atomic_add(DQ + at, tl.dot(ds, k, input_precision="ieee") * scale, mask=here)
         tl.store(DK + kv, dk * scale, mask=keys[:, None] < S)
         tl.store(DV + kv, dv, mask=keys[:, None] < S)
 
@@ -131,6 +131,8 @@ def _course(fn):
     fn.course = True
     return fn
 
+JITTED = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
+
 def _runner(kernel_run, names: tuple):
     """Exercise.run: a catalogue's entry is called on the case; the learner's functions go to ``kernel_run``."""
     def run(answer, *args):
@@ -138,8 +140,13 @@ def _runner(kernel_run, names: tuple):
             return answer(*args)
         pieces = answer if isinstance(answer, tuple) else (answer,)
         for piece, name in zip(pieces, names):
-            if not isinstance(piece, (triton.runtime.JITFunction, getattr(triton.runtime.interpreter,
-                                                                            "InterpretedFunction", ()))):
+            if type(piece).__name__ in ("JITFunction", "InterpretedFunction") and not isinstance(piece, JITTED):
+                raise ExerciseError(f"your {name} was made by the @triton.jit of a Triton imported BEFORE the course "
+                                    f"set up Triton's interpreter (for a machine without a GPU), and Triton has been "
+                                    f"imported again since: the kernel cannot call it. Run `import triton` and "
+                                    f"`import triton.language as tl` again, then the cell that defines {name}, then "
+                                    f"this one.")
+            if not isinstance(piece, JITTED):
                 raise ExerciseError(f"your {name} is {'a plain Python function' if callable(piece) else repr(piece)}"
                                     f", not a Triton function: the course kernel calls it on tiles, inside the kernel. "
                                     f"Put @triton.jit on the line above `def {name}(...)`, run that cell, then this "
@@ -430,7 +437,7 @@ MASK = Exercise(
            "diagonal, none past a sentence's last key, the diagonal tile and a ragged last tile masked, tiles of 16 "
            "and 32.",
     run=_runner(_mask_kernel, ("key_end", "visible")),
-    parts=("O", "lse", "tiles loaded"), atol=1e-7, exchange=False,
+    parts=("O", "lse", "tile count"), atol=1e-7, exchange=False,
     hints=HINTS,
 )
 
