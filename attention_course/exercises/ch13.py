@@ -265,8 +265,12 @@ def _allowed(B, L, S, causal=False, left=(), empty=()):
         allowed[b, row] = False
     return allowed
 
-def _step_case(name, B, L, S, bm, bn, seed=0, **pattern):
+def _step_case(name, B, L, S, bm, bn, seed=0, loud=None, **pattern):
+    """``loud``: a query whose scores lie some 1000 above the others' (a maximum over the whole tile, not per row,
+    leaves the others' exp(s - m) at 0 there)."""
     q, k, v = _qkv(B, L, S, seed)
+    if loud is not None:
+        q[0, loud] = k[0].sum(0) * 100
     allowed = _allowed(B, L, S, **pattern)
     first = allowed[..., :bn].any(-1)
     marks = {}
@@ -289,9 +293,10 @@ HINTS = (
 # 1. online_step.
 
 def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=True,  # noqa: E741
-          scale_acc=True, added=1, divide=None, kept=False):
+          scale_acc=True, added=1, divide=None, kept=False, rows=True):
     """The fold of one tile, in torch; each switch off it is a classic mistake."""
-    m_new = torch.maximum(m, s.amax(1)) if carry else s.amax(1)
+    top = s.amax(1) if rows else s.amax()
+    m_new = torch.maximum(m, top) if carry else top
     shift = torch.where(m_new == NEG, 0.0, m_new) if guard else m_new
     before = torch.where(m == NEG, 0.0, m) if old == "guarded" else m
     p = torch.exp(s - (before if old else shift)[:, None])
@@ -331,7 +336,8 @@ STEP = Exercise(
     what="your online_step",
     reference=_folded(_step),
     cases=[_step_case("one query tile, the maximum growing", 1, 16, 48, 16, 16),
-           _step_case("causal: later tiles hidden", 1, 48, 48, 16, 16, seed=1, causal=True),
+           _step_case("causal: later tiles hidden, query 20 scoring far above the rest", 1, 48, 48, 16, 16, seed=1,
+                      causal=True, loud=20),
            _step_case("left padding: rows that see nothing in their first tile", 2, 32, 48, 16, 16, seed=2,
                       left=(0, 20)),
            _step_case("causal, rows that see no key at all", 2, 40, 40, 32, 16, seed=3, causal=True,
@@ -349,9 +355,13 @@ STEP = Exercise(
         *[Mistake(f"wrong way round{g}", "takes the factor the WRONG WAY ROUND, exp(m_new - m) >= 1 (inf in a row's "
                   "first tile, where m = -inf): the old sums shrink to the new maximum, alpha = exp(m - m_new) <= 1.",
                   _s(way=way)) for g, way in (("", -1), (" (0 where m is -inf)", "guarded"))],
-        Mistake("no guard", "gives NaN in rows that have seen no key yet (m_new = -inf): exp(s - m_new) there is "
-                "exp(-inf - -inf) = NaN. Subtract a stand-in, 0 where m_new is -inf: shift = tl.where(m_new == "
-                "float('-inf'), 0.0, m_new), p = tl.exp(s - shift[:, None]), alpha = tl.exp(m - shift).",
+        Mistake("tile maximum", "takes the maximum over the WHOLE TILE, tl.max(s) without an axis: one number for "
+                "every row, so a row whose scores lie far below another row's has exp(s - m) = 0 (below exp(-745)) "
+                "and loses its keys. The maximum is per row: tl.max(s, 1).", _s(rows=False)),
+        Mistake("no guard", "gives NaN in rows that have seen no key yet (m_new = -inf): exp(s - m_new) (or exp(m - "
+                "m_new)) there is exp(-inf - -inf) = NaN. Subtract a stand-in, 0 where m_new is -inf: shift = "
+                "tl.where(m_new == float('-inf'), 0.0, m_new), p = tl.exp(s - shift[:, None]), alpha = tl.exp(m - "
+                "shift).",
                 _s(guard=False)),
         *[Mistake(f"old maximum{g}", "takes p = exp(s - m) against the OLD maximum m (inf, or NaN, in a row's first "
                   "tile, where m = -inf): p and alpha are both taken against m_new, the maximum with this tile.",
@@ -463,7 +473,8 @@ def _prob(s, lse, how="lse"):
 
 def _grad(p, dp, do, o, how="D"):
     """score_grad in torch; ``how``: which D, or how dS is made of it."""
-    d = {"tile": (p * dp).sum(1), "dO": do.sum(1), "none": torch.zeros_like(do[:, 0])}.get(how, (do * o).sum(1))
+    d = {"tile": (p * dp).sum(1), "dO": do.sum(1), "none": torch.zeros_like(do[:, 0]),
+         "all": (do * o).sum().expand(len(do))}.get(how, (do * o).sum(1))
     return {"sign": p * (d[:, None] - dp), "no p": dp - d[:, None]}.get(how, p * (dp - d[:, None]))
 
 def _b(prob="lse", grad="D"):
@@ -499,6 +510,8 @@ BACKWARD = Exercise(
         Mistake("D from the tile", f"take D = rowsum(P * dP) over THIS TILE only: {TILE_D}", _b(grad="tile")),
         Mistake("D = rowsum(dO)", "take D = rowsum(dO), without O: D = rowsum(dO * O), tl.sum(do * o, 1).",
                 _b(grad="dO")),
+        Mistake("D of the tile", "take D = tl.sum(do * o) WITHOUT AN AXIS, one number for the whole tile: D is one "
+                "number per row (query), tl.sum(do * o, 1)[:, None].", _b(grad="all")),
         Mistake("sign flipped", "have dS's SIGN FLIPPED, P * (D - dP): dS = P * (dP - D).", _b(grad="sign")),
         Mistake("P left out", "leave P out of dS, dP - D: dS = P * (dP - D) (0 where a key is hidden, as P is).",
                 _b(grad="no p")),

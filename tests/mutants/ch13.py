@@ -69,6 +69,15 @@ def tile_max_only(m, l, acc, s, v):  # noqa: E741
 
 
 @triton.jit
+def one_max_per_tile(m, l, acc, s, v):  # noqa: E741
+    m_new = tl.maximum(m, tl.max(s))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - shift[:, None])
+    correction = tl.exp(m - shift)
+    return m_new, l * correction + tl.sum(p, 1), acc * correction[:, None] + tl.dot(p, v)
+
+
+@triton.jit
 def exp_backwards(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -330,6 +339,11 @@ def grad_do_delta(p, dp, do, o):
 
 
 @triton.jit
+def grad_one_delta(p, dp, do, o):
+    return p * (dp - tl.sum(do * o))
+
+
+@triton.jit
 def grad_flipped(p, dp, do, o):
     return p * (tl.sum(do * o, 1)[:, None] - dp)
 
@@ -357,6 +371,7 @@ CATALOGUES = [
         Mutant("acc not rescaled", acc_unscaled, r"without rescaling acc"),
         Mutant("l not rescaled", l_unscaled, r"without rescaling l\b"),
         Mutant("m_new = the tile's maximum alone", tile_max_only, r"forgetting the maximum of the tiles before"),
+        Mutant("tl.max(s) without an axis", one_max_per_tile, r"maximum over the WHOLE TILE"),
         Mutant("exp(m_new - m)", exp_backwards, r"wrong way round", "wrong way"),
         Mutant("exp(m_new - m), 0 where m is -inf", exp_backwards_guarded, r"wrong way round", "wrong way"),
         Mutant("no stand-in for a row with no key yet", unguarded, (r"rows that have seen no key yet",
@@ -399,6 +414,7 @@ CATALOGUES = [
         Mutant("dS = P * dP", (prob_package, grad_no_delta), r"leaving out D"),
         Mutant("D from the tile", (prob_package, grad_tile_delta), (r"THIS TILE only", r"whole row")),
         Mutant("D = rowsum(dO)", (prob_exp2, grad_do_delta), r"D = rowsum\(dO\), without O"),
+        Mutant("tl.sum(do * o) without an axis", (prob_package, grad_one_delta), r"WITHOUT AN AXIS"),
         Mutant("the sign flipped", (prob_package, grad_flipped), r"SIGN FLIPPED"),
         Mutant("dS = dP - D", (prob_package, grad_no_p), r"leave P out"),
         Mutant("P * dP - D (outside the catalogue)", (prob_package, grad_misparenthesised), r"differs at"),
