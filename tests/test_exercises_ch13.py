@@ -132,3 +132,25 @@ def test_a_function_made_by_a_triton_imported_before_the_interpreter_is_told_wha
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120).stdout
     assert "imported BEFORE the course set up Triton's interpreter" in out, out
     assert "Put @triton.jit" not in out
+
+
+WITHOUT_TRITON = '''import sys
+sys.modules["triton"] = None  # import triton fails, as on macOS
+from attention_course.exercises import ch13
+
+print(len(ch13.EXERCISES))
+try:
+    ch13.check_online_step(None)
+except ModuleNotFoundError as err:
+    print(err)
+'''
+
+
+def test_without_triton_the_catalogue_stands_and_a_check_says_what_to_install(tmp_path):
+    """The catalogue runs in torch alone (tests/test_catalogues.py needs no Triton); a check needs it."""
+    script = tmp_path / "without.py"
+    script.write_text(WITHOUT_TRITON)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.splitlines()[0] == "3", out.stderr
+    assert "chapter 13 needs Triton" in out.stdout

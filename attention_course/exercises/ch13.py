@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.flash import _kernels, interpreted
+from ..kernels.flash import MISSING, _kernels, interpreted
 from . import ExerciseError
 from .diagnose import Case, Exercise, Mistake, check
 
-_kernels()  # where no CUDA GPU is: TRITON_INTERPRET=1, set before Triton is imported (again) below
+try:
+    _kernels()  # where no CUDA GPU is: TRITON_INTERPRET=1, set before Triton is imported (again) below
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as error:  # no Triton (macOS, Windows): the catalogue stands, a check says what to install
+    if error.name != "triton":
+        raise
+    triton = None
 import numpy as np  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+
+jit = triton.jit if triton is not None else lambda fn: fn
 
 NEG = float("-inf")
 D = 16  # features per head in every case: one tile wide
 
 # The course's pieces (the exercises' answers), passed to the kernels where the learner's are not under test.
 
-@triton.jit
+@jit
 def _online_step(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp(-inf - 0) = 0, not NaN
@@ -36,31 +43,31 @@ def _online_step(m, l, acc, s, v):  # noqa: E741
     alpha = tl.exp(m - shift)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
 
-@triton.jit
+@jit
 def _key_end(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
         end = tl.minimum(end, (i + 1) * BLOCK_M)
     return end
 
-@triton.jit
+@jit
 def _visible(rows, keys, n_keys, CAUSAL: tl.constexpr):
     seen = (keys[None, :] < n_keys) & (rows[:, None] >= 0)  # (BLOCK_M, BLOCK_N)
     if CAUSAL:
         seen = seen & (keys[None, :] <= rows[:, None])
     return seen
 
-@triton.jit
+@jit
 def _probabilities(s, lse):
     return tl.exp(s - lse[:, None])
 
-@triton.jit
+@jit
 def _score_grad(p, dp, do, o):
     return p * (dp - tl.sum(do * o, 1)[:, None])
 
 # The kernels: chapter 13's (attention_course/kernels/forward.py, backward.py), one head, the pieces as arguments.
 
-@triton.jit
+@jit
 def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLOCK_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, STEP: tl.constexpr,
              END: tl.constexpr, VISIBLE: tl.constexpr):
@@ -91,7 +98,7 @@ def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLO
     tl.store(LSE + b * L + rows, tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), 0.0), mask=rows < L)
     tl.store(TILES + b * n_tiles + i, loaded)
 
-@triton.jit
+@jit
 def _backward(Q, K, V, DO, O, LSE, ALLOWED, DQ, DK, DV, L, S, scale, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, PROB: tl.constexpr, GRAD: tl.constexpr):
     """One program per sentence, each tile of P recomputed once (the interpreter's time is the checker's): dK and dV
@@ -131,28 +138,32 @@ def _course(fn):
     fn.course = True
     return fn
 
-JITTED = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
-
 def _runner(kernel_run, names: tuple):
     """Exercise.run: a catalogue's entry is called on the case; the learner's functions go to ``kernel_run``."""
     def run(answer, *args):
         if getattr(answer, "course", False):
             return answer(*args)
+        jitted = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
         pieces = answer if isinstance(answer, tuple) else (answer,)
         for piece, name in zip(pieces, names):
-            if type(piece).__name__ in ("JITFunction", "InterpretedFunction") and not isinstance(piece, JITTED):
+            if type(piece).__name__ in ("JITFunction", "InterpretedFunction") and not isinstance(piece, jitted):
                 raise ExerciseError(f"your {name} was made by the @triton.jit of a Triton imported BEFORE the course "
                                     f"set up Triton's interpreter (for a machine without a GPU), and Triton has been "
                                     f"imported again since: the kernel cannot call it. Run `import triton` and "
                                     f"`import triton.language as tl` again, then the cell that defines {name}, then "
                                     f"this one.")
-            if not isinstance(piece, JITTED):
+            if not isinstance(piece, jitted):
                 raise ExerciseError(f"your {name} is {'a plain Python function' if callable(piece) else repr(piece)}"
                                     f", not a Triton function: the course kernel calls it on tiles, inside the kernel. "
                                     f"Put @triton.jit on the line above `def {name}(...)`, run that cell, then this "
                                     f"one again.")
         return kernel_run(*pieces, *args)
     return run
+
+def _check(exercise: Exercise, answer) -> None:
+    if triton is None:
+        raise ModuleNotFoundError(MISSING, name="triton")
+    check(exercise, answer)
 
 def _cause(err: Exception) -> Exception:
     """The learner's own error inside Triton's: the interpreter's wrapping removed, or the compiler's last line."""
@@ -381,7 +392,7 @@ STEP = Exercise(
 
 def check_online_step(online_step) -> None:
     """Check ``online_step(m, l, acc, s, v) -> (m, l, acc)``, a @triton.jit function, in the forward kernel."""
-    check(STEP, online_step)
+    _check(STEP, online_step)
 
 # 2. key_end and visible.
 
@@ -454,7 +465,7 @@ MASK = Exercise(
 def check_tile_mask(key_end, visible) -> None:
     """Check ``key_end(i, n_keys, BLOCK_M, CAUSAL)`` and ``visible(rows, keys, n_keys, CAUSAL)``, @triton.jit
     functions, in the forward kernel: its output, and the tiles it loads."""
-    check(MASK, (key_end, visible))
+    _check(MASK, (key_end, visible))
 
 # 3. probabilities and score_grad.
 
@@ -525,6 +536,6 @@ BACKWARD = Exercise(
 def check_backward_step(probabilities, score_grad) -> None:
     """Check ``probabilities(s, lse)`` and ``score_grad(p, dp, do, o)``, @triton.jit functions, in the backward
     kernels: dQ, dK and dV."""
-    check(BACKWARD, (probabilities, score_grad))
+    _check(BACKWARD, (probabilities, score_grad))
 
 EXERCISES = [STEP, MASK, BACKWARD]

@@ -1,10 +1,12 @@
 """Chapter 13's checkers under mutation: the learner's @triton.jit pieces of FlashAttention's kernels, each mutant a
 learner's wrong piece written as a learner would, run in the checker's kernel (in Triton's interpreter on a CPU)."""
+from __future__ import annotations  # (tl.constexpr read by Triton, not by Python: none without Triton)
+
 from attention_course.exercises import ch13  # (first: it sets TRITON_INTERPRET=1 where no GPU is, before Triton)
+from attention_course.exercises.ch13 import jit, triton
 from mutants import Catalogue, Mutant
 
-import triton  # noqa: E402,I001
-import triton.language as tl  # noqa: E402
+tl = triton.language if triton is not None else None  # without Triton (not Linux): no catalogue, below
 
 
 def check_tile_mask(pair):
@@ -17,7 +19,7 @@ def check_backward_step(pair):
 
 # 1. online_step: two right styles, then the mutants.
 
-@triton.jit
+@jit
 def step_stand_in(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp(-inf - 0) = 0, not NaN
@@ -29,7 +31,7 @@ def step_stand_in(m, l, acc, s, v):  # noqa: E741
     return m_new, l, acc
 
 
-@triton.jit
+@jit
 def step_exp2_where(m, l, acc, s, v):  # noqa: E741
     """exp2 of scores in base 2, each exponential guarded by a where."""
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -38,7 +40,7 @@ def step_exp2_where(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
 
 
-@triton.jit
+@jit
 def weights(m, s):
     """(m_new, p, alpha), right: the mutants below that share them go wrong after."""
     m_new = tl.maximum(m, tl.max(s, 1))
@@ -46,20 +48,20 @@ def weights(m, s):
     return m_new, tl.exp(s - safe[:, None]), tl.exp(m - safe)
 
 
-@triton.jit
+@jit
 def acc_unscaled(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def l_unscaled(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     l += tl.sum(p, 1)  # noqa: E741
     return m_new, l, acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def tile_max_only(m, l, acc, s, v):  # noqa: E741
     m_new = tl.max(s, 1)
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -68,7 +70,7 @@ def tile_max_only(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def one_max_per_tile(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -77,7 +79,7 @@ def one_max_per_tile(m, l, acc, s, v):  # noqa: E741
     return m_new, l * correction + tl.sum(p, 1), acc * correction[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def exp_backwards(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -86,7 +88,7 @@ def exp_backwards(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def exp_backwards_guarded(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -95,7 +97,7 @@ def exp_backwards_guarded(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def unguarded(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     p = tl.exp(s - m_new[:, None])
@@ -103,7 +105,7 @@ def unguarded(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def p_old_max(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -112,13 +114,13 @@ def p_old_max(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def no_pv(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None]
 
 
-@triton.jit
+@jit
 def pv_twice(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     acc = acc * alpha[:, None] + tl.dot(p, v)
@@ -126,34 +128,34 @@ def pv_twice(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc
 
 
-@triton.jit
+@jit
 def normalised_inside(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     l = l * alpha + tl.sum(p, 1)  # noqa: E741
     return m_new, l, (acc * alpha[:, None] + tl.dot(p, v)) / l[:, None]
 
 
-@triton.jit
+@jit
 def old_m_returned(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     return m, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def alpha_unbroadcast(m, l, acc, s, v):  # noqa: E741
     """alpha (BM,) against acc (BM, D) without [:, None]: lined up from the right, along the features."""
     m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha + tl.dot(p, v)
 
 
-@triton.jit
+@jit
 def half_weights(m, l, acc, s, v):  # noqa: E741
     """Outside the catalogue: p halved in acc only."""
     m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p * 0.5, v)
 
 
-@triton.jit
+@jit
 def step_stub(m, l, acc, s, v):  # noqa: E741
     raise NotImplementedError()
 
@@ -164,7 +166,7 @@ def step_plain(m, l, acc, s, v):  # noqa: E741 - the decorator forgotten
 
 # 2. key_end and visible.
 
-@triton.jit
+@jit
 def end_package(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
@@ -172,14 +174,14 @@ def end_package(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return end
 
 
-@triton.jit
+@jit
 def end_returns(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     if CAUSAL:
         return tl.minimum(n_keys, i * BLOCK_M + BLOCK_M)
     return n_keys
 
 
-@triton.jit
+@jit
 def visible_package(rows, keys, n_keys, CAUSAL: tl.constexpr):
     seen = (keys[None, :] < n_keys) & (rows[:, None] > -1)
     if CAUSAL:
@@ -187,7 +189,7 @@ def visible_package(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return seen
 
 
-@triton.jit
+@jit
 def visible_difference(rows, keys, n_keys, CAUSAL: tl.constexpr):
     """A (1, BN) mask where not causal: broadcast by the kernel."""
     ok = keys[None, :] < n_keys
@@ -196,7 +198,7 @@ def visible_difference(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return ok
 
 
-@triton.jit
+@jit
 def end_before_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
@@ -204,7 +206,7 @@ def end_before_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return end
 
 
-@triton.jit
+@jit
 def end_past_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
@@ -212,24 +214,24 @@ def end_past_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return end
 
 
-@triton.jit
+@jit
 def end_all_keys(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return n_keys
 
 
-@triton.jit
+@jit
 def end_causal_always(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return tl.minimum(n_keys, (i + 1) * BLOCK_M)
 
 
-@triton.jit
+@jit
 def end_without_lengths(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     if CAUSAL:
         return (i + 1) * BLOCK_M
     return n_keys
 
 
-@triton.jit
+@jit
 def visible_no_padding(rows, keys, n_keys, CAUSAL: tl.constexpr):
     seen = rows[:, None] >= keys[None, :] - 1000000
     if CAUSAL:
@@ -237,7 +239,7 @@ def visible_no_padding(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return seen
 
 
-@triton.jit
+@jit
 def visible_strict(rows, keys, n_keys, CAUSAL: tl.constexpr):
     seen = (keys[None, :] < n_keys) & (rows[:, None] >= 0)
     if CAUSAL:
@@ -245,7 +247,7 @@ def visible_strict(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return seen
 
 
-@triton.jit
+@jit
 def visible_backwards(rows, keys, n_keys, CAUSAL: tl.constexpr):
     seen = (keys[None, :] < n_keys) & (rows[:, None] >= 0)
     if CAUSAL:
@@ -253,19 +255,19 @@ def visible_backwards(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return seen
 
 
-@triton.jit
+@jit
 def visible_padding_only(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return (keys[None, :] < n_keys) & (rows[:, None] >= 0)
 
 
-@triton.jit
+@jit
 def visible_causal_only(rows, keys, n_keys, CAUSAL: tl.constexpr):
     if CAUSAL:
         return keys[None, :] <= rows[:, None]
     return (keys[None, :] < n_keys) & (rows[:, None] >= 0)
 
 
-@triton.jit
+@jit
 def visible_transposed(rows, keys, n_keys, CAUSAL: tl.constexpr):
     """Outside the catalogue: the tile built (keys, rows), read as (rows, keys)."""
     seen = (keys[:, None] < n_keys) & (rows[None, :] >= 0)
@@ -274,98 +276,98 @@ def visible_transposed(rows, keys, n_keys, CAUSAL: tl.constexpr):
     return seen
 
 
-@triton.jit
+@jit
 def end_stub(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     raise NotImplementedError()
 
 
 # 3. probabilities and score_grad.
 
-@triton.jit
+@jit
 def prob_package(s, lse):
     return tl.exp(s - lse[:, None])
 
 
-@triton.jit
+@jit
 def grad_package(p, dp, do, o):
     delta = tl.sum(do * o, axis=1)
     return p * (dp - delta[:, None])
 
 
-@triton.jit
+@jit
 def prob_exp2(s, lse):
     return tl.exp2(s * 1.4426950408889634 - lse[:, None] * 1.4426950408889634)
 
 
-@triton.jit
+@jit
 def grad_expanded(p, dp, do, o):
     return p * dp - p * tl.sum(o * do, 1)[:, None]
 
 
-@triton.jit
+@jit
 def prob_lse_columns(s, lse):
     return tl.exp(s - lse[None, :])
 
 
-@triton.jit
+@jit
 def prob_tile_max(s, lse):
     return tl.exp(s - tl.max(s, 1)[:, None])
 
 
-@triton.jit
+@jit
 def prob_no_lse(s, lse):
     return tl.exp(s)
 
 
-@triton.jit
+@jit
 def prob_plus_lse(s, lse):
     return tl.exp(s + lse[:, None])
 
 
-@triton.jit
+@jit
 def grad_no_delta(p, dp, do, o):
     return p * dp
 
 
-@triton.jit
+@jit
 def grad_tile_delta(p, dp, do, o):
     delta = tl.sum(p * dp, 1)
     return p * (dp - delta[:, None])
 
 
-@triton.jit
+@jit
 def grad_do_delta(p, dp, do, o):
     return p * (dp - tl.sum(do, 1)[:, None])
 
 
-@triton.jit
+@jit
 def grad_one_delta(p, dp, do, o):
     return p * (dp - tl.sum(do * o))
 
 
-@triton.jit
+@jit
 def grad_flipped(p, dp, do, o):
     return p * (tl.sum(do * o, 1)[:, None] - dp)
 
 
-@triton.jit
+@jit
 def grad_no_p(p, dp, do, o):
     return dp - tl.sum(do * o, 1)[:, None]
 
 
-@triton.jit
+@jit
 def grad_misparenthesised(p, dp, do, o):
     """Outside the catalogue: P * dP - D, the parentheses lost."""
     return p * dp - tl.sum(do * o, 1)[:, None]
 
 
-@triton.jit
+@jit
 def grad_stub(p, dp, do, o):
     raise NotImplementedError()
 
 
 NOT_JIT = r"not a Triton function.*@triton\.jit"
-CATALOGUES = [
+CATALOGUES = [] if triton is None else [
     Catalogue(ch13.check_online_step, {"stand-in for -inf, += (the package's)": step_stand_in,
                                        "exp2 and where-guards": step_exp2_where}, [
         Mutant("acc not rescaled", acc_unscaled, r"without rescaling acc"),
