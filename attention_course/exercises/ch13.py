@@ -276,12 +276,13 @@ def _allowed(B, L, S, causal=False, left=(), empty=()):
         allowed[b, row] = False
     return allowed
 
-def _step_case(name, B, L, S, bm, bn, seed=0, loud=None, **pattern):
-    """``loud``: a query whose scores lie some 1000 above the others' (a maximum over the whole tile, not per row,
-    leaves the others' exp(s - m) at 0 there)."""
+def _step_case(name, B, L, S, bm, bn, seed=0, shifted=(), **pattern):
+    """``shifted``: (b, query, offset), a query whose scores all lie ``offset`` away from the others' (+1000: a
+    maximum over the whole tile, not per row, leaves the others' exp(s - m) at 0; -1000: so does a maximum of 0)."""
     q, k, v = _qkv(B, L, S, seed)
-    if loud is not None:
-        q[0, loud] = k[0].sum(0) * 100
+    k[..., -1] = 1.0  # the last feature adds q[..., -1] / 4 to each query's scores: a row's offset
+    for b, row, offset in shifted:
+        q[b, row, -1] = 4 * offset
     allowed = _allowed(B, L, S, **pattern)
     first = allowed[..., :bn].any(-1)
     marks = {}
@@ -304,7 +305,7 @@ HINTS = (
 # 1. online_step.
 
 def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=True,  # noqa: E741
-          scale_acc=True, added=1, divide=None, kept=False, rows=True):
+          scale_acc=True, added=1, divide=None, kept=False, rows=True, stand_in=False):
     """The fold of one tile, in torch; each switch off it is a classic mistake."""
     top = s.amax(1) if rows else s.amax()
     m_new = torch.maximum(m, top) if carry else top
@@ -318,7 +319,7 @@ def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=Tru
     acc = (acc * alpha[:, None] if scale_acc else acc) + added * p @ v
     if divide is not None:
         acc = acc / (torch.where(l_new > 0, l_new, 1.0) if divide == "guarded" else l_new)[:, None]
-    return (m if kept else m_new), l_new, acc
+    return (m if kept else shift if stand_in else m_new), l_new, acc
 
 def _end(i, n_keys, bm, causal, skip=0, lengths=True):
     """key_end in torch; ``skip``: tiles past the diagonal's; ``lengths``: whether n_keys bounds it."""
@@ -348,9 +349,9 @@ STEP = Exercise(
     reference=_folded(_step),
     cases=[_step_case("one query tile, the maximum growing", 1, 16, 48, 16, 16),
            _step_case("causal: later tiles hidden, query 20 scoring far above the rest", 1, 48, 48, 16, 16, seed=1,
-                      causal=True, loud=20),
-           _step_case("left padding: rows that see nothing in their first tile", 2, 32, 48, 16, 16, seed=2,
-                      left=(0, 20)),
+                      causal=True, shifted=[(0, 20, 1000)]),
+           _step_case("left padding: rows that see nothing in their first tile, query 5 of sentence 1 scoring far "
+                      "below the rest", 2, 32, 48, 16, 16, seed=2, left=(0, 20), shifted=[(1, 5, -1000)]),
            _step_case("causal, rows that see no key at all", 2, 40, 40, 32, 16, seed=3, causal=True,
                       empty=((0, 5), (1, 0))),
            _step_case("left padding, a ragged last tile", 1, 20, 45, 16, 32, seed=4, left=(17,))],
@@ -369,6 +370,9 @@ STEP = Exercise(
         Mistake("tile maximum", "takes the maximum over the WHOLE TILE, tl.max(s) without an axis: one number for "
                 "every row, so a row whose scores lie far below another row's has exp(s - m) = 0 (below exp(-745)) "
                 "and loses its keys. The maximum is per row: tl.max(s, 1).", _s(rows=False)),
+        Mistake("stand-in returned", "returns the stand-in 0 as m for a row that has seen no key yet: m must stay "
+                "-inf there, 0 belongs only inside the exponentials. A row whose first keys score far below 0 (here "
+                "-1000) then gets exp(s - 0) = 0 and loses them. Return m_new, -inf and all.", _s(stand_in=True)),
         Mistake("no guard", "gives NaN in rows that have seen no key yet (m_new = -inf): exp(s - m_new) (or exp(m - "
                 "m_new)) there is exp(-inf - -inf) = NaN. Subtract a stand-in, 0 where m_new is -inf: shift = "
                 "tl.where(m_new == float('-inf'), 0.0, m_new), p = tl.exp(s - shift[:, None]), alpha = tl.exp(m - "

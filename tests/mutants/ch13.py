@@ -80,6 +80,16 @@ def one_max_per_tile(m, l, acc, s, v):  # noqa: E741
 
 
 @jit
+def m_without_inf(m, l, acc, s, v):  # noqa: E741
+    """-inf replaced by 0 in m_new itself, to keep NaN away, and returned so."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+@jit
 def exp_backwards(m, l, acc, s, v):  # noqa: E741
     m_new = tl.maximum(m, tl.max(s, 1))
     safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -374,6 +384,7 @@ CATALOGUES = [] if triton is None else [
         Mutant("l not rescaled", l_unscaled, r"without rescaling l\b"),
         Mutant("m_new = the tile's maximum alone", tile_max_only, r"forgetting the maximum of the tiles before"),
         Mutant("tl.max(s) without an axis", one_max_per_tile, r"maximum over the WHOLE TILE"),
+        Mutant("0 for -inf in m_new, returned", m_without_inf, r"returns the stand-in 0 as m"),
         Mutant("exp(m_new - m)", exp_backwards, r"wrong way round", "wrong way"),
         Mutant("exp(m_new - m), 0 where m is -inf", exp_backwards_guarded, r"wrong way round", "wrong way"),
         Mutant("no stand-in for a row with no key yet", unguarded, (r"rows that have seen no key yet",
