@@ -82,11 +82,11 @@ def one_max_per_tile(m, l, acc, s, v):  # noqa: E741
 @jit
 def m_without_inf(m, l, acc, s, v):  # noqa: E741
     """-inf replaced by 0 in m_new itself, to keep NaN away, and returned so."""
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - m_new[:, None])
+    top = tl.maximum(m, tl.max(s, 1))
+    m_new = tl.where(top > float("-inf"), top, 0.0)
     alpha = tl.exp(m - m_new)
-    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+    l = l * alpha + tl.sum(tl.exp(s - m_new[:, None]), 1)  # noqa: E741
+    return m_new, l, acc * alpha[:, None] + tl.dot(tl.exp(s - m_new[:, None]), v)
 
 
 @jit
