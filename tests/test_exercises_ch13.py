@@ -16,6 +16,8 @@ from attention_course.exercises import ExerciseError, ch13  # noqa: E402
 from attention_course.kernels import causal_tile_counts  # noqa: E402
 from mutants import ch13 as answers  # noqa: E402
 
+tl = ch13.triton.language
+
 
 def test_the_torch_copy_of_the_forward_kernel_is_attention():
     for case in ch13.STEP.cases:
@@ -99,6 +101,21 @@ def test_a_learner_error_inside_the_kernel_is_its_own_last_line_with_a_hint():
     message = str(info.value)
     assert "raised ValueError: Cannot make_shape_compatible" in message and "x[:, None]" in message
     assert "InterpreterError" not in message and "Traceback" not in message
+
+
+@ch13.jit
+def step_in_float32(m, l, acc, s, v):  # noqa: E741 - right in the chapter's float32 kernel, a dtype named
+    m_new = tl.maximum(m, tl.max(s, 1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - shift[:, None])
+    alpha = tl.exp(m - shift)
+    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(tl.float32), v)
+
+
+def test_a_dtype_named_in_the_answer_is_told_that_the_tiles_are_float64():
+    with pytest.raises(ExerciseError, match=r"Got fp32 and fp64\. Likeliest cause here: the checker's tiles are "
+                                            r"float64.*x\.to\(v\.dtype\)"):
+        ch13.check_online_step(step_in_float32)
 
 
 STALE = '''import os

@@ -298,6 +298,9 @@ HINTS = (
      "None]; one per key, (BLOCK_N,), as x[None, :]. A square tile hides a slip here; a tile of 32 by 16 does not."),
     (r"equal reduction dimensions|dot", "tl.dot(a, b) multiplies (M, K) by (K, N), each side at least 16: a "
      "tl.trans missing or extra, or a vector where a tile belongs."),
+    (r"same dtype|fp32 and fp64|fp64 and fp32", "the checker's tiles are float64 (so that it can compare to 1e-7; the "
+     "chapter's kernel runs float32): convert with x.to(v.dtype), the dtype of the tiles given, never to a named "
+     "one such as tl.float32."),
     (r"unpack|to tensor|tuple", "the kernel takes back exactly what the statement returns: a tuple of that many "
      "tensors, in that order."),
 )
