@@ -9,9 +9,9 @@ The kernels run the learner's functions (in Triton's interpreter where there is 
 or 32, one head, d = 16. The catalogue's mistakes are the same functions written in torch, run tile for tile by a
 torch copy of the kernel's loop (``_forward_torch``, ``_backward_torch``): what the kernel gives with that mistake,
 without the interpreter's cost."""
-from __future__ import annotations
+from __future__ import annotations  # (tl.constexpr is read by Triton, not by Python: none without Triton)
 
-
+import numpy as np
 import torch
 
 from ..kernels.flash import MISSING, _kernels, interpreted
@@ -26,9 +26,8 @@ except ModuleNotFoundError as error:  # no Triton (macOS, Windows): the catalogu
     if error.name != "triton":
         raise
     triton = None
-import numpy as np  # noqa: E402
 
-jit = triton.jit if triton is not None else lambda fn: fn
+jit = triton.jit if triton is not None else lambda fn: fn  # (without Triton: plain functions, never called)
 
 NEG = float("-inf")
 D = 16  # features per head in every case: one tile wide
@@ -296,7 +295,7 @@ HINTS = (
     (r"make_shape_compatible|incompatible dimensions", "two tiles whose shapes do not line up. Triton lines shapes up "
      "from the RIGHT, as torch does: a vector of one value per row, (BLOCK_M,), meets a (BLOCK_M, n) tile as x[:, "
      "None]; one per key, (BLOCK_N,), as x[None, :]. A square tile hides a slip here; a tile of 32 by 16 does not."),
-    (r"equal reduction dimensions|dot", "tl.dot(a, b) multiplies (M, K) by (K, N), each side at least 16: a "
+    (r"equal reduction dimensions|tl\.dot|dot\(", "tl.dot(a, b) multiplies (M, K) by (K, N), each side at least 16: a "
      "tl.trans missing or extra, or a vector where a tile belongs."),
     (r"same dtype|fp32 and fp64|fp64 and fp32", "the checker's tiles are float64 (so that it can compare to 1e-7; the "
      "chapter's kernel runs float32): convert with x.to(v.dtype), the dtype of the tiles given, never to a named "
