@@ -145,14 +145,15 @@ def _runner(kernel_run, names: tuple):
         jitted = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
         pieces = answer if isinstance(answer, tuple) else (answer,)
         for piece, name in zip(pieces, names):
+            what = "your " + name  # (joined here: "your " alone is no message's words)
             if type(piece).__name__ in ("JITFunction", "InterpretedFunction") and not isinstance(piece, jitted):
-                raise ExerciseError(f"your {name} was made by the @triton.jit of a Triton imported BEFORE the course "
+                raise ExerciseError(f"{what} was made by the @triton.jit of a Triton imported BEFORE the course "
                                     f"set up Triton's interpreter (for a machine without a GPU), and Triton has been "
                                     f"imported again since: the kernel cannot call it. Run `import triton` and "
                                     f"`import triton.language as tl` again, then the cell that defines {name}, then "
                                     f"this one.")
             if not isinstance(piece, jitted):
-                raise ExerciseError(f"your {name} is {'a plain Python function' if callable(piece) else repr(piece)}"
+                raise ExerciseError(f"{what} is {'a plain Python function' if callable(piece) else repr(piece)}"
                                     f", not a Triton function: the course kernel calls it on tiles, inside the kernel. "
                                     f"Put @triton.jit on the line above `def {name}(...)`, run that cell, then this "
                                     f"one again.")
