@@ -171,3 +171,19 @@ def test_without_triton_the_catalogue_stands_and_a_check_says_what_to_install(tm
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.splitlines()[0] == "3", out.stderr
     assert "chapter 13 needs Triton" in out.stdout
+
+
+def test_the_compiler_s_error_is_its_last_line_and_the_stub_is_the_stub():
+    """On a GPU Triton compiles the learner's function: its errors show the source, then the error; the stub's raise
+    is refused by the compiler. (The interpreter's are tested above.)"""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    source = "def online_step(m, l, acc, s, v):\n    return m, acc\n"
+    node = ast.parse(source).body[0].body[0]
+    err = ch13._cause(CompilationError(source, node, "ValueError('not enough values to unpack (expected 3, got 2)')"))
+    assert type(err) is RuntimeError and str(err) == "ValueError('not enough values to unpack (expected 3, got 2)')"
+    source = "def online_step(m, l, acc, s, v):\n    raise NotImplementedError()\n"
+    node = ast.parse(source).body[0].body[0]
+    assert type(ch13._cause(CompilationError(source, node, "unsupported AST node type: Raise"))) is NotImplementedError
