@@ -125,6 +125,16 @@ def p_old_max(m, l, acc, s, v):  # noqa: E741
 
 
 @jit
+def p_old_max_zero(m, l, acc, s, v):  # noqa: E741
+    """p against the old maximum, with 0 standing in for it while it is -inf."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    old = tl.where(m == float("-inf"), 0.0, m)
+    alpha = tl.exp(m - tl.where(m_new == float("-inf"), 0.0, m_new))
+    p = tl.exp(s - old[:, None])
+    return m_new, alpha * l + tl.sum(p, 1), alpha[:, None] * acc + tl.dot(p, v)
+
+
+@jit
 def no_pv(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None]
@@ -143,6 +153,13 @@ def normalised_inside(m, l, acc, s, v):  # noqa: E741
     m_new, p, alpha = weights(m, s)
     l = l * alpha + tl.sum(p, 1)  # noqa: E741
     return m_new, l, (acc * alpha[:, None] + tl.dot(p, v)) / l[:, None]
+
+
+@jit
+def normalised_inside_guarded(m, l, acc, s, v):  # noqa: E741
+    m_new, p, alpha = weights(m, s)
+    l_new = l * alpha + tl.sum(p, 1)
+    return m_new, l_new, (acc * alpha[:, None] + tl.dot(p, v)) / tl.where(l_new > 0, l_new, 1.0)[:, None]
 
 
 @jit
@@ -389,10 +406,13 @@ CATALOGUES = [] if triton is None else [
         Mutant("exp(m_new - m), 0 where m is -inf", exp_backwards_guarded, r"wrong way round", "wrong way"),
         Mutant("no stand-in for a row with no key yet", unguarded, (r"rows that have seen no key yet",
                                                                     r"exp\(-inf - -inf\) = NaN")),
-        Mutant("p against the old maximum", p_old_max, r"against the OLD maximum"),
+        Mutant("p against the old maximum", p_old_max, r"against the OLD maximum", "old maximum"),
+        Mutant("p against the old maximum, 0 for -inf", p_old_max_zero, r"against the OLD maximum", "old maximum"),
         Mutant("p @ v never added", no_pv, r"never adds this tile's p @ v"),
         Mutant("p @ v added twice", pv_twice, r"TWICE"),
-        Mutant("acc divided by l in the loop", normalised_inside, r"divides acc by l INSIDE the loop"),
+        Mutant("acc divided by l in the loop", normalised_inside, r"divides acc by l INSIDE the loop", "inside"),
+        Mutant("acc divided by l in the loop, 0 for 0", normalised_inside_guarded, r"divides acc by l INSIDE the loop",
+               "inside"),
         Mutant("the old m returned", old_m_returned, r"returns the old m"),
         Mutant("alpha without [:, None]", alpha_unbroadcast, (r"Cannot make_shape_compatible", r"\[:, None\]")),
         Mutant("p halved in acc (outside the catalogue)", half_weights, r"O is 0\.5 times the right one"),
