@@ -48,8 +48,9 @@ def test_the_torch_copy_of_the_backward_kernel_is_autograd():
                                                 (answers.end_returns, answers.visible_difference))],
     *[(ch13.check_backward_step, pair) for pair in ((answers.prob_package, answers.grad_package),
                                                     (answers.prob_exp2, answers.grad_expanded))],
+    (ch13.check_online_step, (ch13._online_step,)), (ch13.check_tile_mask, (ch13._key_end, ch13._visible)),
 ], ids=["step, stand-in", "step, exp2", "mask, package's", "mask, returns", "backward, package's",
-        "backward, exp2"])
+        "backward, exp2", "step, the kernel's own", "mask, the kernel's own"])
 def test_a_right_answer_passes_in_each_style(checker, answer, capsys):
     checker(*answer)
     assert capsys.readouterr().out.startswith("Correct")

@@ -32,7 +32,7 @@ jit = triton.jit if triton is not None else lambda fn: fn  # (without Triton: pl
 NEG = float("-inf")
 D = 16  # features per head in every case: one tile wide
 
-# The course's pieces (the exercises' answers), passed to the kernels where the learner's are not under test.
+# The course's pieces (answers of exercises 1 and 2), in the forward kernel where the learner's are not under test.
 
 @jit
 def _online_step(m, l, acc, s, v):  # noqa: E741
@@ -55,14 +55,6 @@ def _visible(rows, keys, n_keys, CAUSAL: tl.constexpr):
     if CAUSAL:
         seen = seen & (keys[None, :] <= rows[:, None])
     return seen
-
-@jit
-def _probabilities(s, lse):
-    return tl.exp(s - lse[:, None])
-
-@jit
-def _score_grad(p, dp, do, o):
-    return p * (dp - tl.sum(do * o, 1)[:, None])
 
 # The kernels: chapter 13's (attention_course/kernels/forward.py, backward.py), one head, the pieces as arguments.
 
