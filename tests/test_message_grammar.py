@@ -13,7 +13,7 @@ import pytest
 
 EXERCISES = Path(__file__).resolve().parents[1] / "attention_course" / "exercises"
 MODULES = ["__init__", "diagnose", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10", "ch11", "ch12",
-           "../probe"]  # (the layer's run for chapters 6 and 7, its messages too)
+           "ch13", "../probe"]  # (the layer's run for chapters 6 and 7, its messages too)
 
 SINGULAR = (r"it|this|your (?:result|output|mask|layer|function|state|merge_partials|decode_step|maximum)|"
             r"the (?:result|output|state|merge|mask|recomputation|rotation)|acc|out")

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-MODULES = ["ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10", "ch11", "ch12"]
+MODULES = ["ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10", "ch11", "ch12", "ch13"]
 
 
 @dataclass
