@@ -115,6 +115,7 @@ def test_an_empty_row_is_zero_with_zero_gradients():
     assert not dq[0].any() and not dk[0].any() and not dv[0].any() and dq[1].any()
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # NumPy, on the planted NaN
 def test_padded_keys_are_never_read():
     """NaN in every padded key and value: a kernel that loaded one (or let a masked 0 multiply it) would return NaN."""
     q, k, v = qkv(2, 2, 40, 70, 32)
@@ -136,15 +137,35 @@ def test_padded_keys_are_never_read():
             assert_close(x, y, **TIGHT)
 
 
-@pytest.mark.parametrize("L", [32, 64])
-def test_the_tiles_above_the_diagonal_are_never_read(L):
-    """Causal, S > L: no query sees a key at L or after (the diagonal starts at the top left). NaN there: a forward
-    kernel that loaded one tile past the diagonal's (the loop's end off by a tile) would return NaN."""
-    q, k, v = (x.detach() for x in qkv(1, 1, L, L + 64, 16))
+@pytest.mark.parametrize("block_m, block_n", [(32, 32), (64, 32), (32, 64)])
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # NumPy, on the planted NaN
+def test_no_program_loads_a_tile_above_its_diagonal(block_m, block_n):
+    """Causal, L = S = 128: for each query tile i, NaN in every key from (i + 1) block_m on (rounded up to a key tile).
+    The programs of query tiles 0..i see none of them; one that loaded a tile past its diagonal would return NaN in
+    its rows (a masked NaN value still meets a probability of 0 in tl.dot)."""
+    q, k, v = (x.detach() for x in qkv(1, 2, 128, 128, 16))
+    want = reference(q, k, v, True)
+    for i in range(128 // block_m):
+        first = -(-(i + 1) * block_m // block_n) * block_n  # the first key tile no query of tiles 0..i may see
+        k2, v2 = k.clone(), v.clone()
+        k2[..., first:, :] = v2[..., first:, :] = float("nan")
+        out = flash_attention(q, k2, v2, True, block_m=block_m, block_n=block_n)[..., :(i + 1) * block_m, :]
+        assert_close(out, want[..., :(i + 1) * block_m, :], **TIGHT)
+
+
+@pytest.mark.parametrize("L", [32, 64, 70])
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # NumPy, on the planted NaN
+def test_no_tile_past_the_last_query_is_read(L):
+    """Causal, S > L: no query sees a key at L or after (the diagonal starts at the top left). NaN from the first key
+    tile past L on: a kernel that loaded it (its loop's end taken from the query tile, not the sequence) returns NaN."""
+    q, k, v = (x.detach() for x in qkv(1, 1, L, L + 122, 16))
+    first = -(-L // 32) * 32
     k, v = k.clone(), v.clone()
-    k[..., L:, :] = v[..., L:, :] = float("nan")
-    out = flash_attention(q, k, v, True, block_m=32, block_n=32)
+    k[..., first:, :] = v[..., first:, :] = float("nan")
+    out = flash_attention(q, k, v, True, block_m=64, block_n=32)
     assert_close(out, reference(q, k[..., :L, :], v[..., :L, :], True), **TIGHT)
+    dq = torch.autograd.grad(flash_attention(q.requires_grad_(), k, v, True, block_m=64, block_n=32).sum(), q)[0]
+    assert dq.isfinite().all()
 
 
 def test_the_causal_tile_count():

@@ -10,6 +10,8 @@ programs ever add into the same place: ``kv_kernel`` gives each program a tile o
 tiles stream past, summing its dK and dV; ``q_kernel`` gives each a tile of queries, summing its dQ over the key tiles,
 as the forward kernel does. Each recomputes a tile of P instead of reading an L x S matrix back. Causal and padded
 tiles are skipped as in the forward kernel (for the keys: query tiles wholly before the key tile see none of it).
+The price of two kernels: both compute q k^T and dO v^T, seven tile products per pair of tiles where one kernel
+doing both loops (Triton's fused-attention tutorial) or one adding into dQ atomically (FlashAttention-2) does five.
 """
 import triton
 import triton.language as tl
@@ -85,8 +87,8 @@ def q_kernel(Q, K, V, DO, LSE, DELTA, DQ, LENGTHS, scale, L, S, H,
     if HAS_LENGTHS:
         n_keys = tl.load(LENGTHS + b)
     end = n_keys
-    if CAUSAL:
-        end = tl.minimum(end, (i + 1) * BLOCK_M)
+    if CAUSAL:  # as in the forward kernel
+        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
     dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
     for start in range(0, end, BLOCK_N):
         keys = start + cols

@@ -93,7 +93,8 @@ def _check(q, k, v, lengths, block_m, block_n) -> None:
     for n, name in ((block_m, "block_m"), (block_n, "block_n")):
         check_positive_int(n, name)
         if n < 16 or n & (n - 1):
-            raise ValueError(f"{name} must be a power of two and at least 16 (tl.dot's smallest tile), got {n}.")
+            raise ValueError(f"{name} must be a power of two and at least 16 (each side of a tile is the inner size of "
+                             f"one of the kernels' tl.dot products, which must be at least 16), got {n}.")
     if lengths is not None:
         check_tensor(lengths, "lengths")
         if lengths.dtype in (torch.bool,) or lengths.is_floating_point() or lengths.is_complex():
@@ -166,8 +167,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def causal_tile_counts(L: int, block_m: int, block_n: int | None = None, S: int | None = None) -> tuple[int, int]:
     """(tiles the causal forward kernel loads, tiles of the whole L x S grid): the tiles wholly above the diagonal
-    are the difference. With L = S = n * block and block_m = block_n, n(n+1)/2 of n^2 are loaded."""
+    are the difference (query tile i loads the key tiles that start before min(S, (i + 1) block_m, L)). With
+    L = S = n * block and block_m = block_n, n(n+1)/2 of n^2 are loaded."""
     block_n = block_m if block_n is None else block_n
     S = L if S is None else S
-    loaded = sum(math.ceil(min(S, (i + 1) * block_m) / block_n) for i in range(math.ceil(L / block_m)))
+    loaded = sum(math.ceil(min(S, (i + 1) * block_m, L) / block_n) for i in range(math.ceil(L / block_m)))
     return loaded, math.ceil(L / block_m) * math.ceil(S / block_n)

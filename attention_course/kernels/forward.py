@@ -6,8 +6,9 @@ normaliser l and weighted sum acc (chapter 8's online softmax), and finally writ
 log-sum-exp m + log l, which the backward kernels use to recompute the probabilities. Only q, acc, m, l and one tile
 of scores live on the chip; K and V are read once per query tile and nothing of size L x S is ever written.
 
-Causal (key j visible to query i when j <= i): the loop stops after the tile that holds the diagonal, so the tiles
-above it are never loaded; inside the tiles the loop does run, keys past the diagonal are masked. Key padding: keys
+Causal (key j visible to query i when j <= i): the loop stops after the tile that holds the diagonal of the program's
+last query (the last of the tile, or of the sequence), so the tiles above it are never loaded: every tile a program
+loads holds at least one key one of its queries may see. Inside the tiles loaded, keys past the diagonal are masked. Key padding: keys
 from LENGTHS[b] on are masked, and the loop stops at the tile that holds the last key. A row that sees no key at all
 (length 0) writes O = 0 and log-sum-exp 0 (the package's convention for an empty row).
 """
@@ -32,8 +33,8 @@ def forward_kernel(Q, K, V, O, LSE, LENGTHS, scale, L, S, H,
     if HAS_LENGTHS:
         n_keys = tl.load(LENGTHS + b)
     end = n_keys  # keys at or after `end` are never loaded
-    if CAUSAL:
-        end = tl.minimum(end, (i + 1) * BLOCK_M)  # the tile holding the diagonal is the last one loaded
+    if CAUSAL:  # no key after the program's last query: the tile holding its diagonal is the last one loaded
+        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
 
     m = tl.full((BLOCK_M,), float("-inf"), ACC)  # running row maximum
     l = tl.zeros((BLOCK_M,), ACC)  # running normaliser  # noqa: E741
