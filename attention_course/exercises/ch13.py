@@ -1,7 +1,7 @@
 """Checkers for chapter 13, FlashAttention as a Triton kernel. The learner writes small ``@triton.jit`` functions; a
 course kernel here takes them as constexpr arguments and calls them inside its loop over tiles:
 1. ``online_step(m, l, acc, s, v)`` (``ex-ch13-step``): one tile of scores folded into a query tile's running state.
-2. ``key_end(i, n_keys, BLOCK_M, CAUSAL)`` and ``visible(rows, keys, n_keys, CAUSAL)`` (``ex-ch13-mask``): where a
+2. ``key_end(i, n_keys, L, BLOCK_M, CAUSAL)`` and ``visible(rows, keys, n_keys, CAUSAL)`` (``ex-ch13-mask``): where a
    query tile's loop over keys stops, and which keys of a tile each query may see.
 3. ``probabilities(s, lse)`` and ``score_grad(p, dp, do, o)`` (``ex-ch13-backward``): P recomputed, and dS.
 
@@ -43,10 +43,10 @@ def _online_step(m, l, acc, s, v):  # noqa: E741
     return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
 
 @jit
-def _key_end(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def _key_end(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
-    if CAUSAL:
-        end = tl.minimum(end, (i + 1) * BLOCK_M)
+    if CAUSAL:  # no key after the tile's last query, (i + 1) * BLOCK_M - 1 or L - 1
+        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
     return end
 
 @jit
@@ -73,7 +73,7 @@ def _forward(Q, K, V, ALLOWED, LENGTHS, O, LSE, TILES, L, S, n_tiles, scale, BLO
     l = tl.zeros((BLOCK_M,), tl.float64)  # noqa: E741
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float64)
     loaded = i * 0
-    end = END(i, n_keys, BLOCK_M, CAUSAL)
+    end = END(i, n_keys, L, BLOCK_M, CAUSAL)
     for start in range(0, end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         kv = (b * S + keys[:, None]) * BLOCK_D + dims[None, :]
@@ -194,7 +194,7 @@ def _forward_torch(step, end, visible, q, k, v, allowed, lengths, causal, bm, bn
         for i in range(n):
             rows = torch.arange(i * bm, (i + 1) * bm)
             m, l, acc = torch.full((bm,), NEG, dtype=q.dtype), q.new_zeros(bm), q.new_zeros(bm, D)  # noqa: E741
-            for start in range(0, int(end(i, int(lengths[b]), bm, causal)), bn):
+            for start in range(0, int(end(i, int(lengths[b]), L, bm, causal)), bn):
                 keys = torch.arange(start, start + bn)
                 k_, v_ = (torch.where((keys < S)[:, None], x[b, keys.clamp(max=S - 1)], 0.0) for x in (k, v))
                 s = q[b, rows] @ k_.T * D ** -0.5  # (bm, bn)
@@ -318,13 +318,16 @@ def _step(m, l, acc, s, v, carry=True, guard=True, way=1, old=False, scale_l=Tru
         acc = acc / (torch.where(l_new > 0, l_new, 1.0) if divide == "guarded" else l_new)[:, None]
     return (m if kept else shift if stand_in else m_new), l_new, acc
 
-def _end(i, n_keys, bm, causal, skip=0, lengths=True):
-    """key_end in torch; ``skip``: tiles past the diagonal's; ``lengths``: whether n_keys bounds it."""
-    return min(n_keys if lengths else 10 ** 9, (i + 1 + skip) * bm) if causal else n_keys
+def _end(i, n_keys, L, bm, causal, skip=0, lengths=True, last=True, short=0):
+    """key_end in torch; ``skip``: tiles past the diagonal's; ``lengths``: whether n_keys bounds it; ``last``:
+    whether L does; ``short``: keys left out at the end."""
+    n_keys -= short
+    return min(n_keys if lengths else 10 ** 9, (i + 1 + skip) * bm, L if last else 10 ** 9) if causal else n_keys
 
 def _sees(rows, keys, n_keys, causal, compare=torch.le, padding=True, causal_used=True):
-    """visible in torch: (bm, bn) bool."""
-    seen = (keys[None, :] < n_keys) if padding else torch.ones(1, len(keys), dtype=torch.bool)
+    """visible in torch: (bm, bn) bool; ``padding``: True, False, or "le" (key n_keys seen too)."""
+    seen = (keys[None, :] <= n_keys) if padding == "le" else (keys[None, :] < n_keys) if padding else \
+        torch.ones(1, len(keys), dtype=torch.bool)
     return seen & compare(keys[None, :], rows[:, None]) if causal and causal_used else seen.expand(len(rows), -1)
 
 def _folded(step):
@@ -424,26 +427,37 @@ MASK = Exercise(
            _mask_case("not causal, a ragged S", 1, 20, 40, 16, 16, False, seed=2),
            _mask_case("padded sentences of 13 and 40 keys, causal", 2, 40, 40, 16, 16, True, [13, 40], seed=3),
            _mask_case("padded sentences of 20 and 5 keys", 2, 24, 40, 16, 16, False, [20, 5], seed=4),
-           _mask_case("causal, S < L", 1, 48, 40, 16, 32, True, seed=5)],
+           _mask_case("causal, S < L", 1, 48, 40, 16, 32, True, seed=5),
+           _mask_case("causal, S > L, L ending inside a tile", 1, 40, 77, 32, 16, True, seed=6),
+           _mask_case("padded sentences of 17 and 40 keys", 2, 24, 40, 16, 16, False, [17, 40], seed=7)],
     mistakes=[
         Mistake("one tile short", "stop the causal loop ONE TILE EARLY, at i * BLOCK_M: the tile that holds the "
                 "diagonal is never loaded, so each query misses the keys of its own tile. End at (i + 1) * BLOCK_M.",
                 _e(skip=-1)),
         Mistake("one tile too many", "load ONE TILE TOO MANY in the causal loop, up to (i + 2) * BLOCK_M: the output "
                 "is right (the mask hides the extra keys) but each program loads a tile wholly above the diagonal. "
-                "End at (i + 1) * BLOCK_M, or n_keys if that is smaller.", _e(skip=1)),
+                "End at the smallest of n_keys, (i + 1) * BLOCK_M and L.", _e(skip=1)),
         Mistake("no causal skip", "load EVERY key tile, causal or not: the output is right (the mask hides the "
                 "keys past the diagonal) but the tiles wholly above the diagonal are loaded for nothing. Causal: end "
-                "at tl.minimum(n_keys, (i + 1) * BLOCK_M).", _masked(lambda i, n, bm, causal: n)),
+                "at the smallest of n_keys, (i + 1) * BLOCK_M and L.", _masked(lambda i, n, L, bm, causal: n)),
         Mistake("causal end always", "stop the loop at (i + 1) * BLOCK_M even when CAUSAL is off: without the causal "
                 "mask each query sees every key up to n_keys. Only `if CAUSAL:` may the end come early.",
-                _masked(lambda i, n, bm, causal: min(n, (i + 1) * bm))),
+                _masked(lambda i, n, L, bm, causal: min(n, (i + 1) * bm, L))),
         Mistake("end ignoring n_keys", "stop the causal loop at (i + 1) * BLOCK_M without tl.minimum with n_keys: the "
                 "output is right (the mask hides them) but the tiles past a sentence's last key are loaded. End at "
-                "tl.minimum(n_keys, (i + 1) * BLOCK_M).", _e(lengths=False)),
+                "tl.minimum(n_keys, tl.minimum((i + 1) * BLOCK_M, L)).", _e(lengths=False)),
+        Mistake("end ignoring L", "stop the causal loop at (i + 1) * BLOCK_M without L: where the sequence ends "
+                "inside the tile and there are more keys than queries, the tiles after its last query, which no "
+                "query may see, are loaded (the output is right). End at tl.minimum(n_keys, tl.minimum((i + 1) * "
+                "BLOCK_M, L)).", _e(last=False)),
+        Mistake("one key short", "stop the loop ONE KEY SHORT, at n_keys - 1: a sentence's last key is never "
+                "loaded when it starts a tile of its own (keys run 0 to n_keys - 1, so the loop ends at n_keys).",
+                _e(short=1)),
         Mistake("last tile unmasked", "leave keys from n_keys on visible (the last tile's mask forgotten): the "
                 "padding of a short sentence, and past a ragged S, is attended to. Visible needs keys[None, :] < "
                 "n_keys as well.", _v(padding=False)),
+        Mistake("key n_keys visible", "let key n_keys be seen, keys <= n_keys: keys run 0 to n_keys - 1, so "
+                "visible needs keys[None, :] < n_keys.", _v(padding="le")),
         Mistake("diagonal hidden", "hide the diagonal, keys < rows: a query may see its own key, keys[None, :] <= "
                 "rows[:, None].", _v(compare=torch.lt)),
         Mistake("wrong way round", "compare keys and rows the WRONG WAY ROUND, keys >= rows: a query sees the keys "
@@ -456,22 +470,26 @@ MASK = Exercise(
                 _masked(sees=lambda r, k, n, causal: _sees(r, k, n, causal, padding=not causal))),
     ],
     passed="the output, the log-sum-exp and the number of key tiles each program loads: no tile wholly above the "
-           "diagonal, none past a sentence's last key, the diagonal tile and a ragged last tile masked, tiles of 16 "
-           "and 32.",
+           "diagonal, none past a sentence's last key or the sequence's last query, the diagonal tile and a ragged "
+           "last tile masked, tiles of 16 and 32.",
     run=_runner(_mask_kernel, ("key_end", "visible")),
     parts=("O", "lse", "tile count"), atol=1e-7, exchange=False,
     hints=HINTS,
 )
 
 def check_tile_mask(key_end, visible) -> None:
-    """Check ``key_end(i, n_keys, BLOCK_M, CAUSAL)`` and ``visible(rows, keys, n_keys, CAUSAL)``, @triton.jit
+    """Check ``key_end(i, n_keys, L, BLOCK_M, CAUSAL)`` and ``visible(rows, keys, n_keys, CAUSAL)``, @triton.jit
     functions, in the forward kernel: its output, and the tiles it loads."""
     _check(MASK, (key_end, visible))
 
 # 3. probabilities and score_grad.
 
-def _back_case(name, B, L, S, bm, bn, seed=0, **pattern):
+def _back_case(name, B, L, S, bm, bn, seed=0, shifted=(), **pattern):
+    """``shifted``: (b, query, offset) as in _step_case: a row of scores near +1000, whose exp overflows."""
     q, k, v = _qkv(B, L, S, seed)
+    k[..., -1] = 1.0
+    for b, row, offset in shifted:
+        q[b, row, -1] = 4 * offset
     do = torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed + 50), dtype=torch.float64)
     return Case(f"{name}, L = {L}, S = {S}, tiles {bm} x {bn}", (q, k, v, do, _allowed(B, L, S, **pattern), bm, bn))
 
@@ -497,6 +515,12 @@ def _b(prob="lse", grad="D"):
                                allowed, block_m, block_n)
     return backward
 
+def _which(got, *args) -> str:
+    """Which of the two functions a wrong result points to: dV = P^T dO depends on probabilities alone."""
+    if torch.allclose(got[2], _b()(*args)[2], atol=1e-7, rtol=0):
+        return "Its dv is right, and dV = P^T dO uses probabilities alone: look at score_grad."
+    return "Its dv is wrong, and dV = P^T dO uses probabilities alone: look at probabilities first."
+
 TILE_D = ("rowsum(dO * O) equals rowsum(P * dP) over the WHOLE ROW of keys (the chapter proves it), but score_grad "
           "sees one tile of them: compute D from do and o, tl.sum(do * o, 1)[:, None].")
 BACKWARD = Exercise(
@@ -505,7 +529,8 @@ BACKWARD = Exercise(
     cases=[_back_case("several key tiles per row", 1, 16, 48, 16, 16),
            _back_case("causal", 1, 48, 48, 16, 16, seed=1, causal=True),
            _back_case("padded sentences, tiles of 16 by 32", 2, 32, 45, 16, 32, seed=2, left=(0, 20)),
-           _back_case("causal, tiles of 32 by 16", 1, 40, 40, 32, 16, seed=3, causal=True)],
+           _back_case("causal, tiles of 32 by 16", 1, 40, 40, 32, 16, seed=3, causal=True),
+           _back_case("a query scoring near +1000", 1, 16, 32, 16, 16, seed=4, shifted=((0, 5, 1000),))],
     mistakes=[
         Mistake("lse along the keys", "subtract lse[None, :], ALONG THE KEYS: each row has its own log-sum-exp, "
                 "subtracted along that row, tl.exp(s - lse[:, None]). (Square tiles hide it: 16 by 16 runs, "
@@ -528,10 +553,10 @@ BACKWARD = Exercise(
         Mistake("P left out", "leave P out of dS, dP - D: dS = P * (dP - D) (0 where a key is hidden, as P is).",
                 _b(grad="no p")),
     ],
-    passed="dQ, dK and dV of the whole backward pass: several key tiles per row, causal and padded rows, tiles of "
-           "16 by 16, 16 by 32 and 32 by 16.",
+    passed="dQ, dK and dV of the whole backward pass: several key tiles per row, causal and padded rows, a row of "
+           "scores near +1000, tiles of 16 by 16, 16 by 32 and 32 by 16.",
     run=_runner(_backward_kernel, ("probabilities", "score_grad")), parts=("dq", "dk", "dv"), atol=1e-7,
-    exchange=False, hints=HINTS,
+    exchange=False, hints=HINTS, notes=lambda got, *args: _which(got, *args),
 )
 
 def check_backward_step(probabilities, score_grad) -> None:

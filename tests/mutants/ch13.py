@@ -194,17 +194,17 @@ def step_plain(m, l, acc, s, v):  # noqa: E741 - the decorator forgotten
 # 2. key_end and visible.
 
 @jit
-def end_package(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_package(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
-        end = tl.minimum(end, (i + 1) * BLOCK_M)
+        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
     return end
 
 
 @jit
-def end_returns(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_returns(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     if CAUSAL:
-        return tl.minimum(n_keys, i * BLOCK_M + BLOCK_M)
+        return tl.minimum(tl.minimum(n_keys, L), i * BLOCK_M + BLOCK_M)
     return n_keys
 
 
@@ -226,36 +226,60 @@ def visible_difference(rows, keys, n_keys, CAUSAL: tl.constexpr):
 
 
 @jit
-def end_before_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_before_diagonal(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
-        end = tl.minimum(end, i * BLOCK_M)
+        end = tl.minimum(end, tl.minimum(i * BLOCK_M, L))
     return end
 
 
 @jit
-def end_past_diagonal(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_past_diagonal(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     end = n_keys
     if CAUSAL:
-        end = tl.minimum(end, (i + 2) * BLOCK_M)
+        end = tl.minimum(end, tl.minimum((i + 2) * BLOCK_M, L))
     return end
 
 
 @jit
-def end_all_keys(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_all_keys(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return n_keys
 
 
 @jit
-def end_causal_always(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    return tl.minimum(n_keys, (i + 1) * BLOCK_M)
+def end_causal_always(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    return tl.minimum(n_keys, tl.minimum((i + 1) * BLOCK_M, L))
 
 
 @jit
-def end_without_lengths(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_without_lengths(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     if CAUSAL:
-        return (i + 1) * BLOCK_M
+        return tl.minimum((i + 1) * BLOCK_M, L)
     return n_keys
+
+
+@jit
+def end_without_L(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    end = n_keys
+    if CAUSAL:
+        end = tl.minimum(end, (i + 1) * BLOCK_M)
+    return end
+
+
+@jit
+def end_one_key_short(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    end = n_keys - 1
+    if CAUSAL:
+        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
+    return end
+
+
+@jit
+def visible_through_n_keys(rows, keys, n_keys, CAUSAL: tl.constexpr):
+    seen = (keys[None, :] <= n_keys) & (rows[:, None] >= 0)
+    if CAUSAL:
+        seen = seen & (keys[None, :] <= rows[:, None])
+    return seen
 
 
 @jit
@@ -304,7 +328,7 @@ def visible_transposed(rows, keys, n_keys, CAUSAL: tl.constexpr):
 
 
 @jit
-def end_stub(i, n_keys, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def end_stub(i, n_keys, L, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     raise NotImplementedError()
 
 
@@ -428,6 +452,9 @@ CATALOGUES = [] if triton is None else [
                r"even when CAUSAL is off"),
         Mutant("end without n_keys", (end_without_lengths, visible_difference), r"without tl\.minimum with n_keys"),
         Mutant("keys past n_keys visible", (end_package, visible_no_padding), r"last tile's mask forgotten"),
+        Mutant("end without L", (end_without_L, visible_package), r"without L"),
+        Mutant("end at n_keys - 1", (end_one_key_short, visible_package), r"ONE KEY SHORT"),
+        Mutant("keys <= n_keys", (end_package, visible_through_n_keys), r"let key n_keys be seen"),
         Mutant("keys < rows", (end_returns, visible_strict), r"hide the diagonal"),
         Mutant("keys >= rows", (end_package, visible_backwards), r"WRONG WAY ROUND"),
         Mutant("CAUSAL ignored by the mask", (end_package, visible_padding_only), r"ignoring CAUSAL"),
