@@ -18,20 +18,24 @@ import triton.language as tl
 
 
 @triton.jit
-def _probabilities(q, k, lse, rows, keys, L, n_keys, scale, CAUSAL: tl.constexpr):
-    """The tile of P = exp(scale * q k^T - lse), 0 where a query may not see a key or either is outside."""
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
+def _probabilities(q, k, lse, rows, keys, L, n_keys, scale,
+                   CAUSAL: tl.constexpr):
+    """The tile of P = exp(scale * q k^T - lse), 0 where a query may not see
+    a key or either is outside."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     visible = (rows[:, None] < L) & (keys[None, :] < n_keys)
     if CAUSAL:
         visible = visible & (keys[None, :] <= rows[:, None])
-    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
 
 
 @triton.jit
 def kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENGTHS, scale, L, S, H,
               sqb, sqh, sql, skb, skh, sks, svb, svh, svs,
-              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, ACC: tl.constexpr):
+              D: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+              ACC: tl.constexpr):
     j, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     keys = j * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
@@ -40,38 +44,43 @@ def kv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENGTHS, scale, L, S, H,
     if HAS_LENGTHS:
         n_keys = tl.load(LENGTHS + b)
     inside = (keys[:, None] < n_keys) & (dims[None, :] < D)
-    k = tl.load(K + b * skb + h * skh + keys[:, None] * sks + dims[None, :], mask=inside, other=0.0)
-    v = tl.load(V + b * svb + h * svh + keys[:, None] * svs + dims[None, :], mask=inside, other=0.0)
+    kv = keys[:, None] * sks + dims[None, :]  # K, V, dK, dV: one layout
+    k = tl.load(K + b * skb + h * skh + kv, mask=inside, other=0.0)
+    v = tl.load(V + b * svb + h * svh + kv, mask=inside, other=0.0)
 
     begin = 0
-    if CAUSAL:
-        begin = (j * BLOCK_N // BLOCK_M) * BLOCK_M  # the first query tile that sees any of these keys
-    end = tl.where(j * BLOCK_N < n_keys, L, begin)  # a tile of padding only: no work, dK = dV = 0
+    if CAUSAL:  # the first query tile that sees any of these keys
+        begin = (j * BLOCK_N // BLOCK_M) * BLOCK_M
+    # a tile of padding only: no work, dK = dV = 0
+    end = tl.where(j * BLOCK_N < n_keys, L, begin)
     dk = tl.zeros((BLOCK_N, BLOCK_D), ACC)
     dv = tl.zeros((BLOCK_N, BLOCK_D), ACC)
     for start in range(begin, end, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-        at = b * sqb + h * sqh + rows[:, None] * sql + dims[None, :]  # Q, dO and O share their layout
+        at = b * sqb + h * sqh + rows[:, None] * sql + dims[None, :]
         here = (rows[:, None] < L) & (dims[None, :] < D)
-        q = tl.load(Q + at, mask=here, other=0.0)
+        q = tl.load(Q + at, mask=here, other=0.0)  # Q and dO: one layout
         do = tl.load(DO + at, mask=here, other=0.0)
         lse = tl.load(LSE + bh * L + rows, mask=rows < L, other=0.0)
         delta = tl.load(DELTA + bh * L + rows, mask=rows < L, other=0.0)
-        p = _probabilities(q, k, lse, rows, keys, L, n_keys, scale, CAUSAL)  # (BLOCK_M, BLOCK_N)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")  # (BLOCK_N, BLOCK_D)
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # (BLOCK_M, BLOCK_N)
+        p = _probabilities(q, k, lse, rows, keys, L, n_keys, scale, CAUSAL)
+        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision="ieee")
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # (BM, BN)
         ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision="ieee")
     out = (keys[:, None] < S) & (dims[None, :] < D)
-    tl.store(DK + b * skb + h * skh + keys[:, None] * sks + dims[None, :], (dk * scale).to(DK.dtype.element_ty), mask=out)
-    tl.store(DV + b * svb + h * svh + keys[:, None] * svs + dims[None, :], dv.to(DV.dtype.element_ty), mask=out)
+    tl.store(DK + b * skb + h * skh + kv, (dk * scale).to(DK.dtype.element_ty),
+             mask=out)
+    tl.store(DV + b * svb + h * svh + kv, dv.to(DV.dtype.element_ty), mask=out)
 
 
 @triton.jit
 def q_kernel(Q, K, V, DO, LSE, DELTA, DQ, LENGTHS, scale, L, S, H,
              sqb, sqh, sql, skb, skh, sks, svb, svh, svs,
-             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, ACC: tl.constexpr):
+             D: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+             ACC: tl.constexpr):
     i, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -79,7 +88,7 @@ def q_kernel(Q, K, V, DO, LSE, DELTA, DQ, LENGTHS, scale, L, S, H,
     dims = tl.arange(0, BLOCK_D)
     at = b * sqb + h * sqh + rows[:, None] * sql + dims[None, :]
     here = (rows[:, None] < L) & (dims[None, :] < D)
-    q = tl.load(Q + at, mask=here, other=0.0)
+    q = tl.load(Q + at, mask=here, other=0.0)  # Q, dO, dQ: one layout
     do = tl.load(DO + at, mask=here, other=0.0)
     lse = tl.load(LSE + bh * L + rows, mask=rows < L, other=0.0)
     delta = tl.load(DELTA + bh * L + rows, mask=rows < L, other=0.0)
@@ -93,10 +102,11 @@ def q_kernel(Q, K, V, DO, LSE, DELTA, DQ, LENGTHS, scale, L, S, H,
     for start in range(0, end, BLOCK_N):
         keys = start + cols
         inside = (keys[:, None] < n_keys) & (dims[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + keys[:, None] * sks + dims[None, :], mask=inside, other=0.0)
-        v = tl.load(V + b * svb + h * svh + keys[:, None] * svs + dims[None, :], mask=inside, other=0.0)
+        kv = keys[:, None] * sks + dims[None, :]  # K and V: one layout
+        k = tl.load(K + b * skb + h * skh + kv, mask=inside, other=0.0)
+        v = tl.load(V + b * svb + h * svh + kv, mask=inside, other=0.0)
         p = _probabilities(q, k, lse, rows, keys, L, n_keys, scale, CAUSAL)
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None])  # (BM, BN)
         dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
     tl.store(DQ + at, (dq * scale).to(DQ.dtype.element_ty), mask=here)

@@ -8,9 +8,9 @@ of scores live on the chip; K and V are read once per query tile and nothing of 
 
 Causal (key j visible to query i when j <= i): the loop stops after the tile that holds the diagonal of the program's
 last query (the last of the tile, or of the sequence), so the tiles above it are never loaded: every tile a program
-loads holds at least one key one of its queries may see. Inside the tiles loaded, keys past the diagonal are masked. Key padding: keys
-from LENGTHS[b] on are masked, and the loop stops at the tile that holds the last key. A row that sees no key at all
-(length 0) writes O = 0 and log-sum-exp 0 (the package's convention for an empty row).
+loads holds at least one key one of its queries may see. Inside the tiles loaded, keys past the diagonal are masked.
+Key padding: keys from LENGTHS[b] on are masked, and the loop stops at the tile that holds the last key. A row that
+sees no key at all (length 0) writes O = 0 and log-sum-exp 0 (the package's convention for an empty row).
 """
 import triton
 import triton.language as tl
@@ -19,47 +19,54 @@ import triton.language as tl
 @triton.jit
 def forward_kernel(Q, K, V, O, LSE, LENGTHS, scale, L, S, H,
                    sqb, sqh, sql, skb, skh, sks, svb, svh, svs, sob, soh, sol,
-                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr, ACC: tl.constexpr):
+                   D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+                   ACC: tl.constexpr):
     i, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = i * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
-    cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions within a tile
-    dims = tl.arange(0, BLOCK_D)  # (BLOCK_D,) features, D padded to a power of two
+    cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions in a tile
+    dims = tl.arange(0, BLOCK_D)  # (BLOCK_D,) features, D padded
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sql + dims[None, :],
-                mask=(rows[:, None] < L) & (dims[None, :] < D), other=0.0)  # (BLOCK_M, BLOCK_D)
+                mask=(rows[:, None] < L) & (dims[None, :] < D),
+                other=0.0)  # (BLOCK_M, BLOCK_D)
 
     n_keys = S
     if HAS_LENGTHS:
         n_keys = tl.load(LENGTHS + b)
     end = n_keys  # keys at or after `end` are never loaded
-    if CAUSAL:  # no key after the program's last query: the tile holding its diagonal is the last one loaded
+    if CAUSAL:  # no key after the program's last query
         end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
 
     m = tl.full((BLOCK_M,), float("-inf"), ACC)  # running row maximum
     l = tl.zeros((BLOCK_M,), ACC)  # running normaliser  # noqa: E741
-    acc = tl.zeros((BLOCK_M, BLOCK_D), ACC)  # running weighted sum of values
+    acc = tl.zeros((BLOCK_M, BLOCK_D), ACC)  # running weighted sum
     for start in range(0, end, BLOCK_N):
         keys = start + cols  # (BLOCK_N,)
         inside = (keys[:, None] < n_keys) & (dims[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + keys[:, None] * sks + dims[None, :], mask=inside, other=0.0)
-        v = tl.load(V + b * svb + h * svh + keys[:, None] * svs + dims[None, :], mask=inside, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N)
-        visible = keys[None, :] < n_keys
+        at = keys[:, None] * sks + dims[None, :]  # K and V: one layout
+        k = tl.load(K + b * skb + h * skh + at, mask=inside, other=0.0)
+        v = tl.load(V + b * svb + h * svh + at, mask=inside, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        visible = keys[None, :] < n_keys  # (1, BLOCK_N)
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None])
-        s = tl.where(visible, s, float("-inf"))
+        s = tl.where(visible, s, float("-inf"))  # (BLOCK_M, BLOCK_N)
         m_new = tl.maximum(m, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp(-inf - 0) = 0, not NaN
-        p = tl.exp(s - shift[:, None])  # (BLOCK_M, BLOCK_N), this tile's unnormalised weights
-        alpha = tl.exp(m - shift)  # rescales what was summed under the old maximum
+        # a row with no key yet subtracts 0: exp(-inf - 0) = 0, not NaN
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - shift[:, None])  # this tile's unnormalised weights
+        alpha = tl.exp(m - shift)  # rescales what was summed before
         l = l * alpha + tl.sum(p, 1)  # noqa: E741
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision="ieee")
         m = m_new
 
     seen = l > 0
-    out = acc / tl.where(seen, l, 1.0)[:, None]  # an empty row: acc = 0, so O = 0
+    out = acc / tl.where(seen, l, 1.0)[:, None]  # an empty row: acc = 0
     lse = tl.where(seen, m + tl.log(tl.where(seen, l, 1.0)), 0.0)
-    tl.store(O + b * sob + h * soh + rows[:, None] * sol + dims[None, :], out.to(O.dtype.element_ty),
+    tl.store(O + b * sob + h * soh + rows[:, None] * sol + dims[None, :],
+             out.to(O.dtype.element_ty),
              mask=(rows[:, None] < L) & (dims[None, :] < D))
     tl.store(LSE + bh * L + rows, lse, mask=rows < L)
