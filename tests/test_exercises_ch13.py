@@ -16,6 +16,8 @@ from attention_course.exercises import ExerciseError, ch13  # noqa: E402
 from attention_course.kernels import causal_tile_counts  # noqa: E402
 from mutants import ch13 as answers  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Triton's interpreter: seconds a file, left to `make test`
+
 tl = ch13.triton.language
 
 

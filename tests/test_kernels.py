@@ -15,6 +15,8 @@ from torch.testing import assert_close
 pytest.importorskip("triton", reason="chapter 13's kernels need Triton (pip install -e '.[kernels]', Linux)")
 from attention_course.kernels import MISSING, causal_tile_counts, flash_attention, interpreted  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Triton's interpreter: seconds a file, left to `make test`
+
 TIGHT = dict(atol=5e-6, rtol=1e-5)  # float32: the kernel adds in another order than SDPA
 
 

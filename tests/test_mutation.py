@@ -38,8 +38,9 @@ def test_every_catalogue_has_two_correct_styles_and_mutants():
 
 
 def launches(catalogue) -> tuple:
-    """Chapter 11's checkers start worker processes (seconds a launch): slow, left to `make test`."""
-    return (pytest.mark.slow,) if catalogue.name.startswith("ch11.") else ()
+    """Chapter 11's checkers start worker processes (seconds a launch), chapter 13's run Triton's interpreter (a
+    second a check): slow, left to `make test`."""
+    return (pytest.mark.slow,) if catalogue.name.startswith(("ch11.", "ch13.")) else ()
 
 
 @pytest.mark.parametrize("ci, style", [pytest.param(ci, style, marks=launches(c)) for ci, c in enumerate(CATALOGUES)
