@@ -225,7 +225,9 @@ FORKED = pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the ke
      ("probabilities", "score_grad"), "sees one tile of them"),
     (ch13.check_online_step, "ex-ch13-step", ("    ### BEGIN SOLUTION\n", "    raise NotImplementedError()\n"),
      ("online_step",), "still the exercise's stub"),
-], ids=["mask, right", "mask, a tile too many", "backward, D from the tile", "step, the stub"])
+    (ch13.check_online_step, "ex-ch13-step", ("acc * alpha[:, None]", "acc * alpha"), ("online_step",),
+     "raised ValueError: Cannot make_shape_compatible"),
+], ids=["mask, right", "mask, a tile too many", "backward, D from the tile", "step, the stub", "step, an error"])
 def test_grading_s_remote_functions_get_the_local_verdict(checker, label, change, names, words):
     """In grading the checker holds boundary.Remote functions: the kernel runs in the learner's process on its
     functions (the second one found by name beside the first) and only tensors come back, judged here as a local
