@@ -261,3 +261,12 @@ def test_a_second_function_not_beside_the_first_is_told_so():
     finally:
         learner.close()
     assert "your visible is not beside your key_end" in message, message
+
+
+def test_a_learner_process_that_cannot_use_the_gpu_says_so(monkeypatch):
+    """With a GPU, the check server's fork cannot use CUDA once the server has: the verdict says so and how to grade,
+    rather than report CUDA's error as the learner's."""
+    monkeypatch.setattr(ch13, "interpreted", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    with pytest.raises(ExerciseError, match="CUDA_VISIBLE_DEVICES=''"):
+        ch13.in_learner(answers.step_stand_in, "_step_kernel", [], *ch13.STEP.cases[0].args)

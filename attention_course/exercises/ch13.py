@@ -187,7 +187,14 @@ def in_learner(first, kernel: str, others: list, *args):
     function by the same name; the name is the one the check cell passed, the server's ``Remote.name``. And it
     trusts nothing: the lookup runs where the learner's code runs, so all it can decide is which of the learner's
     own functions the kernel calls; what comes back is plain data, judged in the server. A name not found there (a
-    first function that is no Python function, or defined elsewhere) is said so, after the first is checked."""
+    first function that is no Python function, or defined elsewhere) is said so, after the first is checked.
+
+    With a GPU the kernel runs on CUDA, which a process forked after its parent used CUDA cannot (the check server
+    runs the chapter's cells, then forks): that is said, not blamed on the learner's code."""
+    if not interpreted() and torch.cuda._is_in_bad_fork():
+        raise ExerciseError("not checked: grading runs your pieces in a process forked from one that used the GPU, "
+                            "and CUDA cannot be used there. (For the instructor: grade chapter 13 with "
+                            "CUDA_VISIBLE_DEVICES='' so that its kernel runs in Triton's interpreter.)")
     namespace = getattr(getattr(first, "fn", first), "__globals__", None)
     namespace = namespace if isinstance(namespace, dict) else {}
     pieces = (first, *(namespace.get(name, _ABSENT) for name in others))
