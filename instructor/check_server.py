@@ -18,9 +18,10 @@ lines on its standard input and output, a channel its children cannot reach:
    it was). No student code ever runs in this process. A call that runs over the timeout, goes over the memory given
    to the learner process, or ends it, costs that exercise alone: the next one forks a fresh process. The functions
    the exercise forbids raise during the student's calls (in the learner process). A checker that runs the
-   student's function in worker processes (chapter 11) has the learner process launch them, and one that builds,
+   student's function in worker processes (chapter 11) has the learner process launch them; one that builds,
    loads and differentiates the student's layer (chapters 6 and 7) has it do that (a layer a student's factory
-   returns stays there, a ``boundary.Layer``): only plain data comes back, and the comparison, the diagnosis and
+   returns stays there, a ``boundary.Layer``); one that runs a Triton kernel on the student's ``@triton.jit``
+   functions (chapter 13) has it run the kernel: only plain data comes back, and the comparison, the diagnosis and
    the message are computed here. No learner process holds this process's channel, and this process is not
    dumpable (its /proc/<pid>/fd cannot be opened by its children). Between students, every process below this one
    ends and its scratch folder is emptied (:func:`clean_between_students`): inside the sandbox, once checked, every

@@ -12,8 +12,10 @@ computed where no student code ever ran. A call that runs over its time, goes ov
 costs that exercise alone: the next one gets a fresh process. The functions an exercise forbids (:data:`RULES`)
 raise during the student's calls. Every checked exercise is checked so: chapter 11's checkers have the learner
 process launch their worker processes, chapters 6 and 7's have it build, load, call and differentiate the student's
-layer (attention_course.probe.probe_layer), and judge what comes back. Verdicts come back on the server's
-standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the feedback.
+layer (attention_course.probe.probe_layer), chapter 13's have it run their Triton kernel on the student's
+``@triton.jit`` pieces (attention_course.exercises.ch13.in_learner), and judge what comes back. Verdicts come back
+on the server's standard output, which no child holds. The notebook itself still runs whole under nbgrader, for the
+feedback.
 
 What stays possible is named in the guide's threat model (book/instructors.md); :func:`suspicious` flags the names
 code attacking the grader needs, for review by hand.

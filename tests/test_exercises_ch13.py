@@ -190,3 +190,85 @@ def test_the_compiler_s_error_is_its_last_line_and_the_stub_is_the_stub():
     source = "def online_step(m, l, acc, s, v):\n    raise NotImplementedError()\n"
     node = ast.parse(source).body[0].body[0]
     assert type(ch13._cause(CompilationError(source, node, "unsupported AST node type: Raise"))) is NotImplementedError
+
+
+def _solution(label: str) -> str:
+    """The notebook's solution cell of exercise ``label`` (its BEGIN/END SOLUTION marks are comments)."""
+    import json
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "13_kernels.ipynb").read_text())["cells"]
+    return next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("grade_id") == label)
+
+
+def _message(checker, answer) -> str:
+    """What ``checker(*answer)`` says: the verdict it prints, or the ExerciseError it raises."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            checker(*answer)
+        except ExerciseError as err:
+            return f"ExerciseError: {err}"
+    return out.getvalue()
+
+
+FORKED = pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the kernel runs on CUDA, which a forked "
+                            "learner process cannot use once this process has (grade with CUDA_VISIBLE_DEVICES='')")
+
+
+@FORKED
+@pytest.mark.parametrize("checker, label, change, names, words", [
+    (ch13.check_tile_mask, "ex-ch13-mask", ("", ""), ("key_end", "visible"), "Correct"),
+    (ch13.check_tile_mask, "ex-ch13-mask", ("(i + 1) * BLOCK_M", "(i + 2) * BLOCK_M"), ("key_end", "visible"),
+     "load ONE TILE TOO MANY"),
+    (ch13.check_backward_step, "ex-ch13-backward", ("tl.sum(do * o, 1)", "tl.sum(p * dp, 1)"),
+     ("probabilities", "score_grad"), "sees one tile of them"),
+    (ch13.check_online_step, "ex-ch13-step", ("    ### BEGIN SOLUTION\n", "    raise NotImplementedError()\n"),
+     ("online_step",), "still the exercise's stub"),
+    (ch13.check_online_step, "ex-ch13-step", ("acc * alpha[:, None]", "acc * alpha"), ("online_step",),
+     "raised ValueError: Cannot make_shape_compatible"),
+], ids=["mask, right", "mask, a tile too many", "backward, D from the tile", "step, the stub", "step, an error"])
+def test_grading_s_remote_functions_get_the_local_verdict(checker, label, change, names, words):
+    """In grading the checker holds boundary.Remote functions: the kernel runs in the learner's process on its
+    functions (the second one found by name beside the first) and only tensors come back, judged here as a local
+    answer's: the same verdict, word for word."""
+    from attention_course import boundary
+
+    cell = _solution(label).replace(*change)
+    assert cell != _solution(label) or not change[0]
+    local = {"__name__": "__main__", "triton": ch13.triton, "tl": tl}
+    exec(compile(cell, "<cell>", "exec"), local)
+    learner = boundary.Learner.fork({"__name__": "__main__", "triton": ch13.triton, "tl": tl}, 2**30)
+    try:
+        assert learner.run(cell, f"<{label}>") is None
+        remote = _message(checker, [boundary.Remote(learner, name) for name in names])
+    finally:
+        learner.close()
+    assert words in remote and remote == _message(checker, [local[name] for name in names]), remote
+
+
+@FORKED
+def test_a_second_function_not_beside_the_first_is_told_so():
+    """The learner's process finds visible in key_end's globals: a key_end taken from elsewhere (the checker's
+    module, whose globals have no visible) is told where to define it."""
+    from attention_course import boundary
+
+    learner = boundary.Learner.fork({"__name__": "__main__", "triton": ch13.triton, "tl": tl}, 2**30)
+    try:
+        cell = _solution("ex-ch13-mask") + "\nfrom attention_course.exercises import ch13\nkey_end = ch13._key_end\n"
+        assert learner.run(cell, "<cell>") is None
+        message = _message(ch13.check_tile_mask, [boundary.Remote(learner, n) for n in ("key_end", "visible")])
+    finally:
+        learner.close()
+    assert "your visible is not beside your key_end" in message, message
+
+
+def test_a_learner_process_that_cannot_use_the_gpu_says_so(monkeypatch):
+    """With a GPU, the check server's fork cannot use CUDA once the server has: the verdict says so and how to grade,
+    rather than report CUDA's error as the learner's."""
+    monkeypatch.setattr(ch13, "interpreted", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    with pytest.raises(ExerciseError, match="CUDA_VISIBLE_DEVICES=''"):
+        ch13.in_learner(answers.step_stand_in, "_step_kernel", [], *ch13.STEP.cases[0].args)

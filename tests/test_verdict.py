@@ -57,6 +57,21 @@ def test_solutions_pass_and_stubs_do_not_when_the_checks_are_re_run(server, path
 
 
 @needs_release
+@needs_bwrap
+def test_a_kernel_piece_s_mistake_is_named_over_the_boundary(server):
+    """Chapter 13's answers are @triton.jit functions, which no Remote can take into a kernel: the kernel runs in
+    the learner process and the server names the mistake from the tensors (and tile counts) that come back, the
+    exercises before and after it passing in the same learner process."""
+    cells = dict(verdict.solutions(NOTEBOOKS / "13_kernels.ipynb"))
+    assert cells["ex-ch13-mask"].count("(i + 1) * BLOCK_M") == 1
+    cells["ex-ch13-mask"] = cells["ex-ch13-mask"].replace("(i + 1) * BLOCK_M", "(i + 2) * BLOCK_M")
+    found = server("13_kernels").check("past the diagonal", list(cells.items()), 60)
+    assert found["ex-ch13-mask"]["passed"] is False, found
+    assert "your key_end and visible load ONE TILE TOO MANY" in found["ex-ch13-mask"]["message"], found
+    assert found["ex-ch13-step"]["passed"] is True and found["ex-ch13-backward"]["passed"] is True, found
+
+
+@needs_release
 def test_a_chapter_of_open_exercises_alone_has_nothing_to_check():
     """Chapter 1's exercises are all graded by hand: its plan holds no setup and no check, and grading starts no server
     for it (tests/test_grading_class.py grades such a notebook)."""

@@ -14,6 +14,7 @@ from __future__ import annotations  # (tl.constexpr is read by Triton, not by Py
 import numpy as np
 import torch
 
+from .. import boundary
 from ..kernels.flash import MISSING, _kernels, interpreted
 from . import ExerciseError
 from .diagnose import Case, Exercise, Mistake, check
@@ -130,14 +131,21 @@ def _course(fn):
     return fn
 
 def _runner(kernel_run, names: tuple):
-    """Exercise.run: a catalogue's entry is called on the case; the learner's functions go to ``kernel_run``."""
+    """Exercise.run: a catalogue's entry is called on the case; the learner's functions go to ``kernel_run``, here,
+    or in grading (``boundary.Remote`` functions) in the learner's process: :func:`in_learner`."""
     def run(answer, *args):
         if getattr(answer, "course", False):
             return answer(*args)
-        jitted = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
         pieces = answer if isinstance(answer, tuple) else (answer,)
+        if any(isinstance(piece, boundary.Remote) for piece in pieces):
+            return _remote(pieces, kernel_run.__name__, names, args)
+        jitted = (triton.runtime.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", ()))
         for piece, name in zip(pieces, names):
             what = "your " + name  # (joined here: "your " alone is no message's words)
+            if piece is _ABSENT:
+                raise ExerciseError(f"{what} is not beside your {names[0]}: grading looks it up among the names of "
+                                    f"the cells that define {names[0]}. Define both at the top level of your "
+                                    f"solution cell, each with @triton.jit.")
             if type(piece).__name__ in ("JITFunction", "InterpretedFunction") and not isinstance(piece, jitted):
                 raise ExerciseError(f"{what} was made by the @triton.jit of a Triton imported BEFORE the course "
                                     f"set up Triton's interpreter (for a machine without a GPU), and Triton has been "
@@ -150,7 +158,47 @@ def _runner(kernel_run, names: tuple):
                                     f"Put @triton.jit on the line above `def {name}(...)`, run that cell, then this "
                                     f"one again.")
         return kernel_run(*pieces, *args)
+    _RUNS[kernel_run.__name__] = run
     return run
+
+_RUNS = {}  # the name of a kernel's run -> Exercise.run: what in_learner runs in the learner's process
+_ABSENT = object()  # a second function in_learner did not find beside the first
+
+def _remote(pieces: tuple, kernel: str, names: tuple, args: tuple):
+    """The learner's functions are ``boundary.Remote``s (grading): a Remote cannot reach a kernel, so the kernel
+    runs in the learner's process (:func:`in_learner`, by ``Remote.apply``) and sends back plain tensors, which
+    the checker judges here as it judges a local answer's. Its exceptions come back as their types (ExerciseError
+    with the same message)."""
+    first, others = pieces[0], pieces[1:]
+    if not all(isinstance(p, boundary.Remote) and p.learner is first.learner for p in pieces):
+        raise ExerciseError(f"your {' and '.join(names)} must be defined in your notebook's cells: grading runs "
+                            f"them together, in the process that runs your code.")
+    return tuple(first.apply(f"{__name__}:in_learner", kernel, [p.name for p in others], *args))
+
+def in_learner(first, kernel: str, others: list, *args):
+    """In grading's learner process (``boundary.Remote.apply``): the kernel's run on the learner's ``first``
+    function and the functions named ``others``, its outputs as plain tensors.
+
+    ``apply`` hands over one function; the others (key_end's ``visible``, probabilities' ``score_grad``) are looked
+    up by name in ``first``'s globals (for a ``@triton.jit`` function, its ``.fn``'s: JITFunction and the
+    interpreter's InterpretedFunction keep the decorated Python function there). That is sound: the learner process
+    runs the definitions of every solution cell with one dict as globals (boundary's ``exec``), so a function
+    defined at a cell's top level has that dict as ``__globals__``, the namespace in which ``Remote`` finds a
+    function by the same name; the name is the one the check cell passed, the server's ``Remote.name``. And it
+    trusts nothing: the lookup runs where the learner's code runs, so all it can decide is which of the learner's
+    own functions the kernel calls; what comes back is plain data, judged in the server. A name not found there (a
+    first function that is no Python function, or defined elsewhere) is said so, after the first is checked.
+
+    With a GPU the kernel runs on CUDA, which a process forked after its parent used CUDA cannot (the check server
+    runs the chapter's cells, then forks): that is said, not blamed on the learner's code."""
+    if not interpreted() and torch.cuda._is_in_bad_fork():
+        raise ExerciseError("not checked: grading runs your pieces in a process forked from one that used the GPU, "
+                            "and CUDA cannot be used there. (For the instructor: grade chapter 13 with "
+                            "CUDA_VISIBLE_DEVICES='' so that its kernel runs in Triton's interpreter.)")
+    namespace = getattr(getattr(first, "fn", first), "__globals__", None)
+    namespace = namespace if isinstance(namespace, dict) else {}
+    pieces = (first, *(namespace.get(name, _ABSENT) for name in others))
+    return _RUNS[kernel](pieces if others else first, *args)
 
 def _check(exercise: Exercise, answer) -> None:
     if triton is None:
