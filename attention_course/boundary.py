@@ -32,7 +32,8 @@ checker, which judges it where no learner code ran. Chapters 6 and 7's checkers,
 load weights into it and run backward through it, use it too: ``probe_layer`` (attention_course/probe.py)
 does all of that in the learner process, on the class (or on the :class:`Layer` a factory returned), and sends back
 outputs, weights, gradients, parameter names and exceptions; the checker builds torch's layer and compares here.
-One mechanism for every checker.
+Chapter 13's checkers, whose answers are Triton functions a course kernel calls, use it too: the kernel runs in the
+learner process on the learner's functions and sends back its output tensors. One mechanism for every checker.
 """
 from __future__ import annotations
 
