@@ -171,8 +171,9 @@ def _remote(pieces: tuple, kernel: str, names: tuple, args: tuple):
     with the same message)."""
     first, others = pieces[0], pieces[1:]
     if not all(isinstance(p, boundary.Remote) and p.learner is first.learner for p in pieces):
-        raise ExerciseError(f"your {' and '.join(names)} must be defined in your notebook's cells: grading runs "
-                            f"them together, in the process that runs your code.")
+        what = "your " + " and ".join(names)  # (joined here: "your " alone is no message's words)
+        raise ExerciseError(f"{what} must be defined in your notebook's cells: grading runs them together, in the "
+                            f"process that runs your code.")
     return tuple(first.apply(f"{__name__}:in_learner", kernel, [p.name for p in others], *args))
 
 def in_learner(first, kernel: str, others: list, *args):

@@ -16,6 +16,8 @@ doing both loops (Triton's fused-attention tutorial) or one adding into dQ atomi
 import triton
 import triton.language as tl
 
+from .forward import key_end, visible
+
 
 @triton.jit
 def _probabilities(q, k, lse, rows, keys, L, n_keys, scale,
@@ -23,10 +25,8 @@ def _probabilities(q, k, lse, rows, keys, L, n_keys, scale,
     """The tile of P = exp(scale * q k^T - lse), 0 where a query may not see
     a key or either is outside."""
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    visible = (rows[:, None] < L) & (keys[None, :] < n_keys)
-    if CAUSAL:
-        visible = visible & (keys[None, :] <= rows[:, None])
-    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
+    seen = (rows[:, None] < L) & visible(rows, keys, n_keys, CAUSAL)
+    return tl.where(seen, tl.exp(s - lse[:, None]), 0.0)  # (BM, BN)
 
 
 @triton.jit
@@ -95,9 +95,7 @@ def q_kernel(Q, K, V, DO, LSE, DELTA, DQ, LENGTHS, scale, L, S, H,
     n_keys = S
     if HAS_LENGTHS:
         n_keys = tl.load(LENGTHS + b)
-    end = n_keys
-    if CAUSAL:  # as in the forward kernel
-        end = tl.minimum(end, tl.minimum((i + 1) * BLOCK_M, L))
+    end = key_end(i, n_keys, L, BLOCK_M, CAUSAL)  # as in the forward kernel
     dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
     for start in range(0, end, BLOCK_N):
         keys = start + cols
