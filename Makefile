@@ -200,7 +200,8 @@ test: $(if $(filter npm,$(MISSING)),venv,book student)
 QUICK_TESTS := $(filter-out tests/test_site.py tests/test_instructor.py tests/test_grading_class.py \
 	tests/test_verdict.py tests/test_notebooks.py tests/test_alt_text.py tests/test_figure_text.py \
 	tests/test_claims.py tests/test_intro.py tests/test_widgets.py tests/test_accessibility.py tests/test_accessibility_editions.py \
-	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py tests/test_zh.py,$(wildcard tests/test_*.py))
+	tests/test_llama.py tests/test_serving_transformers.py tests/test_built_pages.py tests/test_zh.py \
+	tests/test_search.py,$(wildcard tests/test_*.py))
 check: venv
 	$(BIN)/python -m pytest -q -n auto --durations=5 -m 'not slow' $(QUICK_TESTS)
 

@@ -358,6 +358,7 @@ def move_controls(view, widget):
         yield
 
 
+@pytest.mark.slow  # the built site in Chromium, chapter by chapter: left to `make test`
 @pytest.mark.parametrize("edition", ["zh", "en"])
 @pytest.mark.parametrize("widget", CHAPTERS)
 def test_widgets_on_the_site_speak_the_edition_language(site, widget, edition):
@@ -385,6 +386,7 @@ def test_widgets_on_the_site_speak_the_edition_language(site, widget, edition):
         assert not problems, f"{page}, {edition}:\n" + "\n".join(sorted(set(problems))[:30])
 
 
+@pytest.mark.slow  # the built site in Chromium, chapter by chapter: left to `make test`
 @pytest.mark.parametrize("edition", ["zh", "en"])
 def test_decode_previous_step_is_disabled_at_the_first_step_on_the_site(site, edition):
     """At step 0 "previous step" cannot act: disabled (the attribute, and the state a screen reader says); one step
